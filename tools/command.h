@@ -1,0 +1,33 @@
+// tools/command.h: how a `cachet` subcommand plugs into the command line. Each subcommand lives
+// in its own cmd_<name>.cpp, compiled into the `cachet` executable, and registers itself:
+//
+//   static const bool registered = cachet::cli::register_command(
+//       {"conform", "Replay an oracle recording and compare with what PyTorch did", setup});
+//
+// setup(sub) declares the subcommand's options on `sub` and returns the function that runs it
+// (called only when that subcommand was given); its return value is the exit code.
+// Exit codes across cachet: 0 success, 1 a check failed (mismatch, divergence), 2 bad input
+// (usage, unreadable file, invalid configuration).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
+
+namespace cachet::cli {
+
+using Runner = std::function<int()>;
+
+struct Command {
+  std::string name;
+  std::string help;
+  std::function<Runner(CLI::App& sub)> setup;
+};
+
+bool register_command(Command c);
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitCheckFailed = 1;
+inline constexpr int kExitBadInput = 2;
+
+}  // namespace cachet::cli

@@ -30,7 +30,8 @@ struct OomFacts {
   Bytes private_pool_free = 0;             // free bytes in private pools (CUDA graphs)
 };
 
-// "CUDA out of memory. Tried to allocate ..." exactly as PyTorch 2.11 words it.
+// "CUDA out of memory. Tried to allocate ..." exactly as PyTorch 2.11 words it. An alloc_size of
+// kMaxRequest (1 EiB) or more gets PyTorch's short form, "Tried to allocate more than 1EB memory."
 std::string oom_message(const OomFacts& f);
 
 }  // namespace cachet

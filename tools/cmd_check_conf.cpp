@@ -1,0 +1,71 @@
+// cachet check-conf STRING: validates an allocator configuration string the way PyTorch 2.11
+// reads it, with cachet's clearer errors (docs/configuration.md).
+//
+//   exit 0  stdout: exactly one line, the normalized configuration in canonical PyTorch syntax
+//           (it parses back to the same configuration); stderr: one "warning:" line per warning.
+//   exit 2  stderr: the error, then the string with a caret under the offending column.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "cachet/config.h"
+#include "cachet/errors.h"
+#include "command.h"
+
+namespace {
+
+// The input with a caret under 1-based `column` (tabs kept so the caret lines up).
+void print_caret(const std::string& text, std::size_t column) {
+  std::fprintf(stderr, "  %s\n  ", text.c_str());
+  for (std::size_t i = 0; i + 1 < column && i < text.size(); ++i) {
+    std::fputc(text[i] == '\t' ? '\t' : ' ', stderr);
+  }
+  std::fputs("^\n", stderr);
+}
+
+cachet::cli::Runner setup(CLI::App& sub) {
+  struct Options {
+    std::string text;
+    std::string source = "pytorch";
+  };
+  auto opts = std::make_shared<Options>();
+  sub.add_option("STRING", opts->text,
+                 "The configuration, e.g. the value of PYTORCH_CUDA_ALLOC_CONF (quote it)")
+      ->required();
+  sub.add_option("--source", opts->source,
+                 "Where the string comes from: pytorch (PYTORCH_CUDA_ALLOC_CONF / "
+                 "PYTORCH_ALLOC_CONF: PyTorch's keys only) or cachet (CACHET_ALLOC_CONF: also "
+                 "policy and cachet_validate)")
+      ->check(CLI::IsMember({"pytorch", "cachet"}))
+      ->capture_default_str();
+  sub.footer(
+      "Exit status: 0 valid (the normalized string on stdout), 2 invalid (the error on stderr).");
+  return [opts]() -> int {
+    const auto source =
+        opts->source == "cachet" ? cachet::ConfigSource::Cachet : cachet::ConfigSource::PyTorch;
+    try {
+      const cachet::ParseResult r = cachet::parse_config(opts->text, source);
+      for (const auto& w : r.warnings) {
+        if (w.column > 0) {
+          std::fprintf(stderr, "warning: column %zu: %s\n", w.column, w.message.c_str());
+        } else {
+          std::fprintf(stderr, "warning: %s\n", w.message.c_str());
+        }
+      }
+      std::printf("%s\n", cachet::to_string(r.config).c_str());
+      return cachet::cli::kExitOk;
+    } catch (const cachet::ConfigError& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      if (e.column() > 0) print_caret(opts->text, e.column());
+      return cachet::cli::kExitBadInput;
+    }
+  };
+}
+
+const bool registered = cachet::cli::register_command(
+    {"check-conf",
+     "Check an allocator configuration string (PYTORCH_CUDA_ALLOC_CONF syntax) and print it "
+     "normalized",
+     setup});
+
+}  // namespace

@@ -1,0 +1,148 @@
+// cachet/model/allocator.h: PyTorch 2.11's DeviceCachingAllocator for one device, as a model.
+//
+// The public surface mirrors what PyTorch exposes: malloc (caching_allocator_alloc), free
+// (caching_allocator_delete), record_stream, empty_cache, set_per_process_memory_fraction,
+// memory_stats, memory_snapshot and the trace. Event completion is explicit: a block freed after
+// record_stream() stays "active_pending_free" until complete_events() on each stream it was used
+// on, followed by the next malloc (process_events) or a synchronizing call (§6).
+//
+// Bad input (unknown or interior pointer, double free, record_stream on a freed block, an
+// invalid fraction) throws cachet::UsageError and changes nothing. Out of memory throws
+// cachet::OutOfMemory with PyTorch's message after PyTorch's state changes (num_ooms, the oom
+// trace row, the blocks released on the way).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "cachet/config.h"
+#include "cachet/snapshot.h"
+#include "cachet/stats.h"
+#include "cachet/trace.h"
+#include "cachet/types.h"
+#include "cachet/model/block.h"
+#include "cachet/model/segment_source.h"
+
+namespace cachet::model {
+
+class Allocator {
+ public:
+  // Applies config.per_process_memory_fraction (§3.6: only at construction) and records
+  // max_split_size in the stats (§4.1). `source` must outlive the allocator.
+  Allocator(const Config& config, SegmentSource& source, DeviceIndex device = 0);
+  ~Allocator();
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
+
+  // caching_allocator_alloc(size, stream). Size 0 returns 0 and changes nothing; sizes >= 1 EiB
+  // throw OutOfMemory("... more than 1EB memory.") and change nothing.
+  std::uint64_t malloc(Bytes size, StreamId stream = 0);
+  // caching_allocator_delete(ptr). ptr must be the address malloc returned.
+  void free(std::uint64_t ptr);
+  // Tensor.record_stream(stream) on the allocated block at ptr.
+  void record_stream(std::uint64_t ptr, StreamId stream);
+
+  // Simulated event completion: every event recorded so far on `stream` has completed. Blocks
+  // become free at the next malloc (process_events) or synchronizing call.
+  void complete_events(StreamId stream);
+  void complete_all_events();
+
+  // torch.cuda.empty_cache(): release_cached_blocks (§3.4).
+  void empty_cache();
+  // torch.cuda.set_per_process_memory_fraction (§3.6): in [0, 1], else UsageError.
+  void set_memory_fraction(double fraction);
+  double memory_fraction() const;
+  std::optional<Bytes> allowed_memory_maximum() const { return allowed_max_; }
+
+  const DeviceStats& stats() const { return stats_; }
+  void reset_accumulated_stats() { stats_.reset_accumulated(); }
+  void reset_peak_stats() { stats_.reset_peak(); }
+  // torch.cuda.memory_snapshot(): segments by address (§8).
+  Snapshot snapshot() const;
+  const std::vector<TraceEvent>& trace() const { return trace_; }
+  const Config& config() const { return config_; }
+  // Bytes obtained from the device (PyTorch's total_allocated_memory).
+  Bytes total_allocated_memory() const { return total_allocated_; }
+
+  // Throws std::logic_error naming the first broken invariant (block.h, §5.3 consistency).
+  void check_invariants() const;
+
+ private:
+  struct AllocParams {
+    StreamId stream = 0;
+    Bytes size = 0;        // rounded request
+    Bytes alloc_size = 0;  // segment size for a new device allocation
+    BlockPool* pool = nullptr;
+    Block* block = nullptr;
+  };
+  struct Event {
+    std::uint64_t seq;
+    Block* block;
+  };
+
+  // malloc.cpp
+  bool get_free_block(AllocParams& p);
+  bool alloc_block(AllocParams& p, bool is_retry);
+  bool should_split(const Block* b, Bytes size) const;
+  Block* alloc_found_block(AllocParams& p, Bytes orig_size, bool split_remainder);
+  [[noreturn]] void raise_oom(const AllocParams& p);
+  // free.cpp
+  void free_block(Block* b);
+  Bytes try_merge_blocks(Block* dst, Block* src, BlockPool& pool);
+  // events.cpp
+  void insert_events(Block* b);
+  void process_events();
+  void synchronize_and_free_events();
+  // release.cpp
+  void release_cached_blocks();
+  void release_blocks(BlockPool& pool);
+  void release_block(Block* b);
+  bool release_available_cached_blocks(const AllocParams& p);
+  void garbage_collect_cached_blocks();
+  // expandable.cpp
+  Block* try_allocate_expandable_block(AllocParams& p);
+  Block* find_expandable_block(StreamId stream, BlockPool& pool, Bytes size);
+  bool map_block(Block* to_map, Bytes size);
+  void unmap_block(Block* b);
+  void release_expandable_segment(Block* b);
+
+  // Shared helpers.
+  Block* new_block();
+  void delete_block(Block* b);
+  StatType stat_type(const BlockPool& pool) const {
+    return pool.is_small ? StatType::SmallPool : StatType::LargePool;
+  }
+  void record(TraceAction a, std::uint64_t addr, Bytes size, StreamId stream) {
+    trace_.push_back(TraceEvent{a, addr, size, stream, 0});
+  }
+  bool gc_enabled() const {
+    return allowed_max_.has_value() && config_.garbage_collection_threshold > 0.0;
+  }
+  Block* find_active(std::uint64_t ptr) const;
+
+  Config config_;
+  SegmentSource& source_;
+  DeviceIndex device_;
+  DeviceStats stats_;
+  BlockPool large_blocks_{false};
+  BlockPool small_blocks_{true};
+  std::set<Block*, ByAddress> active_blocks_;  // allocated or waiting for events
+  std::map<const Block*, std::unique_ptr<Block>> owned_;
+  std::vector<std::unique_ptr<ExpandableSegment>> expandable_segments_;
+  // Per stream, FIFO: the events recorded on that stream (§6). Streams in id order.
+  std::map<StreamId, std::deque<Event>> cuda_events_;
+  std::map<StreamId, std::uint64_t> completed_upto_;  // events with seq < this have completed
+  std::uint64_t next_event_seq_ = 0;
+  Bytes total_allocated_ = 0;
+  std::optional<Bytes> allowed_max_;
+  std::vector<TraceEvent> trace_;
+  // No-caching mode (Config::no_caching): live raw device allocations, address -> size.
+  std::map<std::uint64_t, Bytes> raw_allocations_;
+};
+
+}  // namespace cachet::model

@@ -1,0 +1,43 @@
+// Construction, the memory fraction, block ownership.
+#include <string>
+
+#include "cachet/errors.h"
+#include "cachet/model/allocator.h"
+
+namespace cachet::model {
+
+Allocator::Allocator(const Config& config, SegmentSource& source, DeviceIndex device)
+    : config_(config), source_(source), device_(device) {
+  // memory_stats()["max_split_size"] is fixed at construction (§4.1).
+  stats_.max_split_size = config_.max_split_size_stat();
+  // The per_process_memory_fraction key applies here only (§3.6).
+  if (config_.per_process_memory_fraction) set_memory_fraction(*config_.per_process_memory_fraction);
+}
+
+Allocator::~Allocator() = default;
+
+void Allocator::set_memory_fraction(double fraction) {
+  if (!(fraction >= 0.0 && fraction <= 1.0))
+    throw UsageError("invalid fraction: " + std::to_string(fraction) +
+                     ". Please set within [0, 1].");
+  // Computed in double and truncated; 1.0 means no cap (§3.6, §13.4).
+  allowed_max_.reset();
+  if (fraction < 1.0)
+    allowed_max_ = static_cast<Bytes>(fraction * static_cast<double>(source_.total_memory()));
+}
+
+double Allocator::memory_fraction() const {
+  if (!allowed_max_) return 1.0;
+  return static_cast<double>(*allowed_max_) / static_cast<double>(source_.total_memory());
+}
+
+Block* Allocator::new_block() {
+  auto owned = std::make_unique<Block>();
+  Block* b = owned.get();
+  owned_.emplace(b, std::move(owned));
+  return b;
+}
+
+void Allocator::delete_block(Block* b) { owned_.erase(b); }
+
+}  // namespace cachet::model

@@ -1,0 +1,135 @@
+// free, free completion and merging with free neighbours (§2.5).
+#include <string>
+
+#include "cachet/errors.h"
+#include "cachet/model/allocator.h"
+
+namespace cachet::model {
+
+namespace {
+std::string describe(std::uint64_t ptr) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(ptr));
+  return buf;
+}
+}  // namespace
+
+Block* Allocator::find_active(std::uint64_t ptr) const {
+  // active_blocks_ is ordered by (stream, ptr); a pointer may be on any stream.
+  for (Block* b : active_blocks_)
+    if (b->ptr == ptr) return b;
+  return nullptr;
+}
+
+void Allocator::free(std::uint64_t ptr) {
+  if (ptr == 0) return;  // freeing the null result of malloc(0) is a no-op, as in PyTorch
+  if (config_.no_caching) {
+    auto it = raw_allocations_.find(ptr);
+    if (it == raw_allocations_.end())
+      throw UsageError("free(" + describe(ptr) +
+                       "): not an address this allocator returned (or already freed); pass the "
+                       "pointer malloc returned, once");
+    source_.free(it->first, it->second);
+    raw_allocations_.erase(it);
+    return;
+  }
+  Block* block = find_active(ptr);
+  if (block == nullptr || !block->allocated) {
+    throw UsageError(
+        "free(" + describe(ptr) + "): " +
+        (block != nullptr ? std::string("the block is already freed and waiting for stream-use events")
+                          : std::string("not the start of an allocated block (unknown, interior or "
+                                        "already freed pointer)")) +
+        "; pass the pointer malloc returned, exactly once");
+  }
+  const StatType type = stat_type(*block->pool);
+  const auto size = static_cast<std::int64_t>(block->size);
+  block->allocated = false;
+  // allocation and allocated_bytes drop now; active* and requested_bytes at completion (§5.3).
+  DeviceStats::for_all_and(stats_.allocation, type, [](Stat& s) { s.decrease(1); });
+  DeviceStats::for_all_and(stats_.allocated_bytes, type, [&](Stat& s) { s.decrease(size); });
+  record(TraceAction::FreeRequested, block->ptr, block->requested_size, block->stream);
+  if (block->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
+  if (!block->stream_uses.empty()) {
+    insert_events(block);  // completes later, when its events have (§6)
+  } else {
+    free_block(block);
+  }
+}
+
+void Allocator::free_block(Block* block) {
+  record(TraceAction::FreeCompleted, block->ptr, block->requested_size, block->stream);
+  const auto original_size = static_cast<std::int64_t>(block->size);
+  const auto requested = static_cast<std::int64_t>(block->requested_size);
+  BlockPool& pool = *block->pool;
+  // inactive_split moves once, by the net amount (§13.2).
+  std::int64_t net_blocks = 0;
+  std::int64_t net_bytes = 0;
+  for (Block* candidate : {block->prev, block->next}) {
+    const Bytes subsumed = try_merge_blocks(block, candidate, pool);
+    if (subsumed > 0) {
+      net_blocks -= 1;
+      net_bytes -= static_cast<std::int64_t>(subsumed);
+    }
+  }
+  active_blocks_.erase(block);
+  pool.insert(block);
+  if (block->is_split()) {
+    net_blocks += 1;
+    net_bytes += static_cast<std::int64_t>(block->size);
+  }
+  const StatType type = stat_type(pool);
+  if (block->expandable == nullptr) {
+    auto apply = [&](StatArray& a, std::int64_t n) {
+      if (n > 0) DeviceStats::for_all_and(a, type, [&](Stat& s) { s.increase(n); });
+      if (n < 0) DeviceStats::for_all_and(a, type, [&](Stat& s) { s.decrease(-n); });
+    };
+    apply(stats_.inactive_split, net_blocks);
+    apply(stats_.inactive_split_bytes, net_bytes);
+  }
+  DeviceStats::for_all_and(stats_.active, type, [](Stat& s) { s.decrease(1); });
+  DeviceStats::for_all_and(stats_.active_bytes, type, [&](Stat& s) { s.decrease(original_size); });
+  DeviceStats::for_all_and(stats_.requested_bytes, type, [&](Stat& s) { s.decrease(requested); });
+}
+
+Bytes Allocator::try_merge_blocks(Block* dst, Block* src, BlockPool& pool) {
+  // Only a free neighbour in the same mapped state merges (§2.5); neighbours share segment,
+  // stream and pool by construction.
+  if (src == nullptr || src->allocated || src->event_count > 0 || !src->stream_uses.empty() ||
+      dst->mapped != src->mapped)
+    return 0;
+  if (dst->prev == src) {  // [src dst]
+    dst->ptr = src->ptr;
+    dst->prev = src->prev;
+    if (dst->prev != nullptr) dst->prev->next = dst;
+  } else {  // [dst src]
+    dst->next = src->next;
+    if (dst->next != nullptr) dst->next->prev = dst;
+  }
+  const Bytes subsumed = src->size;
+  dst->size += subsumed;
+  if (src->mapped)
+    pool.blocks.erase(src);
+  else
+    pool.unmapped.erase(src);
+  delete_block(src);
+  return subsumed;
+}
+
+void Allocator::record_stream(std::uint64_t ptr, StreamId stream) {
+  if (config_.no_caching) {
+    if (!raw_allocations_.contains(ptr))
+      throw UsageError("record_stream(" + describe(ptr) + "): not an allocated block");
+    return;
+  }
+  Block* block = find_active(ptr);
+  if (block == nullptr || !block->allocated)
+    throw UsageError("record_stream(" + describe(ptr) + ", " + std::to_string(stream) +
+                     "): not the start of an allocated block; record_stream needs a live "
+                     "allocation, before it is freed");
+  // A use on the allocating stream needs no event (§6).
+  if (stream == block->stream) return;
+  block->stream_uses.insert(stream);
+}
+
+}  // namespace cachet::model

@@ -1,0 +1,189 @@
+// The malloc order (§3.1), best fit with the oversize rules (§2.2), new segments (§3.2) and
+// splitting (§2.3, §2.4).
+#include <limits>
+
+#include "cachet/errors.h"
+#include "cachet/model/allocator.h"
+#include "cachet/model/sizes.h"
+
+namespace cachet::model {
+
+std::uint64_t Allocator::malloc(Bytes orig_size, StreamId stream) {
+  // Size 0: NativeCachingAllocator never calls malloc (§1.2).
+  if (orig_size == 0) return 0;
+  // Checked before anything else, nothing changes (§1.2).
+  if (orig_size >= kMaxRequest)
+    throw OutOfMemory("CUDA out of memory. Tried to allocate more than 1EB memory.");
+  if (config_.no_caching) {
+    // PYTORCH_NO_CUDA_MEMORY_CACHING: a raw cudaMalloc, no stats (§4.1).
+    const auto addr = source_.allocate(orig_size);
+    // A failed raw cudaMalloc is C10_CUDA_CHECK's error, not the caching allocator's message.
+    if (!addr) throw OutOfMemory("CUDA error: out of memory");
+    raw_allocations_.emplace(*addr, orig_size);
+    return *addr;
+  }
+
+  // 1. Blocks whose stream-use events completed return to their pools first.
+  process_events();
+
+  // 2. Size, pool, segment size (§1).
+  AllocParams p;
+  p.stream = stream;
+  p.size = round_size(config_, orig_size);
+  p.pool = is_small_size(p.size) ? &small_blocks_ : &large_blocks_;
+  p.alloc_size = allocation_size(config_, p.size);
+
+  // 3. Best fit in the pool; then the ladder of ways to get memory (§3.1 step 5).
+  bool found = get_free_block(p);
+  if (!found) {
+    if (gc_enabled()) garbage_collect_cached_blocks();
+    found = alloc_block(p, false) ||
+            (release_available_cached_blocks(p) && alloc_block(p, false));
+    if (!found) {
+      release_cached_blocks();
+      found = alloc_block(p, true);
+    }
+  }
+  if (!found) raise_oom(p);
+
+  const bool split = should_split(p.block, p.size);
+  return alloc_found_block(p, orig_size, split)->ptr;
+}
+
+bool Allocator::get_free_block(AllocParams& p) {
+  BlockPool& pool = *p.pool;
+  // The GC age clock ticks only here, and only with a cap and a threshold (§13.3).
+  if (gc_enabled()) ++pool.get_free_blocks_call_count;
+  Block key;
+  key.stream = p.stream;
+  key.size = p.size;
+  key.ptr = 0;
+  auto it = pool.blocks.lower_bound(&key);
+  if (it == pool.blocks.end() || (*it)->stream != p.stream) return false;
+
+  if ((*it)->expandable != nullptr) {
+    if (config_.expandable_segments) {
+      // Best fit counts an expandable block as the size it can grow to: its size plus an
+      // unmapped block right after it (§2.2 step 3).
+      auto expandable_size = [](const Block* b) {
+        return b->size + (b->next != nullptr && !b->next->mapped ? b->next->size : 0);
+      };
+      auto next = std::next(it);
+      while ((*it)->expandable != nullptr && next != pool.blocks.end() &&
+             (*next)->stream == p.stream && expandable_size(*next) < expandable_size(*it)) {
+        it = next++;
+      }
+    } else {
+      // Expandable segments were turned off: only non-expandable blocks qualify.
+      do {
+        ++it;
+      } while (it != pool.blocks.end() && (*it)->expandable != nullptr &&
+               (*it)->stream == p.stream);
+      if (it == pool.blocks.end() || (*it)->stream != p.stream) return false;
+    }
+  }
+
+  const Bytes max_split = config_.max_split_size;
+  // A normal request never takes an oversize block (§2.2 step 4).
+  if (p.size < max_split && (*it)->size >= max_split) return false;
+  // An oversize request takes a cached block only below request + max_non_split_rounding.
+  if (p.size >= max_split && (*it)->size >= p.size + config_.max_non_split_rounding) return false;
+  p.block = *it;
+  pool.blocks.erase(it);
+  return true;
+}
+
+bool Allocator::alloc_block(AllocParams& p, bool is_retry) {
+  // Counted before the attempt, even when the cap refuses it (§13.6).
+  if (is_retry) ++stats_.num_alloc_retries;
+  const Bytes size = p.alloc_size;
+  // The cap is inclusive (§13.4); expandable segments check the segment size too (§13.5).
+  if (allowed_max_ && total_allocated_ + size > *allowed_max_) return false;
+  if (config_.expandable_segments) {
+    p.block = try_allocate_expandable_block(p);
+    return p.block != nullptr;
+  }
+  const auto addr = source_.allocate(size);
+  if (!addr) return false;
+  total_allocated_ += size;
+  Block* b = new_block();
+  b->stream = p.stream;
+  b->size = size;
+  b->ptr = *addr;
+  b->pool = p.pool;
+  DeviceStats::for_all_and(stats_.segment, stat_type(*p.pool), [](Stat& s) { s.increase(1); });
+  DeviceStats::for_all_and(stats_.reserved_bytes, stat_type(*p.pool),
+                           [&](Stat& s) { s.increase(static_cast<std::int64_t>(size)); });
+  if (size >= config_.max_split_size) stats_.oversize_segments.increase(1);
+  ++stats_.num_device_alloc;
+  record(TraceAction::SegmentAlloc, b->ptr, size, p.stream);
+  p.block = b;
+  return true;
+}
+
+bool Allocator::should_split(const Block* b, Bytes size) const {
+  const Bytes remaining = b->size - size;
+  // Small pool and expandable segments: any remainder of 512 B or more (§2.3).
+  if (b->pool->is_small || config_.expandable_segments) return remaining >= kMinBlockSize;
+  // Large pool: only below max_split_size, and only a remainder of more than 1 MiB.
+  return size < config_.max_split_size && remaining > kSmallSize;
+}
+
+Block* Allocator::alloc_found_block(AllocParams& p, Bytes orig_size, bool split_remainder) {
+  Block* block = p.block;
+  BlockPool& pool = *p.pool;
+  const StatType type = stat_type(pool);
+  const bool already_split = block->is_split();
+  if (split_remainder) {
+    // The allocation is a new block at the low address; the original block object becomes
+    // the remainder and keeps its stale requested_size (§2.4, §13.1).
+    Block* remaining = block;
+    block = new_block();
+    block->stream = p.stream;
+    block->size = p.size;
+    block->ptr = remaining->ptr;
+    block->pool = &pool;
+    block->expandable = remaining->expandable;
+    block->prev = remaining->prev;
+    if (block->prev != nullptr) block->prev->next = block;
+    block->next = remaining;
+    remaining->prev = block;
+    remaining->ptr += p.size;
+    remaining->size -= p.size;
+    pool.insert(remaining);  // GC age of the remainder restarts (§13, end)
+    if (block->expandable == nullptr) {
+      if (already_split) {
+        // An inactive split block shrank by the allocation.
+        DeviceStats::for_all_and(stats_.inactive_split_bytes, type,
+                                 [&](Stat& s) { s.decrease(static_cast<std::int64_t>(block->size)); });
+      } else {
+        // A new inactive split block: the remainder.
+        DeviceStats::for_all_and(stats_.inactive_split_bytes, type, [&](Stat& s) {
+          s.increase(static_cast<std::int64_t>(remaining->size));
+        });
+        DeviceStats::for_all_and(stats_.inactive_split, type, [](Stat& s) { s.increase(1); });
+      }
+    }
+  } else if (already_split && block->expandable == nullptr) {
+    // A whole inactive split block becomes active.
+    DeviceStats::for_all_and(stats_.inactive_split_bytes, type,
+                             [&](Stat& s) { s.decrease(static_cast<std::int64_t>(block->size)); });
+    DeviceStats::for_all_and(stats_.inactive_split, type, [](Stat& s) { s.decrease(1); });
+  }
+
+  block->allocated = true;
+  block->requested_size = orig_size;
+  record(TraceAction::Alloc, block->ptr, orig_size, block->stream);
+  active_blocks_.insert(block);
+  const auto size = static_cast<std::int64_t>(block->size);
+  const auto requested = static_cast<std::int64_t>(orig_size);
+  DeviceStats::for_all_and(stats_.allocation, type, [](Stat& s) { s.increase(1); });
+  DeviceStats::for_all_and(stats_.allocated_bytes, type, [&](Stat& s) { s.increase(size); });
+  DeviceStats::for_all_and(stats_.active, type, [](Stat& s) { s.increase(1); });
+  DeviceStats::for_all_and(stats_.active_bytes, type, [&](Stat& s) { s.increase(size); });
+  DeviceStats::for_all_and(stats_.requested_bytes, type, [&](Stat& s) { s.increase(requested); });
+  if (block->size >= config_.max_split_size) stats_.oversize_allocations.increase(1);
+  return block;
+}
+
+}  // namespace cachet::model

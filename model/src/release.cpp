@@ -1,0 +1,122 @@
+// Giving memory back: empty_cache / the last retry (§3.4), release of oversize blocks (§3.3)
+// and garbage collection (§3.5).
+#include <limits>
+#include <vector>
+
+#include "cachet/model/allocator.h"
+
+namespace cachet::model {
+
+void Allocator::empty_cache() {
+  if (config_.no_caching) return;
+  release_cached_blocks();
+}
+
+void Allocator::release_cached_blocks() {
+  synchronize_and_free_events();
+  // Large pool before small pool (§13.6, visible in the trace).
+  release_blocks(large_blocks_);
+  release_blocks(small_blocks_);
+}
+
+void Allocator::release_blocks(BlockPool& pool) {
+  // Unsplit blocks are cudaFree'd; free expandable blocks are unmapped (whole pages only) after
+  // the walk, since unmapping changes the pool.
+  std::vector<Block*> to_unmap;
+  for (auto it = pool.blocks.begin(); it != pool.blocks.end();) {
+    Block* b = *it++;
+    if (b->expandable != nullptr)
+      to_unmap.push_back(b);
+    else if (!b->is_split())
+      release_block(b);
+  }
+  for (Block* b : to_unmap) {
+    unmap_block(b);
+    if (!b->mapped && !b->is_split()) release_expandable_segment(b);
+  }
+}
+
+void Allocator::release_block(Block* b) {
+  ++stats_.num_device_free;
+  record(TraceAction::SegmentFree, b->ptr, b->size, b->stream);
+  source_.free(b->ptr, b->size);
+  total_allocated_ -= b->size;
+  const StatType type = stat_type(*b->pool);
+  DeviceStats::for_all_and(stats_.segment, type, [](Stat& s) { s.decrease(1); });
+  DeviceStats::for_all_and(stats_.reserved_bytes, type,
+                           [&](Stat& s) { s.decrease(static_cast<std::int64_t>(b->size)); });
+  if (b->size >= config_.max_split_size) stats_.oversize_segments.decrease(1);
+  b->pool->blocks.erase(b);
+  delete_block(b);
+}
+
+bool Allocator::release_available_cached_blocks(const AllocParams& p) {
+  const Bytes max_split = config_.max_split_size;
+  if (max_split == kNoMaxSplit) return false;
+  BlockPool& pool = *p.pool;
+  // Search with max(request, max_split_size) (§3.3).
+  Block key;
+  key.stream = p.stream;
+  key.size = p.size < max_split ? max_split : p.size;
+  key.ptr = 0;
+  auto it = pool.blocks.lower_bound(&key);
+  if (it == pool.blocks.end() || (*it)->stream != p.stream || (*it)->expandable != nullptr) {
+    // No single block is large enough: release oversize blocks of this stream from the
+    // largest down until enough is released. Released blocks stay released on failure.
+    if (it == pool.blocks.begin()) return false;
+    Bytes released = 0;
+    --it;
+    while (released < key.size && (*it)->size >= max_split && (*it)->stream == p.stream) {
+      auto cur = it;
+      const bool is_first = cur == pool.blocks.begin();
+      if (!is_first) --it;
+      if ((*cur)->expandable == nullptr) {
+        released += (*cur)->size;
+        release_block(*cur);
+      }
+      if (is_first) break;
+    }
+    if (released < key.size) return false;
+  } else {
+    release_block(*it);
+  }
+  return true;
+}
+
+void Allocator::garbage_collect_cached_blocks() {
+  // Only with a cap (gc_enabled), only on the not-found path, never syncs (§3.5).
+  const auto threshold = static_cast<Bytes>(config_.garbage_collection_threshold *
+                                            static_cast<double>(*allowed_max_));
+  if (total_allocated_ <= threshold) return;
+  const Bytes target = total_allocated_ - threshold;
+  Bytes reclaimed = 0;
+  // Ages of the unsplit blocks of the large pool (the small pool is never collected).
+  std::int64_t total_age = 0;
+  std::int64_t freeable = 0;
+  for (const Block* b : large_blocks_.blocks) {
+    if (!b->is_split()) {
+      total_age += large_blocks_.gc_age(b);
+      ++freeable;
+    }
+  }
+  if (freeable == 0) return;
+  bool block_freed = true;
+  while (reclaimed < target && block_freed && freeable > 0) {
+    const double age_threshold = static_cast<double>(total_age) / static_cast<double>(freeable);
+    block_freed = false;
+    // Release every block at least as old as the average; does not stop at the target.
+    for (auto it = large_blocks_.blocks.begin(); it != large_blocks_.blocks.end();) {
+      Block* b = *it++;
+      const std::int64_t age = large_blocks_.gc_age(b);
+      if (!b->is_split() && b->expandable == nullptr && static_cast<double>(age) >= age_threshold) {
+        block_freed = true;
+        reclaimed += b->size;
+        total_age -= age;
+        --freeable;
+        release_block(b);
+      }
+    }
+  }
+}
+
+}  // namespace cachet::model

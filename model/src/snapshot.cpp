@@ -1,0 +1,107 @@
+// memory_snapshot() (§8) and the structural invariants (block.h; §5.3's consistency rule).
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "cachet/model/allocator.h"
+
+namespace cachet::model {
+
+namespace {
+BlockState state_of(const Block* b) {
+  if (b->allocated) return BlockState::ActiveAllocated;
+  if (b->event_count > 0 || !b->stream_uses.empty()) return BlockState::ActivePendingFree;
+  return BlockState::Inactive;
+}
+
+// Every mapped block: both pools and the active set (PyTorch's get_all_blocks).
+template <class F>
+void for_all_blocks(const BlockPool& large, const BlockPool& small,
+                    const std::set<Block*, ByAddress>& active, F&& f) {
+  for (const Block* b : large.blocks) f(b);
+  for (const Block* b : small.blocks) f(b);
+  for (const Block* b : active) f(b);
+}
+}  // namespace
+
+Snapshot Allocator::snapshot() const {
+  Snapshot out;
+  for_all_blocks(large_blocks_, small_blocks_, active_blocks_, [&](const Block* head) {
+    // One segment per contiguous mapped run (a whole cudaMalloc, or a mapped range of an
+    // expandable segment).
+    if (head->prev != nullptr && head->prev->mapped) return;
+    SegmentSnapshot seg;
+    seg.address = head->ptr;
+    seg.stream = head->stream;
+    seg.is_large = !head->pool->is_small;
+    seg.is_expandable = head->expandable != nullptr;
+    for (const Block* b = head; b != nullptr && b->mapped; b = b->next) {
+      seg.total_size += b->size;
+      seg.blocks.push_back(BlockSnapshot{b->ptr, b->size, b->requested_size, state_of(b)});
+    }
+    out.push_back(std::move(seg));
+  });
+  std::sort(out.begin(), out.end(),
+            [](const SegmentSnapshot& a, const SegmentSnapshot& b) { return a.address < b.address; });
+  return out;
+}
+
+void Allocator::check_invariants() const {
+  auto fail = [](const std::string& what) { throw std::logic_error("model invariant: " + what); };
+  for (const BlockPool* pool : {&large_blocks_, &small_blocks_}) {
+    for (const Block* b : pool->blocks) {
+      if (b->allocated || b->event_count > 0) fail("[INV-POOL-1] a pooled block is in use");
+      if (!b->mapped) fail("[INV-POOL-1] an unmapped block is in the best-fit set");
+      if (b->pool != pool) fail("[INV-POOL-1] a block is in the wrong pool");
+    }
+    for (const Block* b : pool->unmapped)
+      if (b->mapped || b->expandable == nullptr) fail("[INV-POOL-1] bad unmapped block");
+  }
+  for (const auto& [key, owned] : owned_) {
+    const Block* b = owned.get();
+    if (b->next != nullptr && (b->next->prev != b || b->next->ptr != b->ptr + b->size))
+      fail("[INV-SEG-1] broken link at " + std::to_string(b->ptr));
+    const bool is_free = !b->allocated && b->event_count == 0 && b->stream_uses.empty();
+    if (is_free && b->next != nullptr && b->next->mapped == b->mapped && !b->next->allocated &&
+        b->next->event_count == 0 && b->next->stream_uses.empty() &&
+        (b->pool->blocks.contains(const_cast<Block*>(b)) || !b->mapped))
+      fail("[INV-SEG-2] two free neighbours not merged at " + std::to_string(b->ptr));
+  }
+  // §5.3: the stats agree with the structure.
+  std::int64_t segments = 0, reserved = 0, allocated = 0, active_bytes = 0, allocations = 0,
+               active = 0, inactive_split = 0, inactive_split_bytes = 0;
+  for (const SegmentSnapshot& s : snapshot()) {
+    if (!s.is_expandable) ++segments;
+    reserved += static_cast<std::int64_t>(s.total_size);
+    for (const BlockSnapshot& b : s.blocks) {
+      const auto size = static_cast<std::int64_t>(b.size);
+      if (b.state == BlockState::ActiveAllocated) {
+        allocated += size;
+        ++allocations;
+      }
+      if (b.state != BlockState::Inactive) {
+        active_bytes += size;
+        ++active;
+      } else if (!s.is_expandable && s.blocks.size() > 1) {
+        ++inactive_split;
+        inactive_split_bytes += size;
+      }
+    }
+  }
+  auto check = [&](const char* name, std::int64_t counted, std::int64_t stat) {
+    if (counted != stat)
+      fail(std::string(name) + ": structure has " + std::to_string(counted) + ", stats say " +
+           std::to_string(stat));
+  };
+  check("segment", segments, stats_.segment[0].current);
+  check("reserved_bytes", reserved, stats_.reserved_bytes[0].current);
+  check("allocated_bytes", allocated, stats_.allocated_bytes[0].current);
+  check("active_bytes", active_bytes, stats_.active_bytes[0].current);
+  check("allocation", allocations, stats_.allocation[0].current);
+  check("active", active, stats_.active[0].current);
+  check("inactive_split", inactive_split, stats_.inactive_split[0].current);
+  check("inactive_split_bytes", inactive_split_bytes, stats_.inactive_split_bytes[0].current);
+  check("total_allocated_memory", reserved, static_cast<std::int64_t>(total_allocated_));
+}
+
+}  // namespace cachet::model

@@ -1,0 +1,66 @@
+// cachet/io/recording.h: oracle recordings of PyTorch 2.11 (results/res_<regime>_<config>.json.gz)
+// and the op lists they replayed (ops/ops_<regime>.json[.gz]). Field meanings:
+// tests/data/oracle/ORACLE_README.md. Gzip or plain; malformed input throws io::ReadError naming
+// the file and what was wrong.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cachet/snapshot.h"
+#include "cachet/trace.h"
+#include "cachet/types.h"
+
+namespace cachet::io {
+
+// One op of an op list.
+struct Op {
+  enum class Kind : std::uint8_t {
+    Alloc,       // ["a", id, size, stream]
+    Free,        // ["f", id]
+    EmptyCache,  // ["e"]
+  };
+  Kind kind = Kind::Alloc;
+  std::uint64_t id = 0;   // Alloc/Free: the name of the pointer
+  Bytes size = 0;         // Alloc
+  std::uint32_t stream = 0;  // Alloc: stream index into Recording::streams
+};
+
+// steps[i]: the state after op i.
+struct Step {
+  bool oom = false;                     // the allocation raised OutOfMemoryError
+  std::optional<std::uint64_t> result;  // the returned pointer (allocations that succeeded)
+  std::array<std::int64_t, 6> stats{};  // in stat_keys order
+};
+
+struct Recording {
+  std::string path;
+  std::string conf;         // PYTORCH_CUDA_ALLOC_CONF of the run
+  Bytes cap = 0;            // bytes allowed by set_per_process_memory_fraction; 0 = none
+  Bytes total_memory = 0;   // the device's total_memory
+  std::vector<StreamId> streams;  // cudaStream_t of stream index 0..
+  std::vector<std::string> stat_keys;
+  std::vector<Step> steps;
+  std::map<std::string, std::int64_t> final_stats;  // memory_stats() at the end
+  // memory_snapshot() at the end. Block addresses follow from the segment address and the
+  // block sizes; is_expandable is taken from the conf string's expandable_segments (the
+  // recording does not store it).
+  Snapshot segments;
+  std::vector<TraceEvent> trace;  // oom rows: addr 0 (recorded as null)
+  std::string summary;            // memory_summary() at the end
+  std::vector<std::string> oom_messages;
+};
+
+Recording read_recording(const std::string& path);
+std::vector<Op> read_ops(const std::string& path);
+
+// The op list that pairs with a recording: results/res_<regime>_<config>.json[.gz] ->
+// ../ops/ops_<regime>.json[.gz] (whichever exists; the regime is the longest one whose ops file
+// exists). Throws ReadError when none is found.
+std::string ops_path_for(const std::string& recording_path);
+
+}  // namespace cachet::io

@@ -1,0 +1,253 @@
+// Readers for oracle recordings and op lists (simdjson DOM).
+#include "cachet/io/recording.h"
+
+#include <simdjson.h>
+
+#include <filesystem>
+#include <string_view>
+
+#include "cachet/io/file.h"
+
+namespace cachet::io {
+
+namespace {
+
+using simdjson::dom::array;
+using simdjson::dom::element;
+using simdjson::dom::object;
+
+class Reader {
+ public:
+  explicit Reader(std::string path) : path_(std::move(path)) {}
+
+  [[noreturn]] void fail(const std::string& where, const std::string& problem) const {
+    throw ReadError(path_ + ": " + where + ": " + problem);
+  }
+
+  element parse(simdjson::dom::parser& parser, const std::string& text) const {
+    element root;
+    if (auto err = parser.parse(text).get(root))
+      throw ReadError(path_ + ": not valid JSON (" + simdjson::error_message(err) + ")");
+    return root;
+  }
+
+  element field(object o, std::string_view key, const std::string& where) const {
+    element e;
+    if (o.at_key(key).get(e)) fail(where, "missing field \"" + std::string(key) + "\"");
+    return e;
+  }
+  std::optional<element> optional_field(object o, std::string_view key) const {
+    element e;
+    if (o.at_key(key).get(e)) return std::nullopt;
+    return e;
+  }
+  object as_object(element e, const std::string& where) const {
+    object o;
+    if (e.get(o)) fail(where, "expected an object");
+    return o;
+  }
+  array as_array(element e, const std::string& where) const {
+    array a;
+    if (e.get(a)) fail(where, "expected a list");
+    return a;
+  }
+  std::string as_string(element e, const std::string& where) const {
+    std::string_view s;
+    if (e.get(s)) fail(where, "expected a string");
+    return std::string(s);
+  }
+  // Integers may be written as JSON integers or (rarely) as floats with no fraction.
+  std::int64_t as_int(element e, const std::string& where) const {
+    std::int64_t i;
+    if (!e.get(i)) return i;
+    std::uint64_t u;
+    if (!e.get(u)) return static_cast<std::int64_t>(u);
+    double d;
+    if (!e.get(d) && d == static_cast<double>(static_cast<std::int64_t>(d)))
+      return static_cast<std::int64_t>(d);
+    fail(where, "expected an integer");
+  }
+  std::uint64_t as_uint(element e, const std::string& where) const {
+    std::uint64_t u;
+    if (!e.get(u)) return u;
+    const std::int64_t i = as_int(e, where);
+    if (i < 0) fail(where, "expected a non-negative integer, got " + std::to_string(i));
+    return static_cast<std::uint64_t>(i);
+  }
+
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+Snapshot read_segments(const Reader& r, array segs, bool expandable) {
+  Snapshot out;
+  std::size_t i = 0;
+  for (element se : segs) {
+    const std::string where = "segments[" + std::to_string(i++) + "]";
+    object so = r.as_object(se, where);
+    SegmentSnapshot s;
+    s.address = r.as_uint(r.field(so, "address", where), where + ".address");
+    s.total_size = r.as_uint(r.field(so, "total_size", where), where + ".total_size");
+    s.stream = r.as_uint(r.field(so, "stream", where), where + ".stream");
+    const std::string type = r.as_string(r.field(so, "segment_type", where), where + ".segment_type");
+    if (type != "large" && type != "small")
+      r.fail(where + ".segment_type", "expected \"large\" or \"small\", got \"" + type + "\"");
+    s.is_large = type == "large";
+    s.is_expandable = expandable;
+    if (auto e = r.optional_field(so, "is_expandable")) {
+      bool b;
+      if (e->get(b)) r.fail(where + ".is_expandable", "expected true or false");
+      s.is_expandable = b;
+    }
+    std::uint64_t addr = s.address;
+    std::size_t j = 0;
+    for (element be : r.as_array(r.field(so, "blocks", where), where + ".blocks")) {
+      const std::string bw = where + ".blocks[" + std::to_string(j++) + "]";
+      array ba = r.as_array(be, bw);
+      if (ba.size() != 3) r.fail(bw, "expected [size, requested_size, state]");
+      BlockSnapshot b;
+      b.address = addr;
+      b.size = r.as_uint(ba.at(0), bw + "[0]");
+      b.requested_size = r.as_uint(ba.at(1), bw + "[1]");
+      const std::string st = r.as_string(ba.at(2), bw + "[2]");
+      const auto state = block_state_from_string(st);
+      if (!state) r.fail(bw + "[2]", "unknown block state \"" + st + "\"");
+      b.state = *state;
+      addr += b.size;
+      s.blocks.push_back(b);
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace
+
+Recording read_recording(const std::string& path) {
+  Reader r(path);
+  const std::string text = read_file(path);
+  simdjson::dom::parser parser;
+  object root = r.as_object(r.parse(parser, text), "top level");
+  Recording rec;
+  rec.path = path;
+  rec.conf = r.as_string(r.field(root, "conf", "top level"), "conf");
+  rec.cap = r.as_uint(r.field(root, "cap", "top level"), "cap");
+  rec.total_memory = r.as_uint(r.field(root, "total_memory", "top level"), "total_memory");
+  if (rec.total_memory == 0) r.fail("total_memory", "must be positive");
+  std::size_t i = 0;
+  for (element e : r.as_array(r.field(root, "streams", "top level"), "streams"))
+    rec.streams.push_back(r.as_uint(e, "streams[" + std::to_string(i++) + "]"));
+  i = 0;
+  for (element e : r.as_array(r.field(root, "stat_keys", "top level"), "stat_keys"))
+    rec.stat_keys.push_back(r.as_string(e, "stat_keys[" + std::to_string(i++) + "]"));
+  if (rec.stat_keys.size() != 6)
+    r.fail("stat_keys", "expected 6 keys, got " + std::to_string(rec.stat_keys.size()));
+  i = 0;
+  for (element e : r.as_array(r.field(root, "steps", "top level"), "steps")) {
+    const std::string where = "steps[" + std::to_string(i++) + "]";
+    array a = r.as_array(e, where);
+    if (a.size() != 7) r.fail(where, "expected [result, 6 stats], got " + std::to_string(a.size()) + " items");
+    Step s;
+    element res = a.at(0);
+    std::string_view sv;
+    if (res.is_null()) {
+    } else if (!res.get(sv)) {
+      if (sv != "oom") r.fail(where + "[0]", "expected a pointer, \"oom\" or null");
+      s.oom = true;
+    } else {
+      s.result = r.as_uint(res, where + "[0]");
+    }
+    for (std::size_t k = 0; k < 6; ++k) s.stats[k] = r.as_int(a.at(k + 1), where + "[" + std::to_string(k + 1) + "]");
+    rec.steps.push_back(s);
+  }
+  for (auto [key, value] : r.as_object(r.field(root, "final_stats", "top level"), "final_stats"))
+    rec.final_stats[std::string(key)] = r.as_int(value, "final_stats." + std::string(key));
+  const bool expandable = rec.conf.find("expandable_segments:True") != std::string::npos;
+  rec.segments = read_segments(r, r.as_array(r.field(root, "segments", "top level"), "segments"), expandable);
+  i = 0;
+  for (element e : r.as_array(r.field(root, "trace", "top level"), "trace")) {
+    const std::string where = "trace[" + std::to_string(i++) + "]";
+    array a = r.as_array(e, where);
+    if (a.size() != 4) r.fail(where, "expected [action, addr, size, stream]");
+    TraceEvent t;
+    const std::string action = r.as_string(a.at(0), where + "[0]");
+    const auto act = trace_action_from_string(action);
+    if (!act) r.fail(where + "[0]", "unknown trace action \"" + action + "\"");
+    t.action = *act;
+    element addr = a.at(1);
+    t.addr = addr.is_null() ? 0 : r.as_uint(addr, where + "[1]");
+    t.size = r.as_uint(a.at(2), where + "[2]");
+    t.stream = r.as_uint(a.at(3), where + "[3]");
+    rec.trace.push_back(t);
+  }
+  if (auto e = r.optional_field(root, "summary"); e && !e->is_null()) rec.summary = r.as_string(*e, "summary");
+  if (auto e = r.optional_field(root, "oom_messages"); e && !e->is_null()) {
+    i = 0;
+    for (element m : r.as_array(*e, "oom_messages"))
+      rec.oom_messages.push_back(r.as_string(m, "oom_messages[" + std::to_string(i++) + "]"));
+  }
+  return rec;
+}
+
+std::vector<Op> read_ops(const std::string& path) {
+  Reader r(path);
+  const std::string text = read_file(path);
+  simdjson::dom::parser parser;
+  array ops = r.as_array(r.parse(parser, text), "top level");
+  std::vector<Op> out;
+  out.reserve(ops.size());
+  std::size_t i = 0;
+  for (element e : ops) {
+    const std::string where = "op " + std::to_string(i++);
+    array a = r.as_array(e, where);
+    if (a.size() == 0) r.fail(where, "empty op");
+    const std::string kind = r.as_string(a.at(0), where + "[0]");
+    Op op;
+    if (kind == "a") {
+      if (a.size() != 4) r.fail(where, "expected [\"a\", id, size, stream]");
+      op.kind = Op::Kind::Alloc;
+      op.id = r.as_uint(a.at(1), where + " id");
+      op.size = r.as_uint(a.at(2), where + " size");
+      op.stream = static_cast<std::uint32_t>(r.as_uint(a.at(3), where + " stream"));
+    } else if (kind == "f") {
+      if (a.size() != 2) r.fail(where, "expected [\"f\", id]");
+      op.kind = Op::Kind::Free;
+      op.id = r.as_uint(a.at(1), where + " id");
+    } else if (kind == "e") {
+      op.kind = Op::Kind::EmptyCache;
+    } else {
+      r.fail(where, "unknown op \"" + kind + "\" (expected \"a\", \"f\" or \"e\")");
+    }
+    out.push_back(op);
+  }
+  return out;
+}
+
+std::string ops_path_for(const std::string& recording_path) {
+  namespace fs = std::filesystem;
+  const fs::path rec(recording_path);
+  std::string name = rec.filename().string();
+  for (const char* ext : {".gz", ".json"})
+    if (name.size() > std::string_view(ext).size() && name.ends_with(ext)) name.resize(name.size() - std::string_view(ext).size());
+  if (!name.starts_with("res_"))
+    throw ReadError(recording_path + ": cannot tell the ops file from the name (expected "
+                    "res_<regime>_<config>.json.gz); pass --ops FILE");
+  const std::string stem = name.substr(4);
+  const fs::path ops_dir = rec.parent_path().parent_path() / "ops";
+  // The regime is a prefix of the stem ending at an underscore; prefer the longest that exists
+  // (mixed_empty before mixed).
+  for (std::size_t cut = stem.size(); cut > 0; --cut) {
+    if (cut != stem.size() && stem[cut] != '_') continue;
+    const std::string regime = stem.substr(0, cut);
+    for (const char* ext : {".json", ".json.gz"}) {
+      const fs::path p = ops_dir / ("ops_" + regime + ext);
+      if (fs::exists(p)) return p.string();
+    }
+  }
+  throw ReadError(recording_path + ": no ops_<regime>.json[.gz] for it in " + ops_dir.string() +
+                  "; pass --ops FILE");
+}
+
+}  // namespace cachet::io

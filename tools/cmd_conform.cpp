@@ -1,0 +1,403 @@
+// `cachet conform [OPS] RESULT`: replays an oracle recording's ops through an engine (the model,
+// the production allocator, or both) with PyTorch's device addresses, and compares every
+// returned pointer, the six stats after every op, every final memory_stats() key, the final
+// segments and blocks, the memory_summary() text, the trace, and OOMs (same ops, same message
+// with the driver figures masked). Exit 0: no mismatch; 1: mismatches; 2: bad input.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "cachet/config.h"
+#include "cachet/errors.h"
+#include "cachet/io/file.h"
+#include "cachet/io/recording.h"
+#include "cachet/model/allocator.h"
+#include "cachet/model/segment_source.h"
+#include "cachet/summary.h"
+#include "command.h"
+#include "engine.h"
+
+namespace cachet::cli {
+
+// ---- the engine registry (engine.h) ----
+
+static std::map<std::string, EngineFactory>& engines() {
+  static std::map<std::string, EngineFactory> registry;
+  return registry;
+}
+
+bool register_engine(const std::string& name, EngineFactory factory) {
+  engines()[name] = std::move(factory);
+  return true;
+}
+
+const EngineFactory* find_engine(const std::string& name) {
+  auto it = engines().find(name);
+  return it == engines().end() ? nullptr : &it->second;
+}
+
+namespace {
+
+// ---- the model engine ----
+
+class ModelEngine final : public ReplayEngine {
+ public:
+  explicit ModelEngine(const EngineSetup& s)
+      : source_(s.device_events, s.total_memory), alloc_(s.config, source_) {
+    // §13.4: fraction = cap / total, applied before the first op; truncation gives back cap.
+    if (s.cap > 0)
+      alloc_.set_memory_fraction(static_cast<double>(s.cap) / static_cast<double>(s.total_memory));
+  }
+  std::uint64_t malloc(Bytes size, StreamId stream) override {
+    return guard([&] { return alloc_.malloc(size, stream); });
+  }
+  void free(std::uint64_t ptr) override {
+    guard([&] {
+      alloc_.free(ptr);
+      return 0;
+    });
+  }
+  void empty_cache() override {
+    guard([&] {
+      alloc_.empty_cache();
+      return 0;
+    });
+  }
+  DeviceStats stats() const override { return alloc_.stats(); }
+  Snapshot snapshot() const override { return alloc_.snapshot(); }
+  std::vector<TraceEvent> trace() const override { return alloc_.trace(); }
+
+ private:
+  template <class F>
+  static auto guard(F&& f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (const model::Divergence& d) {
+      throw ReplayDivergence(d.what());
+    }
+  }
+  model::RecordedSegmentSource source_;
+  model::Allocator alloc_;
+};
+
+const bool model_registered = register_engine(
+    "model", [](const EngineSetup& s) { return std::make_unique<ModelEngine>(s); });
+
+// ---- comparison ----
+
+std::string hex(std::uint64_t v) { return fmt::format("{:#x}", v); }
+
+// The driver's figures differ between machines and runs; mask them (and nothing else).
+std::string mask_driver_figures(const std::string& m) {
+  static const std::regex free_re(R"(of which [0-9.]+ (bytes|KiB|MiB|GiB) is free)");
+  static const std::regex proc_re(R"(this process has [0-9.]+ (bytes|KiB|MiB|GiB) memory in use)");
+  static const std::regex pid_re(R"(Process [0-9]+ has [0-9.]+ (bytes|KiB|MiB|GiB) memory in use)");
+  std::string out = std::regex_replace(m, free_re, "of which <free> is free");
+  out = std::regex_replace(out, proc_re, "this process has <in use> memory in use");
+  return std::regex_replace(out, pid_re, "Process <pid> has <in use> memory in use");
+}
+
+struct Report {
+  std::size_t mismatches = 0;
+  std::size_t printed = 0;
+  std::size_t max_printed = 20;
+  std::string engine;
+  bool verbose() { return printed++ < max_printed; }
+};
+
+void print_segment_around(const Snapshot& snap, std::uint64_t addr, const char* label) {
+  for (const SegmentSnapshot& s : snap) {
+    if (addr < s.address || addr >= s.address + s.total_size) continue;
+    std::printf("    %s: segment %s size %llu stream %llu %s%s\n", label, hex(s.address).c_str(),
+                static_cast<unsigned long long>(s.total_size),
+                static_cast<unsigned long long>(s.stream), s.is_large ? "large" : "small",
+                s.is_expandable ? " expandable" : "");
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < s.blocks.size(); ++i)
+      if (s.blocks[i].address <= addr) at = i;
+    const std::size_t from = at >= 3 ? at - 3 : 0;
+    const std::size_t to = std::min(s.blocks.size(), at + 4);
+    for (std::size_t i = from; i < to; ++i) {
+      const BlockSnapshot& b = s.blocks[i];
+      std::printf("      %s %s size %llu requested %llu %s\n", i == at ? "->" : "  ",
+                  hex(b.address).c_str(), static_cast<unsigned long long>(b.size),
+                  static_cast<unsigned long long>(b.requested_size), std::string(to_string(b.state)).c_str());
+    }
+    return;
+  }
+  std::printf("    %s: %s is in no segment of the engine\n", label, hex(addr).c_str());
+}
+
+std::string describe_segment(const SegmentSnapshot& s) {
+  std::string out = fmt::format("{} size {} stream {} {}{} [", hex(s.address), s.total_size, s.stream,
+                                s.is_large ? "large" : "small", s.is_expandable ? " expandable" : "");
+  for (std::size_t i = 0; i < s.blocks.size(); ++i) {
+    if (i == 8) {
+      out += fmt::format(" ... {} blocks", s.blocks.size());
+      break;
+    }
+    const BlockSnapshot& b = s.blocks[i];
+    out += fmt::format("{}{}/{}/{}", i ? ", " : "", b.size, b.requested_size, to_string(b.state));
+  }
+  return out + "]";
+}
+
+// Replays `rec` with `ops` through one engine and reports every mismatch. Returns ops run.
+std::size_t conform_one(const std::string& engine_name, const EngineFactory& factory,
+                        const io::Recording& rec, const std::vector<io::Op>& ops, const Config& config,
+                        Report& report) {
+  EngineSetup setup;
+  setup.config = config;
+  setup.total_memory = rec.total_memory;
+  setup.cap = rec.cap;
+  setup.device_events = rec.trace;
+  std::unique_ptr<ReplayEngine> engine = factory(setup);
+  auto mismatch = [&](const std::string& what) {
+    ++report.mismatches;
+    if (report.verbose()) std::printf("[%s] %s\n", engine_name.c_str(), what.c_str());
+  };
+
+  std::map<std::uint64_t, std::uint64_t> pointers;  // op id -> engine pointer
+  std::vector<std::string> oom_messages;
+  std::size_t done = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const io::Op& op = ops[i];
+    const io::Step& want = rec.steps[i];
+    try {
+      switch (op.kind) {
+        case io::Op::Kind::Alloc: {
+          if (op.stream >= rec.streams.size())
+            throw std::invalid_argument(fmt::format("op {}: stream index {} but the recording has {} streams",
+                                                    i, op.stream, rec.streams.size()));
+          const StreamId stream = rec.streams[op.stream];
+          std::optional<std::uint64_t> got;
+          std::string oom;
+          try {
+            got = engine->malloc(op.size, stream);
+          } catch (const OutOfMemory& e) {
+            oom = e.what();
+          }
+          if (got) pointers[op.id] = *got;
+          if (want.oom && !got) {
+            oom_messages.push_back(oom);
+          } else if (want.oom) {
+            mismatch(fmt::format("op {}: alloc {} B on stream {}: expected OOM, got pointer {}", i, op.size,
+                                 stream, hex(*got)));
+          } else if (!got) {
+            mismatch(fmt::format("op {}: alloc {} B on stream {}: expected pointer {}, got OOM: {}", i,
+                                 op.size, stream, want.result ? hex(*want.result) : "null", oom));
+          } else if (!want.result || *want.result != *got) {
+            mismatch(fmt::format("op {}: alloc {} B on stream {}: expected pointer {}, got {}", i, op.size,
+                                 stream, want.result ? hex(*want.result) : "null", hex(*got)));
+            if (report.printed <= report.max_printed) {
+              const Snapshot snap = engine->snapshot();
+              print_segment_around(snap, *got, "actual");
+              if (want.result) print_segment_around(snap, *want.result, "expected");
+            }
+          }
+          break;
+        }
+        case io::Op::Kind::Free: {
+          auto it = pointers.find(op.id);
+          // Frees of allocations that hit OOM are not in the op list (ORACLE_README); an id the
+          // engine never returned means the engine OOMed where PyTorch did not: already reported.
+          if (it != pointers.end()) {
+            engine->free(it->second);
+            pointers.erase(it);
+          }
+          break;
+        }
+        case io::Op::Kind::EmptyCache:
+          engine->empty_cache();
+          break;
+      }
+    } catch (const ReplayDivergence& d) {
+      mismatch(fmt::format("op {}: divergence from the recorded device calls: {}", i, d.what()));
+      std::printf("[%s] replay stopped at op %zu\n", engine_name.c_str(), i);
+      return i + 1;
+    } catch (const UsageError& e) {
+      mismatch(fmt::format("op {}: the engine refused the op: {}", i, e.what()));
+    }
+    done = i + 1;
+    const auto got = step_stats(engine->stats());
+    for (std::size_t k = 0; k < 6; ++k) {
+      if (got[k] != want.stats[k]) {
+        mismatch(fmt::format("op {}: {} expected {}, got {}", i, rec.stat_keys[k], want.stats[k], got[k]));
+        break;  // one mismatch per op: the first stat that differs
+      }
+    }
+  }
+
+  // OOM messages: the recording keeps the first three.
+  for (std::size_t k = 0; k < rec.oom_messages.size(); ++k) {
+    if (k >= oom_messages.size()) {
+      mismatch(fmt::format("OOM message {}: expected \"{}\", the engine raised only {} OOMs", k,
+                           rec.oom_messages[k], oom_messages.size()));
+      continue;
+    }
+    const std::string want = mask_driver_figures(rec.oom_messages[k]);
+    const std::string got = mask_driver_figures(oom_messages[k]);
+    if (want != got) mismatch(fmt::format("OOM message {}:\n  expected: {}\n  actual:   {}", k, want, got));
+  }
+
+  // Final memory_stats(): all keys.
+  const auto flat = flatten(engine->stats());
+  std::map<std::string, std::int64_t> got_stats(flat.begin(), flat.end());
+  for (const auto& [key, value] : rec.final_stats) {
+    auto it = got_stats.find(key);
+    if (it == got_stats.end())
+      mismatch(fmt::format("final stats: key {} missing from the engine", key));
+    else if (it->second != value)
+      mismatch(fmt::format("final stats: {} expected {}, got {}", key, value, it->second));
+  }
+  for (const auto& [key, value] : got_stats)
+    if (!rec.final_stats.contains(key)) mismatch(fmt::format("final stats: unexpected key {}", key));
+
+  // Final snapshot.
+  const Snapshot snap = engine->snapshot();
+  if (snap.size() != rec.segments.size())
+    mismatch(fmt::format("final snapshot: expected {} segments, got {}", rec.segments.size(), snap.size()));
+  for (std::size_t k = 0; k < std::min(snap.size(), rec.segments.size()); ++k) {
+    const SegmentSnapshot& w = rec.segments[k];
+    const SegmentSnapshot& g = snap[k];
+    if (w.address != g.address || w.total_size != g.total_size || w.stream != g.stream ||
+        w.is_large != g.is_large || w.blocks != g.blocks)
+      mismatch(fmt::format("final snapshot: segment {}:\n  expected {}\n  actual   {}", k,
+                           describe_segment(w), describe_segment(g)));
+  }
+
+  // memory_summary().
+  const std::string summary = memory_summary(engine->stats());
+  if (!rec.summary.empty() && summary != rec.summary)
+    mismatch(fmt::format("memory_summary differs:\n--- expected\n{}--- actual\n{}", rec.summary, summary));
+
+  // Trace: every event in order (oom rows: the recording has no address).
+  const std::vector<TraceEvent> trace = engine->trace();
+  if (done == ops.size()) {
+    const std::size_t n = std::min(trace.size(), rec.trace.size());
+    for (std::size_t k = 0; k < n; ++k) {
+      TraceEvent w = rec.trace[k];
+      TraceEvent g = trace[k];
+      if (w.action == TraceAction::Oom) w.addr = g.addr = 0;
+      if (w.action != g.action || w.addr != g.addr || w.size != g.size || w.stream != g.stream) {
+        mismatch(fmt::format("trace event {}: expected {} {} {} stream {}, got {} {} {} stream {}", k,
+                             to_string(w.action), hex(w.addr), w.size, w.stream, to_string(g.action),
+                             hex(g.addr), g.size, g.stream));
+        break;
+      }
+    }
+    if (trace.size() != rec.trace.size())
+      mismatch(fmt::format("trace: expected {} events, got {}", rec.trace.size(), trace.size()));
+  }
+  return done;
+}
+
+struct Options {
+  std::vector<std::string> files;
+  std::string ops;
+  std::string engine = "model";
+  std::size_t max_printed = 20;
+};
+
+int run(const Options& o) {
+  std::string ops_path;
+  std::string result_path;
+  if (o.files.size() == 2) {
+    ops_path = o.files[0];
+    result_path = o.files[1];
+  } else if (o.files.size() == 1) {
+    result_path = o.files[0];
+  } else {
+    std::fprintf(stderr, "cachet conform: expected OPS RESULT (or RESULT with --ops FILE)\n");
+    return kExitBadInput;
+  }
+  if (!o.ops.empty()) ops_path = o.ops;
+
+  std::vector<std::string> names;
+  if (o.engine == "model" || o.engine == "impl") {
+    names.push_back(o.engine);
+  } else if (o.engine == "both") {
+    names = {"model", "impl"};
+  } else {
+    std::fprintf(stderr, "cachet conform: --engine must be model, impl or both (got \"%s\")\n", o.engine.c_str());
+    return kExitBadInput;
+  }
+  std::vector<const EngineFactory*> factories;
+  for (const std::string& n : names) {
+    const EngineFactory* f = find_engine(n);
+    if (f == nullptr) {
+      std::fprintf(stderr,
+                   "cachet conform: engine \"%s\" is not built into this cachet (the production "
+                   "allocator, gpu/, was not part of the build); use --engine model\n",
+                   n.c_str());
+      return kExitBadInput;
+    }
+    factories.push_back(f);
+  }
+
+  io::Recording rec;
+  std::vector<io::Op> ops;
+  Config config;
+  try {
+    rec = io::read_recording(result_path);
+    if (ops_path.empty()) ops_path = io::ops_path_for(result_path);
+    ops = io::read_ops(ops_path);
+  } catch (const io::ReadError& e) {
+    std::fprintf(stderr, "cachet conform: %s\n", e.what());
+    return kExitBadInput;
+  }
+  if (ops.size() != rec.steps.size()) {
+    std::fprintf(stderr,
+                 "cachet conform: %s has %zu ops but %s has %zu steps; they do not belong together "
+                 "(pass the right --ops FILE)\n",
+                 ops_path.c_str(), ops.size(), result_path.c_str(), rec.steps.size());
+    return kExitBadInput;
+  }
+  try {
+    config = parse_config(rec.conf, ConfigSource::PyTorch).config;
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "cachet conform: %s: conf \"%s\": %s\n", result_path.c_str(), rec.conf.c_str(), e.what());
+    return kExitBadInput;
+  }
+  if (rec.cap > rec.total_memory) {
+    std::fprintf(stderr, "cachet conform: %s: cap %llu exceeds total_memory %llu\n", result_path.c_str(),
+                 static_cast<unsigned long long>(rec.cap), static_cast<unsigned long long>(rec.total_memory));
+    return kExitBadInput;
+  }
+
+  Report report;
+  report.max_printed = o.max_printed;
+  std::size_t ran = 0;
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    try {
+      ran = std::max(ran, conform_one(names[k], *factories[k], rec, ops, config, report));
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "cachet conform: %s\n", e.what());
+      return kExitBadInput;
+    }
+  }
+  std::printf("conform: %zu ops, %zu mismatches\n", ops.size(), report.mismatches);
+  return report.mismatches == 0 ? kExitOk : kExitCheckFailed;
+}
+
+Runner setup(CLI::App& sub) {
+  auto o = std::make_shared<Options>();
+  sub.add_option("files", o->files, "OPS RESULT, or RESULT alone (ops found in ../ops/ beside it)")
+      ->required()
+      ->expected(1, 2);
+  sub.add_option("--ops", o->ops, "the op list (ops_<regime>.json[.gz]) to replay");
+  sub.add_option("--engine", o->engine, "model (default), impl (the production allocator) or both");
+  sub.add_option("--max-report", o->max_printed, "mismatches printed in detail (default 20)");
+  return [o] { return run(*o); };
+}
+
+const bool registered = register_command(
+    {"conform", "Replay an oracle recording and compare with what PyTorch did", setup});
+
+}  // namespace
+}  // namespace cachet::cli

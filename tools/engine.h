@@ -1,0 +1,58 @@
+// tools/engine.h: a replay engine, the allocator a recording is replayed through. `cachet
+// conform` (and later replays) drive engines by name: "model" (model/, registered in
+// cmd_conform.cpp) and "impl" (gpu/, registered by an adapter in tools/engine_gpu.cpp once gpu/
+// exists). An engine registers itself at static-initialisation time:
+//
+//   static const bool registered = cachet::cli::register_engine("impl", make_gpu_engine);
+//
+// The engine is given the device addresses PyTorch's driver returned (the recording's trace);
+// a request the recording does not show (another size, one segment too many) throws
+// ReplayDivergence. Out of memory throws cachet::OutOfMemory with PyTorch's message.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cachet/config.h"
+#include "cachet/snapshot.h"
+#include "cachet/stats.h"
+#include "cachet/trace.h"
+#include "cachet/types.h"
+
+namespace cachet::cli {
+
+// The engine asked the device for something other than what the recording shows.
+class ReplayDivergence : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct EngineSetup {
+  Config config;                   // the recording's conf, parsed
+  Bytes total_memory = 0;          // the device's total_memory
+  Bytes cap = 0;                   // set_per_process_memory_fraction(cap / total) before op 0; 0 = none
+  std::vector<TraceEvent> device_events;  // the recording's trace (segment_* rows give addresses)
+};
+
+class ReplayEngine {
+ public:
+  virtual ~ReplayEngine() = default;
+  virtual std::uint64_t malloc(Bytes size, StreamId stream) = 0;
+  virtual void free(std::uint64_t ptr) = 0;
+  virtual void empty_cache() = 0;
+  virtual DeviceStats stats() const = 0;
+  virtual Snapshot snapshot() const = 0;
+  virtual std::vector<TraceEvent> trace() const = 0;
+};
+
+using EngineFactory = std::function<std::unique_ptr<ReplayEngine>(const EngineSetup&)>;
+
+bool register_engine(const std::string& name, EngineFactory factory);
+// nullptr when no engine of that name was built in.
+const EngineFactory* find_engine(const std::string& name);
+
+}  // namespace cachet::cli

@@ -1,0 +1,119 @@
+// check_conf_test: `cachet check-conf STRING` as a user runs it (the built binary, CACHET_BIN):
+// exit 0 with exactly one canonical line on stdout that parses back to the same configuration,
+// warnings on stderr; exit 2 with the error and a caret under the offending column.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <sys/wait.h>
+
+#include "cachet/config.h"
+
+namespace {
+
+struct Run {
+  int status = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Single-quotes `s` for /bin/sh.
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+Run check_conf(const std::string& args) {
+  const auto dir = std::filesystem::temp_directory_path();
+  const auto out = dir / ("check_conf_out_" + std::to_string(::getpid()));
+  const auto err = dir / ("check_conf_err_" + std::to_string(::getpid()));
+  const std::string cmd = std::string(CACHET_BIN) + " check-conf " + args + " >" + out.string() +
+                          " 2>" + err.string();
+  const int rc = std::system(cmd.c_str());
+  Run r;
+  r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  std::filesystem::remove(out);
+  std::filesystem::remove(err);
+  return r;
+}
+
+TEST(CheckConf, ValidPrintsOneCanonicalLine) {
+  const Run r = check_conf(quote(" garbage_collection_threshold:0.6 , max_split_size_mb : 64 ,"));
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.out, "max_split_size_mb:64,garbage_collection_threshold:0.6\n");
+  // the GC-without-cap warning (PyTorch issue #106660) goes to stderr
+  EXPECT_NE(r.err.find("warning:"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("per_process_memory_fraction"), std::string::npos) << r.err;
+  const std::string line = r.out.substr(0, r.out.size() - 1);
+  EXPECT_EQ(cachet::parse_config(line, cachet::ConfigSource::PyTorch).config,
+            cachet::parse_config(" garbage_collection_threshold:0.6 , max_split_size_mb : 64 ,",
+                                 cachet::ConfigSource::PyTorch)
+                .config);
+}
+
+TEST(CheckConf, RecordingConfigs) {
+  // The six PYTORCH_CUDA_ALLOC_CONF strings of the oracle recordings, and their normal forms.
+  const std::pair<std::string, std::string> cases[] = {
+      {"", "\n"},
+      {"max_split_size_mb:128", "max_split_size_mb:128\n"},
+      {"max_split_size_mb:256,roundup_power2_divisions:4",
+       "max_split_size_mb:256,roundup_power2_divisions:4\n"},
+      {"garbage_collection_threshold:0.6,max_split_size_mb:64",
+       "max_split_size_mb:64,garbage_collection_threshold:0.6\n"},
+      {"roundup_power2_divisions:[256:1,512:2,1024:4,>:8]",
+       "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]\n"},
+      {"expandable_segments:True", "expandable_segments:True\n"},
+  };
+  for (const auto& [in, want] : cases) {
+    SCOPED_TRACE(in);
+    const Run r = check_conf(quote(in));
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.out, want);
+  }
+}
+
+TEST(CheckConf, ErrorWithCaret) {
+  const std::string s = "max_split_size_mb:128;garbage_interval:5";
+  const Run r = check_conf(quote(s));
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("not ';'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("garbage_collection_threshold"), std::string::npos) << r.err;
+  // the string, then a caret under column 22 (the ';')
+  EXPECT_NE(r.err.find("\n  " + s + "\n  " + std::string(21, ' ') + "^\n"), std::string::npos)
+      << r.err;
+}
+
+TEST(CheckConf, SourceDecidesCachetKeys) {
+  Run r = check_conf(quote("policy:cachet"));
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("CACHET_ALLOC_CONF"), std::string::npos) << r.err;
+  r = check_conf("--source cachet " + quote("cachet_validate:True,policy:cachet"));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "policy:cachet,cachet_validate:True\n");
+  r = check_conf("--source pytorch " + quote("max_split_size_mb:-1"));
+  EXPECT_EQ(r.status, 2);
+  r = check_conf("--source nonsense " + quote(""));
+  EXPECT_EQ(r.status, 2);
+}
+
+TEST(CheckConf, MissingArgumentIsBadInput) {
+  const Run r = check_conf("");
+  EXPECT_EQ(r.status, 2);
+}
+
+}  // namespace

@@ -1,0 +1,126 @@
+// `cachet conform` on altered and malformed input: the exit code (0 ok, 1 mismatch, 2 bad
+// input) and the message naming what was wrong. Data: tests/data/oracle (ORACLE_README.md).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "cachet/io/file.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kOracle = std::string(CACHET_TEST_DATA) + "/oracle";
+
+struct CliRun {
+  int rc = -1;
+  std::string out;
+};
+
+CliRun cachet(const std::string& args) {
+  CliRun r;
+  const std::string cmd = std::string(CACHET_BIN) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), buf.size(), p) != nullptr) r.out += buf.data();
+  const int status = pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// A scratch results/ + ops/ layout with plain (gunzipped) copies.
+class ConformCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("cachet_conform_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_ / "results");
+    fs::create_directories(dir_ / "ops");
+    write("ops/ops_small.json", cachet::io::read_file(kOracle + "/ops/ops_small.json.gz"));
+    recording_ = cachet::io::read_file(kOracle + "/results/res_small_default.json.gz");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string write(const std::string& rel, const std::string& text) {
+    std::ofstream(dir_ / rel, std::ios::binary) << text;
+    return (dir_ / rel).string();
+  }
+  fs::path dir_;
+  std::string recording_;
+};
+
+TEST_F(ConformCli, PlainCopiesConformAndOpsAreFoundBesideTheResults) {
+  const std::string res = write("results/res_small_default.json", recording_);
+  const CliRun r = cachet("conform " + res);
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("conform: 3000 ops, 0 mismatches"), std::string::npos) << r.out;
+}
+
+TEST_F(ConformCli, AlteredPointerIsAMismatchNamingTheOp) {
+  // steps[0][0] is the first returned pointer; move it by 512 bytes.
+  const std::string key = "\"steps\": [[";
+  const auto at = recording_.find(key);
+  ASSERT_NE(at, std::string::npos);
+  const auto begin = at + key.size();
+  const auto end = recording_.find(',', begin);
+  const unsigned long long ptr = std::stoull(recording_.substr(begin, end - begin));
+  std::string altered = recording_;
+  altered.replace(begin, end - begin, std::to_string(ptr + 512));
+  const std::string res = write("results/res_small_default.json", altered);
+  const CliRun r = cachet("conform " + res);
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("op 0: alloc"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("conform: 3000 ops, 1 mismatches"), std::string::npos) << r.out;
+}
+
+TEST_F(ConformCli, AlteredSegmentSizeIsADivergence) {
+  // The first segment_alloc row: the model asks for 2 MiB; the altered recording says 4 MiB.
+  const std::string key = "[\"segment_alloc\", ";
+  const auto at = recording_.find(key);
+  ASSERT_NE(at, std::string::npos);
+  const auto size_at = recording_.find(", 2097152,", at);
+  ASSERT_NE(size_at, std::string::npos);
+  std::string altered = recording_;
+  altered.replace(size_at, 10, ", 4194304,");
+  const std::string res = write("results/res_small_default.json", altered);
+  const CliRun r = cachet("conform " + res);
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find("op 0: divergence"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("expected size 4194304, got size 2097152"), std::string::npos) << r.out;
+}
+
+TEST_F(ConformCli, OpsOfAnotherRegimeAreBadInput) {
+  const std::string res = write("results/res_small_default.json", recording_);
+  const std::string ops = write("ops/ops_frag.json", cachet::io::read_file(kOracle + "/ops/ops_frag.json.gz"));
+  const CliRun r = cachet("conform " + ops + " " + res);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("has 2172 ops but"), std::string::npos) << r.out;
+}
+
+TEST_F(ConformCli, TruncatedRecordingIsBadInputNamingTheFile) {
+  const std::string res = write("results/res_small_default.json", recording_.substr(0, 1000));
+  const CliRun r = cachet("conform " + res);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("res_small_default.json: not valid JSON"), std::string::npos) << r.out;
+}
+
+TEST_F(ConformCli, MissingOpsFileIsBadInput) {
+  const std::string res = write("results/res_nosuch_default.json", recording_);
+  const CliRun r = cachet("conform " + res);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("pass --ops FILE"), std::string::npos) << r.out;
+}
+
+TEST_F(ConformCli, UnknownEngineIsBadInput) {
+  const std::string res = write("results/res_small_default.json", recording_);
+  const CliRun r = cachet("conform " + res + " --engine foo");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("--engine must be model, impl or both"), std::string::npos) << r.out;
+}
+
+}  // namespace

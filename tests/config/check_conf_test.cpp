@@ -10,12 +10,13 @@
 #include <sstream>
 #include <string>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "cachet/config.h"
 
 namespace {
 
-struct Run {
+struct Outcome {
   int status = -1;
   std::string out;
   std::string err;
@@ -35,14 +36,14 @@ std::string quote(const std::string& s) {
   return q + "'";
 }
 
-Run check_conf(const std::string& args) {
+Outcome check_conf(const std::string& args) {
   const auto dir = std::filesystem::temp_directory_path();
   const auto out = dir / ("check_conf_out_" + std::to_string(::getpid()));
   const auto err = dir / ("check_conf_err_" + std::to_string(::getpid()));
   const std::string cmd = std::string(CACHET_BIN) + " check-conf " + args + " >" + out.string() +
                           " 2>" + err.string();
   const int rc = std::system(cmd.c_str());
-  Run r;
+  Outcome r;
   r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
   r.out = slurp(out);
   r.err = slurp(err);
@@ -52,7 +53,7 @@ Run check_conf(const std::string& args) {
 }
 
 TEST(CheckConf, ValidPrintsOneCanonicalLine) {
-  const Run r = check_conf(quote(" garbage_collection_threshold:0.6 , max_split_size_mb : 64 ,"));
+  const Outcome r = check_conf(quote(" garbage_collection_threshold:0.6 , max_split_size_mb : 64 ,"));
   EXPECT_EQ(r.status, 0);
   EXPECT_EQ(r.out, "max_split_size_mb:64,garbage_collection_threshold:0.6\n");
   // the GC-without-cap warning (PyTorch issue #106660) goes to stderr
@@ -80,7 +81,7 @@ TEST(CheckConf, RecordingConfigs) {
   };
   for (const auto& [in, want] : cases) {
     SCOPED_TRACE(in);
-    const Run r = check_conf(quote(in));
+    const Outcome r = check_conf(quote(in));
     EXPECT_EQ(r.status, 0) << r.err;
     EXPECT_EQ(r.out, want);
   }
@@ -88,7 +89,7 @@ TEST(CheckConf, RecordingConfigs) {
 
 TEST(CheckConf, ErrorWithCaret) {
   const std::string s = "max_split_size_mb:128;garbage_interval:5";
-  const Run r = check_conf(quote(s));
+  const Outcome r = check_conf(quote(s));
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.out, "");
   EXPECT_NE(r.err.find("not ';'"), std::string::npos) << r.err;
@@ -99,7 +100,7 @@ TEST(CheckConf, ErrorWithCaret) {
 }
 
 TEST(CheckConf, SourceDecidesCachetKeys) {
-  Run r = check_conf(quote("policy:cachet"));
+  Outcome r = check_conf(quote("policy:cachet"));
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("CACHET_ALLOC_CONF"), std::string::npos) << r.err;
   r = check_conf("--source cachet " + quote("cachet_validate:True,policy:cachet"));
@@ -112,7 +113,7 @@ TEST(CheckConf, SourceDecidesCachetKeys) {
 }
 
 TEST(CheckConf, MissingArgumentIsBadInput) {
-  const Run r = check_conf("");
+  const Outcome r = check_conf("");
   EXPECT_EQ(r.status, 2);
 }
 

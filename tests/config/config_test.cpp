@@ -309,6 +309,31 @@ TEST(Errors, StricterThanPyTorch) {
   }
 }
 
+TEST(Errors, NeverAbortsOnRandomInput) {
+  // Random strings over the tokenizer's alphabet and pieces of real keys: every outcome is a
+  // Config or a ConfigError with a column inside the string (or just past its end).
+  const std::string pieces[] = {"max_split_size_mb", "roundup_power2_divisions", "expandable_segments",
+                                "garbage_collection_threshold", "large_segment_size_mb", "backend",
+                                "True", "128", "0.5", "-1", ">", ":", ",", "[", "]", ";", " ", "=",
+                                "4", "1e400", "cudaMallocAsync", "per_process_memory_fraction"};
+  std::mt19937_64 rng(7);
+  std::size_t accepted = 0;
+  for (int iter = 0; iter < 20000; ++iter) {
+    std::string s;
+    const auto n = rng() % 8;
+    for (std::uint64_t k = 0; k < n; ++k) s += pieces[rng() % std::size(pieces)];
+    try {
+      const Config c = parse_config(s, ConfigSource::Cachet).config;
+      EXPECT_EQ(parse_config(cachet::to_string(c), ConfigSource::Cachet).config, c) << s;
+      ++accepted;
+    } catch (const ConfigError& e) {
+      EXPECT_LE(e.column(), s.size() + 1) << s;
+      EXPECT_GE(e.column(), 1u) << s;
+    }
+  }
+  EXPECT_GT(accepted, 0u);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Reference 1.5: roundup_power2_divisions, index i covers [2^i MiB, 2^(i+1) MiB)
 

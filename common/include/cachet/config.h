@@ -6,6 +6,9 @@
 // else PYTORCH_ALLOC_CONF. cachet-only keys (policy, cachet_validate) are accepted only from
 // CACHET_ALLOC_CONF, because PyTorch itself parses the PYTORCH_* variables and rejects keys it
 // does not know.
+//
+// docs/configuration.md lists every key, PyTorch's validation and where cachet is stricter
+// (negative sizes, text after numbers, ';' separators, overflow, unclosed lists are errors).
 #pragma once
 
 #include <array>
@@ -89,8 +92,11 @@ struct ParseResult {
 };
 
 // Parses `text` over `base` (PyTorch resets max_split_size, roundup_power2_divisions and
-// garbage_collection_threshold on every parse; other keys keep their previous values).
-// Throws ConfigError; on error nothing is returned, so nothing is half-applied.
+// garbage_collection_threshold on every parse, and max_non_split_rounding to large_segment_size
+// unless the string sets it; other keys keep their previous values).
+// Throws ConfigError (key: the option or the unknown name, "" for a stray separator; text: the
+// offending token; column: 1-based in `text`); on error nothing is returned, so nothing is
+// half-applied.
 ParseResult parse_config(std::string_view text, ConfigSource source = ConfigSource::Cachet,
                          const Config& base = Config{});
 

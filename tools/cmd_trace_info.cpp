@@ -1,0 +1,85 @@
+// `cachet trace-info TRACE`: what a trace file holds before it is replayed: its format, the
+// devices, the recorded allocator settings, total memory, event counts per action and the
+// anomalies of a trace recorded mid-run. Exit 2 when the file cannot be read.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <string>
+
+#include "cachet/io/file.h"
+#include "cachet/io/trace_reader.h"
+#include "cachet/io/trace_stats.h"
+#include "command.h"
+
+namespace cachet::cli {
+namespace {
+
+std::string gib(Bytes b) { return fmt::format("{} ({:.2f} GiB)", b, static_cast<double>(b) / GiB); }
+
+int run_trace_info(const std::string& path, bool all_settings) {
+  io::TraceFile t;
+  try {
+    t = io::read_trace(path);
+  } catch (const io::ReadError& e) {
+    std::fprintf(stderr, "cachet trace-info: %s\n", e.what());
+    return kExitBadInput;
+  }
+  std::string out;
+  out += fmt::format("file:          {}\n", t.name);
+  out += fmt::format("format:        {}\n", io::to_string(t.format));
+  if (!t.sidecar.empty()) out += fmt::format("stats sidecar: {}\n", t.sidecar);
+  if (!t.device_name.empty()) out += fmt::format("device name:   {}\n", t.device_name);
+  out += fmt::format("total memory:  {}\n", t.total_memory ? gib(*t.total_memory) : "unknown");
+  if (t.cap) out += fmt::format("memory cap:    {}\n", *t.cap ? gib(*t.cap) : "none");
+  out += fmt::format("alloc conf:    {}\n",
+                     !t.settings.conf ? "not recorded"
+                     : t.settings.conf->empty() ? "(default)"
+                                                : "\"" + *t.settings.conf + "\"");
+  if (all_settings)
+    for (const auto& [k, v] : t.settings.fields) out += fmt::format("  {} = {}\n", k, v);
+  if (!t.final_stats.empty()) {
+    auto stat = [&](const char* key) {
+      auto it = t.final_stats.find(key);
+      return it == t.final_stats.end() ? std::string("?") : gib(static_cast<Bytes>(it->second));
+    };
+    out += fmt::format("recorded peak: allocated {}, reserved {}\n",
+                       stat("allocated_bytes.all.peak"), stat("reserved_bytes.all.peak"));
+  }
+  if (t.devices.empty()) out += "devices:       none (no trace events, no segments)\n";
+  for (const auto& d : t.devices) {
+    std::size_t blocks = 0;
+    Bytes reserved = 0;
+    for (const auto& s : d.segments) {
+      blocks += s.blocks.size();
+      reserved += s.total_size;
+    }
+    out += fmt::format("device {}:\n", d.device);
+    out += fmt::format("  segments at end: {} ({} blocks, {} reserved)\n", d.segments.size(),
+                       blocks, gib(reserved));
+    const io::TraceStats st = io::analyze_trace(d.events);
+    out += fmt::format("  trace: {}\n", st.one_line());
+    if (st.last_time_us > st.first_time_us)
+      out += fmt::format("  recorded span: {:.3f} s\n",
+                         static_cast<double>(st.last_time_us - st.first_time_us) / 1e6);
+  }
+  std::fputs(out.c_str(), stdout);
+  return kExitOk;
+}
+
+Runner setup(CLI::App& sub) {
+  auto path = std::make_shared<std::string>();
+  auto all = std::make_shared<bool>(false);
+  sub.add_option("TRACE", *path,
+                 "PyTorch memory snapshot (_dump_snapshot pickle, or JSON), or an oracle "
+                 "recording; gzip or plain")
+      ->required();
+  sub.add_flag("--settings", *all, "print every recorded allocator_settings field");
+  return [path, all] { return run_trace_info(*path, *all); };
+}
+
+[[maybe_unused]] const bool registered = register_command(
+    {"trace-info", "Describe a memory trace or snapshot: format, settings, events, anomalies",
+     setup});
+
+}  // namespace
+}  // namespace cachet::cli

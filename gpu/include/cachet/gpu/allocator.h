@@ -1,0 +1,98 @@
+// cachet/gpu/allocator.h: cachet::CachingAllocator, the production allocator. One instance per
+// device; PyTorch 2.11's observable behaviour under the `pytorch` policy (pointers, the 122
+// stats, snapshot, trace events, OOM messages), on its own fast structures.
+//
+// Threads: any thread may call any member. One plain std::mutex per allocator is taken here,
+// in the API layer only (style note 11); the core never locks.
+//
+// Errors: bad input throws cachet::UsageError and changes nothing (free of an unknown,
+// interior or already freed pointer, record_stream on a freed block, a stream of another
+// device, a fraction outside [0, 1]); running out of memory throws cachet::OutOfMemory with
+// PyTorch's message; a failing device call throws cachet::DeviceError and loses no block and
+// leaves the stats consistent. With cachet_validate:True every operation ends with
+// invariants(), and a violation throws InvariantViolation.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cachet/config.h"
+#include "cachet/gpu/backend.h"
+#include "cachet/snapshot.h"
+#include "cachet/stats.h"
+#include "cachet/trace.h"
+
+namespace cachet {
+
+namespace gpu::detail {
+class DeviceAllocator;
+}
+
+// invariants() found a violation in validate mode: an allocator bug, not bad input.
+class InvariantViolation : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
+class CachingAllocator {
+ public:
+  // An allocator over `memory` (one device). Throws DeviceError if the device cannot report
+  // its memory, UsageError if the config asks for something the backend cannot do.
+  explicit CachingAllocator(std::unique_ptr<gpu::DeviceMemory> memory, Config config = {});
+  // The CUDA backend for `device` (VMM when config.expandable_segments). Throws DeviceError
+  // when CUDA is unavailable (built without CUDA, no driver, no such device).
+  static std::unique_ptr<CachingAllocator> for_cuda_device(DeviceIndex device, Config config = {});
+  // Config from CACHET_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF.
+  static Config config_from_environment();
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // PyTorch's malloc: size 0 returns nullptr; sizes >= 1 EiB throw OutOfMemory ("more than 1EB").
+  void* allocate(Bytes size, StreamId stream);
+  // PyTorch's free; nullptr is ignored.
+  void free(void* ptr);
+  // Tensor.record_stream: `ptr` (as allocate returned it) is used on `stream`.
+  void record_stream(void* ptr, StreamId stream);
+  // torch.cuda.empty_cache().
+  void empty_cache();
+  // torch.cuda.set_per_process_memory_fraction: [0, 1]; 1 = no cap.
+  void set_memory_fraction(double fraction);
+  double memory_fraction() const;
+
+  DeviceStats stats() const;
+  void reset_accumulated_stats();
+  void reset_peak_stats();
+  std::string summary(bool abbreviated = false) const;  // torch.cuda.memory_summary()
+  Snapshot snapshot();                                  // memory_snapshot(); records a snapshot event
+
+  void set_trace(bool on);  // _record_memory_history(enabled="all") / (None)
+  std::vector<TraceEvent> trace() const;
+  void clear_trace();
+
+  // Runtime settings (_set_allocator_settings): parsed over the current config; on error
+  // nothing changes. Returns the parser's warnings.
+  std::vector<ConfigWarning> configure(std::string_view text);
+  void configure_from_environment();
+  Config config() const;
+
+  // The numbered invariants (gpu/README.md) that do not hold now; empty when all hold.
+  std::vector<std::string> invariants() const;
+
+  DeviceIndex device() const;
+  Bytes total_memory() const;
+  gpu::DeviceMemory& device_memory();  // the backend (tests reach their HostSim through it)
+
+ private:
+  void validate(const char* op) const;  // mutex held
+
+  mutable std::mutex mu_;
+  std::unique_ptr<gpu::detail::DeviceAllocator> impl_;
+  bool validate_ = false;
+};
+
+}  // namespace cachet

@@ -1,0 +1,1 @@
+// C ABI: see cachet/cachet.h (filled in below).

@@ -1,0 +1,270 @@
+// The allocator's core: blocks, segments, pools and the per-device state, with PyTorch 2.11's
+// rules (reference sections 1-3, 5-7, 13) on fast structures. No locking here: every member
+// function of DeviceAllocator runs with the API layer's mutex held (style note 11).
+//
+// Glossary (cachet/types.h): a Segment is one device allocation (cudaMalloc) or one VA
+// reservation of an expandable segment; its Blocks tile it exactly, in address order, linked
+// by prev/next. A free Block sits in its pool's size-ordered set (stream, size, address); an
+// unmapped Block of an expandable segment in its pool's address-ordered `unmapped` set; an
+// allocated Block, or one waiting for stream-use events, in `active_` (address -> Block).
+//
+// Invariants (checked by DeviceAllocator::invariants(), see invariants.cpp and gpu/README.md):
+//   [INV-1] the blocks of a segment tile it exactly, in address order, from its base.
+//   [INV-2] prev/next links are mutual; a segment's head has no prev, its tail no next.
+//   [INV-3] every block lies inside its segment; segments do not overlap.
+//   [INV-4] no two adjacent free blocks of one segment (both mapped, neither waiting for
+//           events): free_block merges them.
+//   [INV-5] every block size is a multiple of 512; an allocated block's size is at least
+//           round_size(requested) of PyTorch's rounding; a non-expandable large-pool block
+//           split off a larger one leaves no remainder of 1 MiB or less (split-size limit).
+//   [INV-6] a free block is in its pool's set, an unmapped block in `unmapped`, an active
+//           block in active_; each exactly once; a block waiting for events is never in a pool.
+//   [INV-7] stats equal a recount from the blocks (allocation, active, segment, the byte
+//           counters, inactive_split, oversize), per pool and in total.
+//   [INV-8] reserved bytes <= the memory cap; with expandable segments, by less than a page.
+//   [INV-9] event_count of each block equals the number of its queued events.
+#pragma once
+
+#include <boost/container/small_vector.hpp>
+#include <boost/intrusive/set.hpp>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cachet/config.h"
+#include "cachet/gpu/backend.h"
+#include "cachet/snapshot.h"
+#include "cachet/stats.h"
+#include "cachet/trace.h"
+#include "mutant.h"
+#include "ptr_map.h"
+
+namespace cachet::gpu::detail {
+
+namespace bi = boost::intrusive;
+
+struct Segment;
+
+struct Block : bi::set_base_hook<bi::link_mode<bi::normal_link>> {
+  DevicePtr ptr = 0;
+  Bytes size = 0;
+  Bytes requested_size = 0;  // stale on free blocks; follows the block object (13.1)
+  StreamId stream = 0;
+  Block* prev = nullptr;
+  Block* next = nullptr;
+  Segment* segment = nullptr;
+  std::int64_t gc_count_base = 0;
+  std::int32_t event_count = 0;
+  bool allocated = false;
+  bool mapped = true;
+  bool is_small = false;
+  boost::container::small_vector<StreamId, 2> stream_uses;
+
+  bool is_split() const { return prev != nullptr || next != nullptr; }
+  bool expandable() const;
+  // PyTorch's "allocatable" / the merge condition: free, mapped or not, no pending uses.
+  bool is_reusable() const { return !allocated && event_count == 0 && stream_uses.empty(); }
+  bool is_active() const { return allocated || event_count > 0 || !stream_uses.empty(); }
+};
+
+struct Segment {
+  DevicePtr base = 0;
+  Bytes size = 0;  // cudaMalloc size, or the whole VA reservation of an expandable segment
+  StreamId stream = 0;
+  bool is_small = false;
+  bool expandable = false;
+  Block* head = nullptr;  // lowest-address block
+  // expandable segments (section 7)
+  Bytes page_size = 0;
+  std::vector<bool> page_mapped;
+};
+
+inline bool Block::expandable() const { return segment->expandable; }
+
+// Size order (BlockComparatorSize, 2.1): stream, size, address.
+struct SizeKey {
+  StreamId stream;
+  Bytes size;
+  DevicePtr ptr;
+};
+struct SizeOrder {
+  static bool less(StreamId as, Bytes az, DevicePtr ap, StreamId bs, Bytes bz, DevicePtr bp) {
+    if (as != bs) return as < bs;
+    if (az != bz) return az < bz;
+    return ap < bp;
+  }
+  bool operator()(const Block& a, const Block& b) const { return less(a.stream, a.size, a.ptr, b.stream, b.size, b.ptr); }
+  bool operator()(const Block& a, const SizeKey& b) const { return less(a.stream, a.size, a.ptr, b.stream, b.size, b.ptr); }
+  bool operator()(const SizeKey& a, const Block& b) const { return less(a.stream, a.size, a.ptr, b.stream, b.size, b.ptr); }
+};
+// Address order (BlockComparatorAddress): stream, address.
+struct AddrKey {
+  StreamId stream;
+  DevicePtr ptr;
+};
+struct AddrOrder {
+  static bool less(StreamId as, DevicePtr ap, StreamId bs, DevicePtr bp) { return as != bs ? as < bs : ap < bp; }
+  bool operator()(const Block& a, const Block& b) const { return less(a.stream, a.ptr, b.stream, b.ptr); }
+  bool operator()(const Block& a, const AddrKey& b) const { return less(a.stream, a.ptr, b.stream, b.ptr); }
+  bool operator()(const AddrKey& a, const Block& b) const { return less(a.stream, a.ptr, b.stream, b.ptr); }
+};
+
+using FreeSet = bi::set<Block, bi::compare<SizeOrder>, bi::constant_time_size<true>>;
+using UnmappedSet = bi::set<Block, bi::compare<AddrOrder>, bi::constant_time_size<true>>;
+
+struct BlockPool {
+  explicit BlockPool(bool small) : is_small(small) {}
+  ~BlockPool() {
+    blocks.clear();
+    unmapped.clear();
+  }
+  FreeSet blocks;
+  UnmappedSet unmapped;
+  const bool is_small;
+  std::int64_t get_free_blocks_call_count = 0;  // GC age clock (3.5, 13.3)
+
+  void insert_into_blocks(Block* b) {
+    b->gc_count_base = get_free_blocks_call_count;
+    blocks.insert(*b);
+  }
+};
+
+// Block objects are pooled: a free list over chunks, so the hot path never calls new.
+class BlockArena {
+ public:
+  BlockArena() = default;
+  BlockArena(const BlockArena&) = delete;
+  BlockArena& operator=(const BlockArena&) = delete;
+  Block* make() {
+    if (free_.empty()) refill();
+    Block* b = free_.back();
+    free_.pop_back();
+    return new (b) Block();
+  }
+  void release(Block* b) {
+    b->~Block();
+    free_.push_back(b);
+  }
+
+ private:
+  void refill() {
+    constexpr std::size_t n = 256;
+    chunks_.push_back(std::make_unique<Storage[]>(n));
+    free_.reserve(free_.size() + n);
+    for (std::size_t i = n; i-- > 0;) free_.push_back(reinterpret_cast<Block*>(&chunks_.back()[i]));
+  }
+  struct alignas(Block) Storage {
+    unsigned char bytes[sizeof(Block)];
+  };
+  std::vector<std::unique_ptr<Storage[]>> chunks_;
+  std::vector<Block*> free_;
+};
+
+class DeviceAllocator {
+ public:
+  DeviceAllocator(std::unique_ptr<DeviceMemory> memory, const Config& config);
+  ~DeviceAllocator();
+
+  DevicePtr malloc(Bytes orig_size, StreamId stream);
+  void free(DevicePtr ptr);
+  void record_stream(DevicePtr ptr, StreamId stream);
+  void empty_cache();
+  void set_memory_fraction(double fraction);
+  double memory_fraction() const;
+  const DeviceStats& stats() const { return stats_; }
+  DeviceStats& mutable_stats() { return stats_; }
+  Snapshot snapshot();
+  void set_trace(bool on) { trace_on_ = on; }
+  bool trace_on() const { return trace_on_; }
+  const std::vector<TraceEvent>& trace() const { return trace_; }
+  void clear_trace() { trace_.clear(); }
+  void apply_config(const Config& c);  // runtime configure (section 4.1)
+  const Config& config() const { return config_; }
+  std::vector<std::string> invariants() const;
+  DeviceMemory& memory() { return *mem_; }
+  DeviceIndex device() const { return device_; }
+  Bytes total_memory() const { return total_memory_; }
+  std::optional<Bytes> allowed_memory_maximum() const { return allowed_max_; }
+  Bytes round_size(Bytes size) const;
+  Bytes allocation_size(Bytes rounded) const;
+
+ private:
+  struct AllocParams {
+    StreamId stream;
+    Bytes size;        // rounded
+    Bytes alloc_size;  // segment size for a new device allocation
+    BlockPool* pool;
+    Block* block = nullptr;
+    Status err;
+  };
+
+  // --- free-block search and growth (sections 2.2, 3.1-3.5) ---
+  bool get_free_block(AllocParams& p);
+  bool alloc_block(AllocParams& p, bool is_retry);
+  bool release_available_cached_blocks(const AllocParams& p);
+  void release_cached_blocks();
+  void release_blocks(BlockPool& pool);
+  void release_block(Block* b);
+  void garbage_collect_cached_blocks();
+  bool should_split(const Block* b, Bytes size) const;
+  Block* alloc_found_block(AllocParams& p, Bytes orig_size, bool split);
+  [[noreturn]] void throw_oom(const AllocParams& p);
+
+  // --- free and events (sections 2.5, 6) ---
+  void free_block(Block* b);
+  Bytes try_merge_blocks(Block* dst, Block* src, BlockPool& pool);
+  void insert_events(Block* b);
+  void process_events();
+  void synchronize_and_free_events();
+
+  // --- expandable segments (section 7) ---
+  Block* try_allocate_expandable_block(StreamId stream, BlockPool* pool, Bytes size);
+  Block* find_expandable_block(StreamId stream, BlockPool* pool, Bytes size);
+  bool map_block(Block* to_map, Bytes size);
+  void unmap_block(Block* b);
+  void release_expandable_segment(Block* b);
+
+  // --- plumbing ---
+  BlockPool& pool_for(const Block* b) { return b->is_small ? small_blocks_ : large_blocks_; }
+  StatType stat_type(const BlockPool& pool) const { return pool.is_small ? StatType::SmallPool : StatType::LargePool; }
+  void record(TraceAction a, std::uint64_t addr, Bytes size, StreamId stream);
+  Block* find_active(DevicePtr ptr, const char* op) const;
+  [[noreturn]] void throw_unknown_pointer(DevicePtr ptr, const char* op) const;
+  void check_stream(StreamId stream, const char* op) const;
+  void validate_if_enabled(const char* op) const;
+  static void link_after(Block* nb, Block* b);  // nb goes right after b
+
+  std::unique_ptr<DeviceMemory> mem_;
+  BackendCaps caps_;
+  DeviceIndex device_;
+  Config config_;
+  Bytes total_memory_ = 0;
+  std::optional<Bytes> allowed_max_;
+  Bytes total_allocated_memory_ = 0;  // reserved bytes (cudaMalloc + mapped)
+  DeviceStats stats_;
+
+  BlockArena arena_;
+  BlockPool large_blocks_{false};
+  BlockPool small_blocks_{true};
+  PtrMap<Block> active_;
+  std::map<DevicePtr, std::unique_ptr<Segment>> segments_;  // by base address
+
+  // Per-stream FIFO of (event, block) (section 6), ordered by stream value.
+  std::map<StreamId, std::deque<std::pair<EventHandle, Block*>>> cuda_events_;
+  std::size_t pending_events_ = 0;
+  std::vector<EventHandle> event_pool_;
+
+  // PYTORCH_NO_CUDA_MEMORY_CACHING: raw allocations, by address.
+  std::map<DevicePtr, Bytes> uncached_;
+
+  mutable std::vector<StreamId> known_streams_;  // streams stream_valid() accepted
+  bool trace_on_ = false;
+  std::vector<TraceEvent> trace_;
+};
+
+}  // namespace cachet::gpu::detail

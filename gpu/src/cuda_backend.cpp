@@ -1,0 +1,1 @@
+// CUDA backends (compiled only when CACHET_HAVE_CUDA).

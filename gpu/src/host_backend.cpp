@@ -1,0 +1,208 @@
+// The host simulation backend (see cachet/gpu/host_backend.h).
+#include "cachet/gpu/host_backend.h"
+
+#include <string>
+
+namespace cachet::gpu {
+
+namespace {
+constexpr Bytes kSyntheticAlign = 2 * MiB;
+Bytes align_up(Bytes n, Bytes a) { return (n + a - 1) / a * a; }
+std::string hex(std::uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+}  // namespace
+
+HostSim::HostSim(HostOptions opts)
+    : opts_(std::move(opts)), bump_(opts_.first_address), va_bump_(opts_.first_address + (Bytes{1} << 44)) {
+  if (!opts_.total_memory) opts_.total_memory = opts_.capacity;
+}
+
+void HostSim::complete_events(StreamId stream) {
+  std::lock_guard lock(mu_);
+  for (auto& [h, e] : events_)
+    if (e.recorded && e.stream == stream) e.complete = true;
+}
+
+void HostSim::complete_all_events() {
+  std::lock_guard lock(mu_);
+  for (auto& [h, e] : events_)
+    if (e.recorded) e.complete = true;
+}
+
+void HostSim::set_stream_device(StreamId stream, DeviceIndex device) {
+  std::lock_guard lock(mu_);
+  stream_device_[stream] = device;
+}
+
+Bytes HostSim::used() const {
+  std::lock_guard lock(mu_);
+  return used_;
+}
+
+std::size_t HostSim::live_events() const {
+  std::lock_guard lock(mu_);
+  return events_.size();
+}
+
+std::size_t HostSim::recorded_left() const {
+  std::lock_guard lock(mu_);
+  return opts_.recorded ? opts_.recorded->size() - recorded_pos_ : 0;
+}
+
+Result<DevicePtr> HostSim::next_recorded(const char* what, bool take) {
+  const auto& list = *opts_.recorded;
+  if (recorded_pos_ >= list.size())
+    return {Status::error(std::string("host backend (recorded addresses): ") + what +
+                          " needs address #" + std::to_string(recorded_pos_ + 1) + " but the recording has only " +
+                          std::to_string(list.size()) + "; the replay made more device calls than PyTorch did"),
+            0};
+  DevicePtr p = list[recorded_pos_];
+  if (take) ++recorded_pos_;
+  return {Status::ok(), p};
+}
+
+Result<DevicePtr> HostSim::malloc(Bytes n) {
+  std::lock_guard lock(mu_);
+  if (n == 0) return {Status::error("host backend: malloc of 0 bytes"), 0};
+  if (used_ + n > opts_.capacity) return {Status::oom(), 0};
+  DevicePtr p;
+  if (opts_.recorded) {
+    auto r = next_recorded("malloc", true);
+    if (!r.is_ok()) return r;
+    p = r.value;
+  } else {
+    p = bump_;
+    bump_ = align_up(bump_ + n, kSyntheticAlign);
+  }
+  used_ += n;
+  segments_[p] = n;
+  return {Status::ok(), p};
+}
+
+Status HostSim::free(DevicePtr p) {
+  std::lock_guard lock(mu_);
+  auto it = segments_.find(p);
+  if (it == segments_.end()) return Status::error("host backend: free of " + hex(p) + ", which malloc did not return");
+  used_ -= it->second;
+  segments_.erase(it);
+  return Status::ok();
+}
+
+Result<MemInfo> HostSim::mem_get_info() {
+  std::lock_guard lock(mu_);
+  return {Status::ok(), MemInfo{opts_.capacity - used_, *opts_.total_memory}};
+}
+
+bool HostSim::stream_valid(StreamId s) {
+  std::lock_guard lock(mu_);
+  auto it = stream_device_.find(s);
+  return it == stream_device_.end() || it->second == opts_.device;
+}
+
+Result<EventHandle> HostSim::event_create() {
+  std::lock_guard lock(mu_);
+  EventHandle h = next_event_++;
+  events_[h] = Event{};
+  return {Status::ok(), h};
+}
+
+Status HostSim::event_record(EventHandle e, StreamId s) {
+  std::lock_guard lock(mu_);
+  auto it = events_.find(e);
+  if (it == events_.end()) return Status::error("host backend: record of unknown event " + std::to_string(e));
+  it->second = Event{s, true, false};
+  return Status::ok();
+}
+
+Result<bool> HostSim::event_query(EventHandle e) {
+  std::lock_guard lock(mu_);
+  auto it = events_.find(e);
+  if (it == events_.end()) return {Status::error("host backend: query of unknown event " + std::to_string(e)), false};
+  return {Status::ok(), it->second.complete || !it->second.recorded};
+}
+
+Status HostSim::event_synchronize(EventHandle e) {
+  std::lock_guard lock(mu_);
+  auto it = events_.find(e);
+  if (it == events_.end()) return Status::error("host backend: synchronize of unknown event " + std::to_string(e));
+  it->second.complete = true;
+  return Status::ok();
+}
+
+void HostSim::event_destroy(EventHandle e) {
+  std::lock_guard lock(mu_);
+  events_.erase(e);
+}
+
+Result<DevicePtr> HostSim::reserve(Bytes n) {
+  std::lock_guard lock(mu_);
+  DevicePtr p;
+  if (opts_.recorded) {
+    auto r = next_recorded("reserve", false);
+    if (!r.is_ok()) return r;
+    p = r.value;
+  } else {
+    p = va_bump_;
+    va_bump_ = align_up(va_bump_ + n, kSyntheticAlign) + kSyntheticAlign;  // a guard gap
+  }
+  reservations_[p] = n;
+  return {Status::ok(), p};
+}
+
+Status HostSim::unreserve(DevicePtr p, Bytes n) {
+  std::lock_guard lock(mu_);
+  auto it = reservations_.find(p);
+  if (it == reservations_.end() || it->second != n)
+    return Status::error("host backend: unreserve of " + hex(p) + " that reserve did not return");
+  reservations_.erase(it);
+  return Status::ok();
+}
+
+Status HostSim::map(DevicePtr p, Bytes n) {
+  std::lock_guard lock(mu_);
+  if (used_ + n > opts_.capacity) return Status::oom();
+  if (opts_.recorded) {
+    auto r = next_recorded("map", true);
+    if (!r.is_ok()) return r.status;
+    if (r.value != p)
+      return Status::error("host backend (recorded addresses): map at " + hex(p) + " but the recording mapped " +
+                           hex(r.value) + " at position " + std::to_string(recorded_pos_));
+  }
+  used_ += n;
+  mappings_[p] = n;
+  return Status::ok();
+}
+
+Status HostSim::unmap(DevicePtr p, Bytes n) {
+  std::lock_guard lock(mu_);
+  // A mapping may be unmapped in pieces (whole pages of it); split ranges as needed.
+  Bytes left = n;
+  DevicePtr at = p;
+  while (left > 0) {
+    auto it = mappings_.upper_bound(at);
+    if (it == mappings_.begin()) return Status::error("host backend: unmap of unmapped " + hex(at));
+    --it;
+    DevicePtr base = it->first;
+    Bytes size = it->second;
+    if (at >= base + size) return Status::error("host backend: unmap of unmapped " + hex(at));
+    Bytes take = std::min(left, base + size - at);
+    mappings_.erase(it);
+    if (at > base) mappings_[base] = at - base;
+    if (at + take < base + size) mappings_[at + take] = base + size - (at + take);
+    used_ -= take;
+    left -= take;
+    at += take;
+  }
+  return Status::ok();
+}
+
+std::unique_ptr<DeviceMemory> make_host_memory(HostOptions opts, std::shared_ptr<HostSim>* sim) {
+  auto s = std::make_shared<HostSim>(std::move(opts));
+  if (sim) *sim = s;
+  return make_device_memory<HostBackend>(s);
+}
+
+}  // namespace cachet::gpu

@@ -1,0 +1,92 @@
+// PtrMap: open-addressing map from a block's address to its Block (the allocator's
+// active_blocks, section 2.1). Linear probing, backward-shift deletion, no tombstones; grows
+// at 1/2 load, so lookups stay a probe or two and the cached hot path never allocates.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace cachet::gpu::detail {
+
+template <class V>
+class PtrMap {
+ public:
+  PtrMap() { slots_.resize(1024); }
+
+  V* find(std::uint64_t key) const {
+    std::size_t i = index(key);
+    for (;;) {
+      const Slot& s = slots_[i];
+      if (s.key == key) return s.value;
+      if (s.key == 0) return nullptr;
+      i = (i + 1) & mask();
+    }
+  }
+
+  // key must be non-zero and absent.
+  void insert(std::uint64_t key, V* value) {
+    if ((size_ + 1) * 2 > slots_.size()) grow();
+    place(key, value);
+    ++size_;
+  }
+
+  bool erase(std::uint64_t key) {
+    std::size_t i = index(key);
+    for (;;) {
+      if (slots_[i].key == key) break;
+      if (slots_[i].key == 0) return false;
+      i = (i + 1) & mask();
+    }
+    // backward shift
+    std::size_t j = i;
+    for (;;) {
+      j = (j + 1) & mask();
+      if (slots_[j].key == 0) break;
+      std::size_t home = index(slots_[j].key);
+      // move j into i if home is not cyclically in (i, j]
+      bool in_range = (i < j) ? (home > i && home <= j) : (home > i || home <= j);
+      if (!in_range) {
+        slots_[i] = slots_[j];
+        i = j;
+      }
+    }
+    slots_[i] = Slot{};
+    --size_;
+    return true;
+  }
+
+  std::size_t size() const { return size_; }
+
+  template <class F>
+  void for_each(F&& f) const {
+    for (const Slot& s : slots_)
+      if (s.key != 0) f(s.key, s.value);
+  }
+
+ private:
+  struct Slot {
+    std::uint64_t key = 0;
+    V* value = nullptr;
+  };
+  std::size_t mask() const { return slots_.size() - 1; }
+  std::size_t index(std::uint64_t key) const {
+    return static_cast<std::size_t>(((key >> 9) * 0x9E3779B97F4A7C15ULL) >> 20) & mask();
+  }
+  void place(std::uint64_t key, V* value) {
+    std::size_t i = index(key);
+    while (slots_[i].key != 0) i = (i + 1) & mask();
+    slots_[i] = Slot{key, value};
+  }
+  void grow() {
+    std::vector<Slot> old(slots_.size() * 2);
+    old.swap(slots_);
+    for (const Slot& s : old)
+      if (s.key != 0) place(s.key, s.value);
+  }
+
+  std::vector<Slot> slots_;
+  std::size_t size_ = 0;
+};
+
+}  // namespace cachet::gpu::detail

@@ -75,7 +75,7 @@ TEST(TraceReader, MlpTrainPickle) {
   EXPECT_EQ(*t.settings.conf, "");
   EXPECT_EQ(t.settings.fields.size(), 9u);
   EXPECT_EQ(setting(t, "max_split_size"), "-1");
-  EXPECT_EQ(setting(t, "garbage_collection_threshold"), "0");
+  EXPECT_EQ(setting(t, "garbage_collection_threshold"), "0.0");
   EXPECT_EQ(setting(t, "expandable_segments"), "False");
   EXPECT_EQ(setting(t, "pinned_num_register_threads"), "1");
   EXPECT_EQ(setting(t, "roundup_power2_divisions").substr(0, 17), "{'1': 0, '2': 0, ");

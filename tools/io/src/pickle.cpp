@@ -48,7 +48,12 @@ void render(const PickleTree& t, const PickleValue& v, int depth, std::size_t ma
     case PickleKind::Bool: out += v.integer ? "True" : "False"; return;
     case PickleKind::Int: out += std::to_string(v.integer); return;
     case PickleKind::BigInt: out += "<big int>"; return;
-    case PickleKind::Float: out += fmt::format("{}", v.real); return;
+    case PickleKind::Float: {  // Python's repr: 0.0, not 0
+      std::string f = fmt::format("{}", v.real);
+      if (f.find_first_of(".eEn") == std::string::npos) f += ".0";
+      out += f;
+      return;
+    }
     case PickleKind::String:
       out += '\'';
       out.append(v.text.substr(0, max_len));

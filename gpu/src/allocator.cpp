@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "cachet/errors.h"
+#include "cachet/gpu/cuda_backend.h"
 #include "cachet/summary.h"
 #include "core.h"
 
@@ -20,6 +21,10 @@ CachingAllocator::CachingAllocator(std::unique_ptr<gpu::DeviceMemory> memory, Co
       validate_(config.validate) {}
 
 CachingAllocator::~CachingAllocator() = default;
+
+std::unique_ptr<CachingAllocator> CachingAllocator::for_cuda_device(DeviceIndex device, Config config) {
+  return std::make_unique<CachingAllocator>(gpu::make_cuda_memory(device, config.expandable_segments), config);
+}
 
 Config CachingAllocator::config_from_environment() { return cachet::config_from_environment().parsed.config; }
 

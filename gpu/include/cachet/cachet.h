@@ -1,0 +1,57 @@
+/* cachet/cachet.h: the C ABI over cachet::CachingAllocator (one allocator per device).
+ *
+ * Nothing here aborts or throws: every call that can fail returns a cachet_status and leaves
+ * the message in cachet_last_error() (per thread). Strings returned by cachet_*_json are
+ * malloc'd; release them with cachet_string_free. */
+#ifndef CACHET_CACHET_H
+#define CACHET_CACHET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cachet_allocator cachet_allocator;
+
+typedef enum cachet_status {
+  CACHET_OK = 0,
+  CACHET_ERR_OUT_OF_MEMORY = 1, /* PyTorch's "CUDA out of memory. ..." message */
+  CACHET_ERR_USAGE = 2,         /* bad pointer, double free, foreign stream, bad fraction, ... */
+  CACHET_ERR_DEVICE = 3,        /* a CUDA call failed (or CUDA is unavailable) */
+  CACHET_ERR_CONFIG = 4,        /* the configuration string was rejected */
+  CACHET_ERR_INTERNAL = 5       /* anything else (including validate-mode violations) */
+} cachet_status;
+
+/* An allocator for CUDA device `device` with configuration `config` (PyTorch syntax plus
+ * cachet's keys; NULL or "" = defaults, "env" = from CACHET_ALLOC_CONF /
+ * PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF). NULL on error (see cachet_last_error). */
+cachet_allocator* cachet_create(int device, const char* config);
+/* The same over the host simulation backend (no GPU): `capacity` bytes of synthetic memory. */
+cachet_allocator* cachet_create_host(uint64_t capacity, const char* config);
+void cachet_destroy(cachet_allocator* a);
+
+/* size 0 gives *out = NULL and CACHET_OK. `stream` is the raw cudaStream_t value. */
+cachet_status cachet_allocate(cachet_allocator* a, size_t size, uint64_t stream, void** out);
+cachet_status cachet_free(cachet_allocator* a, void* ptr);
+cachet_status cachet_record_stream(cachet_allocator* a, void* ptr, uint64_t stream);
+cachet_status cachet_empty_cache(cachet_allocator* a);
+cachet_status cachet_set_memory_fraction(cachet_allocator* a, double fraction);
+
+/* torch.cuda.memory_stats(): the flat dict of 122 keys. NULL on error. */
+char* cachet_stats_json(cachet_allocator* a);
+/* torch.cuda.memory_snapshot(): a list of segments, each with its blocks. NULL on error. */
+char* cachet_snapshot_json(cachet_allocator* a);
+/* torch.cuda.memory_summary(). NULL on error. */
+char* cachet_summary(cachet_allocator* a);
+void cachet_string_free(char* s);
+
+/* The message of this thread's last failing call ("" if none). Valid until the next call. */
+const char* cachet_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CACHET_CACHET_H */

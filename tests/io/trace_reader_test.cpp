@@ -338,5 +338,29 @@ TEST(TraceReader, JsonThroughput) {
               reps * 18685 / s_gz / 1e6);
 }
 
+// One large trace, as replay meets it: gpt2_train's events repeated 50 times (934,250 events,
+// about 105 MB of JSON), parsed once.
+TEST(TraceReader, JsonThroughputLarge) {
+  const std::string plain = read_file(kData + "workloads/gpt2_train.trace.json.gz");
+  const std::size_t open = plain.find("[[") + 2, close = plain.rfind("]]");
+  ASSERT_LT(open, close);
+  const std::string_view events(plain.data() + open, close - open);
+  std::string big = plain.substr(0, open);
+  const int copies = 50;
+  big.reserve(plain.size() * copies + 64);
+  for (int i = 0; i < copies; ++i) {
+    if (i) big += ", ";
+    big += events;
+  }
+  big += plain.substr(close);
+  const auto t0 = std::chrono::steady_clock::now();
+  const TraceFile t = parse_trace(big, "gpt2x50");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(t.event_count(), 18685u * copies);
+  EXPECT_EQ(t.devices[0].events[18685], t.devices[0].events[0]);
+  std::printf("gpt2_train x%d JSON (%zu MB): %.2f M events/s parsed (%.0f MB/s)\n", copies,
+              big.size() >> 20, t.event_count() / s / 1e6, big.size() / s / 1e6);
+}
+
 }  // namespace
 }  // namespace cachet::io

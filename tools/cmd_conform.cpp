@@ -333,7 +333,8 @@ int run(const Options& o) {
     if (f == nullptr) {
       std::fprintf(stderr,
                    "cachet conform: engine \"%s\" is not built into this cachet (the production "
-                   "allocator, gpu/, was not part of the build); use --engine model\n",
+                   "allocator's replay adapter, tools/engine_gpu.cpp, was not part of the build); "
+                   "use --engine model\n",
                    n.c_str());
       return kExitBadInput;
     }

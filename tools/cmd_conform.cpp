@@ -277,11 +277,17 @@ std::size_t conform_one(const std::string& engine_name, const EngineFactory& fac
     mismatch(fmt::format("memory_summary differs:\n--- expected\n{}--- actual\n{}", rec.summary, summary));
 
   // Trace: every event in order (oom rows: the recording has no address).
-  const std::vector<TraceEvent> trace = engine->trace();
+  // "snapshot" rows record memory_snapshot() calls, not allocator actions: not compared.
+  auto without_snapshots = [](std::vector<TraceEvent> t) {
+    std::erase_if(t, [](const TraceEvent& e) { return e.action == TraceAction::Snapshot; });
+    return t;
+  };
+  const std::vector<TraceEvent> trace = without_snapshots(engine->trace());
+  const std::vector<TraceEvent> recorded = without_snapshots(rec.trace);
   if (done == ops.size()) {
-    const std::size_t n = std::min(trace.size(), rec.trace.size());
+    const std::size_t n = std::min(trace.size(), recorded.size());
     for (std::size_t k = 0; k < n; ++k) {
-      TraceEvent w = rec.trace[k];
+      TraceEvent w = recorded[k];
       TraceEvent g = trace[k];
       if (w.action == TraceAction::Oom) w.addr = g.addr = 0;
       if (w.action != g.action || w.addr != g.addr || w.size != g.size || w.stream != g.stream) {
@@ -291,8 +297,8 @@ std::size_t conform_one(const std::string& engine_name, const EngineFactory& fac
         break;
       }
     }
-    if (trace.size() != rec.trace.size())
-      mismatch(fmt::format("trace: expected {} events, got {}", rec.trace.size(), trace.size()));
+    if (trace.size() != recorded.size())
+      mismatch(fmt::format("trace: expected {} events, got {}", recorded.size(), trace.size()));
   }
   return done;
 }
@@ -363,6 +369,13 @@ int run(const Options& o) {
     config = parse_config(rec.conf, ConfigSource::PyTorch).config;
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "cachet conform: %s: conf \"%s\": %s\n", result_path.c_str(), rec.conf.c_str(), e.what());
+    return kExitBadInput;
+  }
+  if (config.backend != Backend::Native) {
+    std::fprintf(stderr,
+                 "cachet conform: %s: conf \"%s\" selects backend:cudaMallocAsync; only the native "
+                 "caching allocator is modelled\n",
+                 result_path.c_str(), rec.conf.c_str());
     return kExitBadInput;
   }
   if (rec.cap > rec.total_memory) {

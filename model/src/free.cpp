@@ -15,10 +15,8 @@ std::string describe(std::uint64_t ptr) {
 }  // namespace
 
 Block* Allocator::find_active(std::uint64_t ptr) const {
-  // active_blocks_ is ordered by (stream, ptr); a pointer may be on any stream.
-  for (Block* b : active_blocks_)
-    if (b->ptr == ptr) return b;
-  return nullptr;
+  const auto it = active_blocks_.find(ptr);
+  return it == active_blocks_.end() ? nullptr : it->second;
 }
 
 void Allocator::free(std::uint64_t ptr) {
@@ -62,6 +60,7 @@ void Allocator::free_block(Block* block) {
   const auto original_size = static_cast<std::int64_t>(block->size);
   const auto requested = static_cast<std::int64_t>(block->requested_size);
   BlockPool& pool = *block->pool;
+  active_blocks_.erase(block->ptr);  // keyed by address: before a merge moves it
   // inactive_split moves once, by the net amount (§13.2).
   std::int64_t net_blocks = 0;
   std::int64_t net_bytes = 0;
@@ -72,7 +71,6 @@ void Allocator::free_block(Block* block) {
       net_bytes -= static_cast<std::int64_t>(subsumed);
     }
   }
-  active_blocks_.erase(block);
   pool.insert(block);
   if (block->is_split()) {
     net_blocks += 1;

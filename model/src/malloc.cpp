@@ -174,7 +174,7 @@ Block* Allocator::alloc_found_block(AllocParams& p, Bytes orig_size, bool split_
   block->allocated = true;
   block->requested_size = orig_size;
   record(TraceAction::Alloc, block->ptr, orig_size, block->stream);
-  active_blocks_.insert(block);
+  active_blocks_.emplace(block->ptr, block);
   const auto size = static_cast<std::int64_t>(block->size);
   const auto requested = static_cast<std::int64_t>(orig_size);
   DeviceStats::for_all_and(stats_.allocation, type, [](Stat& s) { s.increase(1); });

@@ -17,10 +17,10 @@ BlockState state_of(const Block* b) {
 // Every mapped block: both pools and the active set (PyTorch's get_all_blocks).
 template <class F>
 void for_all_blocks(const BlockPool& large, const BlockPool& small,
-                    const std::set<Block*, ByAddress>& active, F&& f) {
+                    const std::map<std::uint64_t, Block*>& active, F&& f) {
   for (const Block* b : large.blocks) f(b);
   for (const Block* b : small.blocks) f(b);
-  for (const Block* b : active) f(b);
+  for (const auto& [ptr, b] : active) f(b);
 }
 }  // namespace
 

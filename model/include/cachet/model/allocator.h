@@ -131,7 +131,8 @@ class Allocator {
   DeviceStats stats_;
   BlockPool large_blocks_{false};
   BlockPool small_blocks_{true};
-  std::set<Block*, ByAddress> active_blocks_;  // allocated or waiting for events
+  // Blocks allocated or waiting for events, by address (addresses are unique device-wide).
+  std::map<std::uint64_t, Block*> active_blocks_;
   std::map<const Block*, std::unique_ptr<Block>> owned_;
   std::vector<std::unique_ptr<ExpandableSegment>> expandable_segments_;
   // Per stream, FIFO: the events recorded on that stream (§6). Streams in id order.

@@ -110,17 +110,25 @@ const KeyInfo& info(Key key) {
   return kKeys[0];  // unreachable: every Key has an entry
 }
 
-std::size_t edit_distance(std::string_view a, std::string_view b) {
+// Levenshtein distance of a and b, or any value above `limit` once the distance is known to
+// exceed it (every entry of a row is above the limit).
+std::size_t edit_distance(std::string_view a, std::string_view b, std::size_t limit) {
   std::vector<std::size_t> row(b.size() + 1);
   for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
   for (std::size_t i = 1; i <= a.size(); ++i) {
     std::size_t diagonal = row[0];
     row[0] = i;
+    std::size_t row_min = row[0];
     for (std::size_t j = 1; j <= b.size(); ++j) {
       const std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
+      std::size_t d = diagonal + (a[i - 1] != b[j - 1] ? 1 : 0);
+      if (up + 1 < d) d = up + 1;
+      if (row[j - 1] + 1 < d) d = row[j - 1] + 1;
+      row[j] = d;
+      if (d < row_min) row_min = d;
       diagonal = up;
     }
+    if (row_min > limit) return row_min;
   }
   return row[b.size()];
 }
@@ -152,17 +160,24 @@ std::optional<std::string_view> nearest_key(std::string_view name, ConfigSource 
   for (const KeyInfo& k : kKeys) {
     if (allowed(k) && k.name == lower) return k.name;
   }
+  // The edit distance is at least the difference in length, so a key whose length differs by
+  // more than the limit can never be accepted: skipping it keeps the answer and keeps a long
+  // unknown name from costing |name| x |key| work per key (fuzz_config ran ~500 execs/s).
+  const std::size_t limit = std::max<std::size_t>(2, lower.size() / 3);
   const KeyInfo* best = nullptr;
   std::size_t best_distance = 0;
   for (const KeyInfo& k : kKeys) {
     if (!allowed(k)) continue;
-    const std::size_t d = edit_distance(lower, k.name);
+    const std::size_t longer = std::max(lower.size(), k.name.size());
+    const std::size_t shorter = std::min(lower.size(), k.name.size());
+    if (longer - shorter > limit) continue;
+    const std::size_t d = edit_distance(lower, k.name, limit);
     if (best == nullptr || d < best_distance) {
       best = &k;
       best_distance = d;
     }
   }
-  if (best != nullptr && best_distance <= std::max<std::size_t>(2, lower.size() / 3)) return best->name;
+  if (best != nullptr && best_distance <= limit) return best->name;
   const auto name_words = words(lower);
   best = nullptr;
   std::size_t best_shared = 0;

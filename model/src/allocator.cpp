@@ -26,6 +26,12 @@ void Allocator::set_memory_fraction(double fraction) {
     allowed_max_ = static_cast<Bytes>(fraction * static_cast<double>(source_.total_memory()));
 }
 
+void Allocator::set_allocator_settings(const Config& config) {
+  const bool no_caching = config_.no_caching;
+  config_ = config;
+  config_.no_caching = no_caching;
+}
+
 double Allocator::memory_fraction() const {
   if (!allowed_max_) return 1.0;
   return static_cast<double>(*allowed_max_) / static_cast<double>(source_.total_memory());

@@ -76,3 +76,42 @@ TEST(Expandable, MapFailureIsAnOom) {
 
 }  // namespace
 }  // namespace cachet::model::test
+
+namespace cachet::model::test {
+namespace {
+
+// §9.17 test_max_split_expandable: 120 MiB budget, max_split_size_mb:40; 40 MiB allocations with
+// expandable segments off, on, off; a fourth OOMs; after freeing, 120 MiB fits.
+TEST(Expandable, MaxSplitWithExpandableToggledAtRuntime) {
+  Device d(conf("max_split_size_mb:40"));
+  d.alloc.set_memory_fraction(120.0 * MiB / kH200Total);
+  const auto a = d.malloc(40 * MiB);
+  d.alloc.set_allocator_settings(conf("max_split_size_mb:40,expandable_segments:True"));
+  const auto b = d.malloc(40 * MiB);
+  d.alloc.set_allocator_settings(conf("max_split_size_mb:40,expandable_segments:False"));
+  const auto c = d.malloc(40 * MiB);
+  EXPECT_THROW(d.malloc(40 * MiB), OutOfMemory);
+  d.free(a);
+  d.free(b);
+  d.free(c);
+  EXPECT_NO_THROW(d.malloc(120 * MiB));
+  EXPECT_EQ(d.alloc.stats().reserved_bytes[0].current, static_cast<std::int64_t>(120 * MiB));
+}
+
+// §9.18 test_garbage_collect_expandable: same budget, garbage_collection_threshold:0.5.
+TEST(Expandable, GarbageCollectionWithExpandableToggledAtRuntime) {
+  Device d(conf("garbage_collection_threshold:0.5"));
+  d.alloc.set_memory_fraction(120.0 * MiB / kH200Total);
+  const auto a = d.malloc(40 * MiB);
+  d.alloc.set_allocator_settings(conf("garbage_collection_threshold:0.5,expandable_segments:True"));
+  const auto b = d.malloc(40 * MiB);
+  d.free(a);
+  d.free(b);
+  EXPECT_NO_THROW(d.malloc(80 * MiB));
+  // GC released the non-expandable 40 MiB segment (never the expandable one, PR #134338).
+  EXPECT_EQ(d.alloc.stats().num_device_free, 1);
+  EXPECT_EQ(d.alloc.stats().num_alloc_retries, 0);
+}
+
+}  // namespace
+}  // namespace cachet::model::test

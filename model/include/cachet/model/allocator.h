@@ -52,6 +52,11 @@ class Allocator {
   void complete_events(StreamId stream);
   void complete_all_events();
 
+  // torch._C._accelerator_setAllocatorSettings(text), already parsed (§4.1): the new settings
+  // apply from the next call on. memory_stats()["max_split_size"] keeps its construction value,
+  // per_process_memory_fraction applies only at construction, and no_caching cannot change.
+  void set_allocator_settings(const Config& config);
+
   // torch.cuda.empty_cache(): release_cached_blocks (§3.4).
   void empty_cache();
   // torch.cuda.set_per_process_memory_fraction (§3.6): in [0, 1], else UsageError.

@@ -1,0 +1,330 @@
+"""cachet from PyTorch: installs libcachet_torch.so as PyTorch's CUDA allocator and reports its
+numbers with PyTorch's names.
+
+    import cachet_torch
+    cachet_torch.install()          # before the first CUDA tensor
+    ...                             # train as usual
+    print(cachet_torch.memory_summary())
+
+ctypes only: nothing to compile. torch is imported lazily, so the configuration check
+(`check_config()`, and `install()` up to the point where it needs torch) works without it.
+
+PyTorch's own torch.cuda.memory_stats(), memory_snapshot() and _record_memory_history() refuse to
+work with a plug-in allocator; use memory_stats(), snapshot() / dump_snapshot() and
+record_memory_history() here instead. dump_snapshot() writes PyTorch's pickle format, which
+`python -m torch.cuda._memory_viz trace|stats FILE` and `cachet replay FILE` read.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import json
+import os
+import pickle
+import sys
+from typing import Any, Optional
+
+__all__ = [
+    "library_path", "load", "check_config", "install", "installed", "wired_callbacks",
+    "record_memory_history", "clear_history", "memory_stats", "memory_summary",
+    "memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved",
+    "reset_peak_memory_stats", "reset_accumulated_memory_stats", "snapshot", "dump_snapshot",
+    "settings", "last_error",
+]
+
+_LIB_NAME = "libcachet_torch.so"
+_lib: Optional[ctypes.CDLL] = None
+_lib_path: Optional[str] = None
+_allocator: Any = None  # the torch CUDAPluggableAllocator, kept alive
+_wired: list = []
+
+
+def library_path() -> str:
+    """Where libcachet_torch.so is: $CACHET_TORCH_LIB, else next to this file, else in a build
+    tree (build*/python/) of the checkout this file belongs to."""
+    env = os.environ.get("CACHET_TORCH_LIB")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [os.path.join(here, _LIB_NAME)]
+    root = os.path.dirname(here)
+    for sub in ("build/gpu", "build/default", "build/release", "build-python", "build"):
+        candidates.append(os.path.join(root, sub, "python", _LIB_NAME))
+    for c in candidates:
+        if os.path.exists(c):
+            return c
+    raise FileNotFoundError(
+        f"{_LIB_NAME} not found (set CACHET_TORCH_LIB, or build the target cachet_torch); "
+        f"looked at: {', '.join(candidates)}")
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    c = ctypes
+    lib.cachet_malloc.restype = c.c_void_p
+    lib.cachet_malloc.argtypes = [c.c_ssize_t, c.c_int, c.c_void_p]
+    lib.cachet_free.restype = None
+    lib.cachet_free.argtypes = [c.c_void_p, c.c_ssize_t, c.c_int, c.c_void_p]
+    lib.cachet_torch_init.restype = c.c_int
+    lib.cachet_torch_init.argtypes = []
+    lib.cachet_torch_config_error.restype = c.c_char_p
+    lib.cachet_torch_config_error.argtypes = []
+    for name in ("cachet_torch_last_error", "cachet_torch_settings_json"):
+        getattr(lib, name).restype = c.c_void_p
+        getattr(lib, name).argtypes = []
+    for name in ("cachet_torch_stats_json", "cachet_torch_snapshot_json", "cachet_torch_trace_json"):
+        getattr(lib, name).restype = c.c_void_p
+        getattr(lib, name).argtypes = [c.c_int]
+    lib.cachet_torch_summary.restype = c.c_void_p
+    lib.cachet_torch_summary.argtypes = [c.c_int, c.c_int]
+    lib.cachet_torch_string_free.restype = None
+    lib.cachet_torch_string_free.argtypes = [c.c_void_p]
+    lib.cachet_torch_record_history.restype = None
+    lib.cachet_torch_record_history.argtypes = [c.c_int]
+    lib.cachet_torch_clear_trace.restype = None
+    lib.cachet_torch_clear_trace.argtypes = []
+    lib.cachet_torch_device_count.restype = c.c_int
+    lib.cachet_torch_device_count.argtypes = []
+    lib.cachet_torch_has_device.restype = c.c_int
+    lib.cachet_torch_has_device.argtypes = [c.c_int]
+    for name in ("cachet_torch_reset_peak_stats", "cachet_torch_reset_accumulated_stats"):
+        getattr(lib, name).restype = c.c_int
+        getattr(lib, name).argtypes = [c.c_int]
+    lib.cachet_torch_empty_cache.restype = None
+    lib.cachet_torch_empty_cache.argtypes = []
+
+
+def load(path: Optional[str] = None) -> ctypes.CDLL:
+    """Loads libcachet_torch.so (once). PyTorch's CUDAPluggableAllocator opens the same file, so
+    both see the same allocators."""
+    global _lib, _lib_path
+    if _lib is not None:
+        if path is not None and os.path.realpath(path) != os.path.realpath(_lib_path or ""):
+            raise RuntimeError(f"cachet_torch: {_lib_path} is already loaded; cannot switch to {path}")
+        return _lib
+    p = os.path.realpath(path or library_path())
+    lib = ctypes.CDLL(p)
+    _declare(lib)
+    _lib, _lib_path = lib, p
+    return lib
+
+
+def _take_string(ptr: Optional[int]) -> Optional[str]:
+    if not ptr:
+        return None
+    try:
+        return ctypes.string_at(ptr).decode("utf-8", "replace")
+    finally:
+        load().cachet_torch_string_free(ptr)
+
+
+def last_error() -> str:
+    """The plug-in's last error message ("" when none)."""
+    return _take_string(load().cachet_torch_last_error()) or ""
+
+
+def check_config(path: Optional[str] = None) -> None:
+    """Reads the configuration the plug-in will use (CACHET_ALLOC_CONF, else
+    PYTORCH_CUDA_ALLOC_CONF, else PYTORCH_ALLOC_CONF) and raises ValueError with the parser's
+    message if it is refused. The plug-in reads the environment once, on first use."""
+    lib = load(path)
+    if lib.cachet_torch_init() != 0:
+        raise ValueError(lib.cachet_torch_config_error().decode("utf-8", "replace"))
+
+
+def installed() -> bool:
+    return _allocator is not None
+
+
+def wired_callbacks() -> list:
+    """Which optional CUDAPluggableAllocator callbacks install() could connect to cachet
+    (of set_record_stream_fn, set_reset_fn, set_memory_fraction_fn)."""
+    return list(_wired)
+
+
+def install(path: Optional[str] = None, record_history: bool = False) -> None:
+    """Makes cachet PyTorch's CUDA allocator. Call before anything allocates CUDA memory.
+
+    Raises ValueError with the parser's message if the configuration is refused (before torch is
+    imported and before anything is allocated), RuntimeError if PyTorch's allocator is already in
+    use. record_history=True records the allocator trace from the first allocation on (for
+    snapshot()/dump_snapshot() and `cachet replay`)."""
+    global _allocator
+    if _allocator is not None:
+        return
+    check_config(path)
+    lib = load(path)
+    if record_history:
+        lib.cachet_torch_record_history(1)
+    import torch  # noqa: PLC0415 (lazy on purpose)
+
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(_lib_path, "cachet_malloc", "cachet_free")
+    native = alloc.allocator()
+    _wired.clear()
+    for setter, fn in (("set_record_stream_fn", "cachet_torch_record_stream"),
+                       ("set_reset_fn", "cachet_torch_empty_cache"),
+                       ("set_memory_fraction_fn", "cachet_torch_set_memory_fraction")):
+        set_fn = getattr(native, setter, None)
+        if callable(set_fn):
+            set_fn(ctypes.cast(getattr(lib, fn), ctypes.c_void_p).value)
+            _wired.append(setter)
+    torch.cuda.memory.change_current_allocator(alloc)
+    _allocator = alloc
+
+
+def record_memory_history(enabled: bool = True) -> None:
+    """The plug-in's torch.cuda.memory._record_memory_history(enabled="all"/None), without stack
+    frames. Recording from the start (install(record_history=True)) is what `cachet replay`
+    needs."""
+    load().cachet_torch_record_history(1 if enabled else 0)
+
+
+def clear_history() -> None:
+    load().cachet_torch_clear_trace()
+
+
+def _device_index(device: Any) -> int:
+    if device is None:
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            return int(torch.cuda.current_device())
+        return 0
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        _, _, idx = device.partition(":")
+        return int(idx) if idx else _device_index(None)
+    idx = getattr(device, "index", None)  # torch.device
+    return _device_index(None) if idx is None else int(idx)
+
+
+def memory_stats(device: Any = None) -> "collections.OrderedDict[str, int]":
+    """torch.cuda.memory_stats(device): the 122 keys ("allocated_bytes.all.current", ...), sorted,
+    with PyTorch's meaning."""
+    d = _device_index(device)
+    text = _take_string(load().cachet_torch_stats_json(d))
+    if text is None:
+        raise RuntimeError(f"cachet_torch.memory_stats(device={d}): {last_error()}")
+    return collections.OrderedDict(sorted(json.loads(text).items()))
+
+
+def memory_allocated(device: Any = None) -> int:
+    return memory_stats(device)["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def memory_reserved(device: Any = None) -> int:
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    return memory_stats(device)["reserved_bytes.all.peak"]
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    d = _device_index(device)
+    if load().cachet_torch_reset_peak_stats(d) != 0:
+        raise RuntimeError(f"cachet_torch.reset_peak_memory_stats(device={d}): {last_error()}")
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    d = _device_index(device)
+    if load().cachet_torch_reset_accumulated_stats(d) != 0:
+        raise RuntimeError(f"cachet_torch.reset_accumulated_memory_stats(device={d}): {last_error()}")
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """torch.cuda.memory_summary(device, abbreviated), byte for byte."""
+    d = _device_index(device)
+    text = _take_string(load().cachet_torch_summary(d, 1 if abbreviated else 0))
+    if text is None:
+        raise RuntimeError(f"cachet_torch.memory_summary(device={d}): {last_error()}")
+    return text
+
+
+def settings() -> dict:
+    """The configuration in use: the variable it came from, its text, the canonical form and
+    the fields of _snapshot()["allocator_settings"]."""
+    text = _take_string(load().cachet_torch_settings_json())
+    if text is None:
+        check_config()  # raises ValueError with the parser's message
+        raise RuntimeError("cachet_torch.settings(): no configuration")
+    return json.loads(text)
+
+
+def _allocator_settings() -> dict:
+    s = settings()
+    return {
+        "PYTORCH_CUDA_ALLOC_CONF": s["text"],
+        "max_split_size": s["max_split_size"],
+        "garbage_collection_threshold": s["garbage_collection_threshold"],
+        "expandable_segments": s["expandable_segments"],
+        "pinned_num_register_threads": s["pinned_num_register_threads"],
+        "release_lock_on_cudamalloc": s["release_lock_on_cudamalloc"],
+        "pinned_use_cuda_host_register": s["pinned_use_cuda_host_register"],
+        "graph_capture_record_stream_reuse": s["graph_capture_record_stream_reuse"],
+        "roundup_power2_divisions": {str(1 << i): v
+                                     for i, v in enumerate(s["roundup_power2_divisions"])},
+    }
+
+
+def _trace_entry(e: dict) -> dict:
+    out = {"action": e["action"]}
+    if e["action"] == "oom":
+        out["device_free"] = e["addr"]
+    else:
+        out["addr"] = e["addr"]
+    out.update(size=e["size"], stream=e["stream"], time_us=e["time_us"],
+               compile_context="N/A", user_metadata="", frames=[])
+    return out
+
+
+def snapshot() -> dict:
+    """torch.cuda.memory._snapshot() for cachet: {"segments", "device_traces",
+    "allocator_settings", "external_annotations"}, PyTorch's keys and layout (no stack frames:
+    "frames" lists are empty). Like PyTorch's, it adds a "snapshot" event to each recorded
+    trace."""
+    lib = load()
+    n = lib.cachet_torch_device_count()
+    torch = sys.modules.get("torch")
+    count = n
+    if torch is not None:
+        try:
+            count = max(n, int(torch.cuda.device_count()))
+        except Exception:  # noqa: BLE001
+            pass
+    segments: list = []
+    traces: list = [[] for _ in range(count)]
+    for d in range(n):
+        if not lib.cachet_torch_has_device(d):
+            continue
+        text = _take_string(lib.cachet_torch_snapshot_json(d))
+        if text is None:
+            raise RuntimeError(f"cachet_torch.snapshot(): device {d}: {last_error()}")
+        for seg in json.loads(text):
+            seg["segment_pool_id"] = (0, 0)
+            seg["frames"] = []
+            for b in seg["blocks"]:
+                b["frames"] = []
+            segments.append(seg)
+        text = _take_string(lib.cachet_torch_trace_json(d))
+        if text is None:
+            raise RuntimeError(f"cachet_torch.snapshot(): trace of device {d}: {last_error()}")
+        traces[d] = [_trace_entry(e) for e in json.loads(text)]
+    segments.sort(key=lambda s: (s["device"], s["address"]))
+    return {
+        "segments": segments,
+        "device_traces": traces,
+        "allocator_settings": _allocator_settings(),
+        "external_annotations": [],
+    }
+
+
+def dump_snapshot(path: str) -> None:
+    """torch.cuda.memory._dump_snapshot(path) for cachet: pickles snapshot() as PyTorch does."""
+    data = snapshot()
+    with open(path, "wb") as f:
+        pickle.dump(data, f)

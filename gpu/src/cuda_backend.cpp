@@ -79,7 +79,7 @@ Result<MemInfo> CudaRuntimeBackend::mem_get_info() {
   DeviceGuard g(device_);
   std::size_t free = 0, total = 0;
   Status st = status_of("cudaMemGetInfo", cudaMemGetInfo(&free, &total));
-  return {st, MemInfo{free, total}};
+  return {st, MemInfo{free, total, std::nullopt}};  // no NVML: the process figure is omitted
 }
 
 bool CudaRuntimeBackend::stream_valid(StreamId s) {

@@ -623,6 +623,7 @@ void DeviceAllocator::apply_config(const Config& c) {
   f.device = device_;
   f.device_total = info.value.total;
   f.device_free = info.value.free;
+  f.process_in_use = info.value.process_used;
   f.allowed = allowed_max_;
   f.allocated = static_cast<Bytes>(stats_.allocated_bytes[0].current);
   f.reserved = static_cast<Bytes>(stats_.reserved_bytes[0].current);

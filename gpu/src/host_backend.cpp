@@ -93,7 +93,7 @@ Status HostSim::free(DevicePtr p) {
 
 Result<MemInfo> HostSim::mem_get_info() {
   std::lock_guard lock(mu_);
-  return {Status::ok(), MemInfo{opts_.capacity - used_, *opts_.total_memory}};
+  return {Status::ok(), MemInfo{opts_.capacity - used_, *opts_.total_memory, used_}};
 }
 
 bool HostSim::stream_valid(StreamId s) {

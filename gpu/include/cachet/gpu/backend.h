@@ -19,6 +19,7 @@
 #include <concepts>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -52,6 +53,9 @@ struct BackendCaps {
 struct MemInfo {
   Bytes free = 0;
   Bytes total = 0;
+  // What this process holds on the device, when the backend knows it (PyTorch asks NVML; the
+  // OOM message then says "Including non-PyTorch memory, this process has ... in use").
+  std::optional<Bytes> process_used;
 };
 
 template <class T>

@@ -1,0 +1,154 @@
+// `cachet replay TRACE [--conf STRING]... [--policy pytorch] [--addresses recorded|synthetic]
+// [--device-memory BYTES] [--json]`: replays a PyTorch memory trace (snapshot pickle or JSON,
+// or an oracle recording) through cachet's production allocator under each configuration and
+// reports peak allocated, peak reserved, fragmentation, OOMs, retries, device calls.
+// Without --conf: the configuration recorded in the trace. Exit 2 on unreadable input or an
+// invalid configuration.
+#if __has_include("cachet/replay/replay.h")
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cachet/errors.h"
+#include "cachet/io/file.h"
+#include "cachet/replay/replay.h"
+#include "cachet/replay/report.h"
+#include "command.h"
+
+namespace cachet::cli {
+namespace {
+
+struct Args {
+  std::string path;
+  std::vector<std::string> confs;
+  std::string policy = "pytorch";
+  std::string addresses;
+  std::string device_memory;
+  bool json = false;
+};
+
+int run_replay(const Args& a) {
+  using namespace cachet::replay;
+  std::optional<Bytes> mem;
+  if (!a.device_memory.empty()) {
+    mem = parse_bytes(a.device_memory);
+    if (!mem || *mem == 0) {
+      std::fprintf(stderr, "cachet replay: --device-memory: not a size: '%s'\n", a.device_memory.c_str());
+      return kExitBadInput;
+    }
+  }
+  LoadedTrace lt;
+  try {
+    lt = load_trace(a.path, mem);
+  } catch (const io::ReadError& e) {
+    std::fprintf(stderr, "cachet replay: %s\n", e.what());
+    return kExitBadInput;
+  }
+  if (!lt.config_note.empty()) std::fprintf(stderr, "cachet replay: %s\n", lt.config_note.c_str());
+  struct Job {
+    Config config;
+    bool recorded;
+  };
+  std::vector<Job> jobs;
+  if (a.confs.empty()) {
+    jobs.push_back({lt.run.config, true});
+  } else {
+    for (const auto& text : a.confs) {
+      try {
+        Config c = parse_config(text, ConfigSource::Cachet).config;
+        jobs.push_back({c, lt.recorded_config ? c == *lt.recorded_config : text.empty() && !lt.file.settings.conf});
+      } catch (const ConfigError& e) {
+        std::fprintf(stderr, "cachet replay: --conf '%s': %s (column %zu)\n", text.c_str(), e.what(), e.column());
+        return kExitBadInput;
+      }
+    }
+  }
+  if (a.policy != "pytorch" && a.policy != "cachet") {
+    std::fprintf(stderr, "cachet replay: --policy: 'pytorch' or 'cachet', not '%s'\n", a.policy.c_str());
+    return kExitBadInput;
+  }
+  for (auto& j : jobs)
+    if (a.policy == "cachet") j.config.policy = Policy::Cachet;
+
+  std::vector<ReplayResult> results;
+  Progress progress("replaying");
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    AddressMode mode = jobs[i].recorded ? AddressMode::Recorded : AddressMode::Synthetic;
+    if (a.addresses == "recorded") mode = AddressMode::Recorded;
+    if (a.addresses == "synthetic") mode = AddressMode::Synthetic;
+    ReplayOptions o = recorded_options(lt, mode);
+    try {
+      results.push_back(cachet::replay::replay(lt.trace, jobs[i].config, o));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "cachet replay: configuration '%s' cannot be replayed: %s\n",
+                   to_string(jobs[i].config).c_str(), e.what());
+      return kExitBadInput;
+    }
+    if (lt.trace.events > 1'000'000) progress.update(i + 1, jobs.size());
+  }
+  std::vector<const ReplayResult*> rows;
+  for (const auto& r : results) rows.push_back(&r);
+  if (a.json) {
+    std::fputs(results_json(rows).c_str(), stdout);
+    return kExitOk;
+  }
+  std::string out;
+  out += fmt::format("trace: {} ({}, device {}, {} events)\n", lt.file.name, io::to_string(lt.file.format), lt.device,
+                     lt.trace.events);
+  out += fmt::format("device memory: {}{}; recorded configuration: {}\n", human_bytes(static_cast<std::int64_t>(lt.run.total_memory)),
+                     lt.run.cap ? ", cap " + human_bytes(static_cast<std::int64_t>(lt.run.cap)) : std::string(),
+                     !lt.file.settings.conf ? "not recorded (default)"
+                     : lt.recorded_conf_text.empty() ? "(default)"
+                                                     : "'" + lt.recorded_conf_text + "'");
+  if (lt.trace.empty_cache_calls) out += fmt::format("empty_cache() calls in the trace: {}\n", lt.trace.empty_cache_calls);
+  if (auto note = trace_note(lt.trace); !note.empty()) out += note + "\n";
+  auto pa = lt.file.final_stats.find("allocated_bytes.all.peak");
+  auto pr = lt.file.final_stats.find("reserved_bytes.all.peak");
+  if (pa != lt.file.final_stats.end() && pr != lt.file.final_stats.end())
+    out += fmt::format("PyTorch recorded: peak allocated {}, peak reserved {} ({:.3f})\n", human_bytes(pa->second),
+                       human_bytes(pr->second),
+                       pa->second ? static_cast<double>(pr->second) / static_cast<double>(pa->second) : 0.0);
+  out += "\n" + results_table(rows);
+  for (const auto& r : results) {
+    if (!r.note.empty()) out += fmt::format("note ({}): {}\n", r.conf.empty() ? "(default)" : r.conf, r.note);
+    if (r.failed_allocs)
+      out += fmt::format("{}: {} allocations that succeeded in the recorded run ran out of memory\n",
+                         r.conf.empty() ? "(default)" : r.conf, r.failed_allocs);
+    if (r.oom_requests)
+      out += fmt::format("{}: {} of the {} requests that ran out of memory in the recorded run succeed\n",
+                         r.conf.empty() ? "(default)" : r.conf, r.oom_requests_ok, r.oom_requests);
+  }
+  std::fputs(out.c_str(), stdout);
+  return kExitOk;
+}
+
+Runner setup(CLI::App& sub) {
+  auto a = std::make_shared<Args>();
+  sub.add_option("TRACE", a->path,
+                 "PyTorch memory snapshot (_dump_snapshot pickle, or the same dictionary as JSON) or an oracle "
+                 "recording; gzip or plain")
+      ->required();
+  sub.add_option("--conf", a->confs,
+                 "configuration to replay (PYTORCH_CUDA_ALLOC_CONF syntax; repeatable; '' = default). Default: "
+                 "the one recorded in the trace")
+      ->allow_extra_args(false);
+  sub.add_option("--policy", a->policy, "allocation policy: pytorch (default) or cachet");
+  sub.add_option("--addresses", a->addresses,
+                 "recorded: hand out the trace's segment addresses (default for the recorded configuration); "
+                 "synthetic")
+      ->check(CLI::IsMember({"recorded", "synthetic"}));
+  sub.add_option("--device-memory", a->device_memory,
+                 "device memory in bytes (suffixes K/M/G/T ok). Default: total_memory beside the trace, else 80 GiB");
+  sub.add_flag("--json", a->json, "print a JSON array, one object per configuration");
+  return [a] { return run_replay(*a); };
+}
+
+[[maybe_unused]] const bool registered = register_command(
+    {"replay", "Replay a PyTorch memory trace under configurations: peaks, fragmentation, OOMs", setup});
+
+}  // namespace
+}  // namespace cachet::cli
+#endif

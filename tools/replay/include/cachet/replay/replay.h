@@ -1,0 +1,173 @@
+// cachet/replay/replay.h: replaying a recorded PyTorch memory trace through the production
+// allocator (cachet::CachingAllocator on the host backend) under any configuration.
+//
+// A trace is prepared once (prepare_trace) into a compact list of the user's actions: allocate,
+// free, free that waits for stream uses, the completion of such a free, empty_cache, and the
+// requests that ran out of memory. The allocator's own device calls (segment_alloc/free/map/
+// unmap) are not actions: the replayed allocator makes its own. Segment frees that the recorded
+// allocator could not have made by itself (no memory limit near, no garbage collection due)
+// are the user's empty_cache() calls.
+//
+// replay() then runs those actions with no per-event heap allocation or string work (blocks are
+// found by their slot index, not by address), so one Trace can be replayed under many
+// configurations, from several threads at once (a Trace is immutable).
+//
+// Pending frees: PyTorch logs free_requested when free() is called and free_completed when the
+// block goes back to its pool (after the events of its recorded stream uses). A free whose
+// free_completed does not follow at once is replayed as record_stream() on a private
+// pseudo-stream plus free(); its free_completed completes that pseudo-stream's events, and the
+// next allocate processes them, as PyTorch's process_events does. Completions that come from a
+// synchronize (empty_cache, the out-of-memory retry) are left to the replayed allocator's own
+// synchronize, and completed after the next allocation at the latest.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cachet/config.h"
+#include "cachet/gpu/allocator.h"
+#include "cachet/io/trace_reader.h"
+#include "cachet/io/trace_stats.h"
+#include "cachet/stats.h"
+#include "cachet/trace.h"
+#include "cachet/types.h"
+
+namespace cachet::replay {
+
+enum class OpKind : std::uint8_t {
+  Alloc,        // slot = allocate(size, stream)
+  Free,         // free(slot)
+  FreePending,  // record_stream(slot, pseudo stream `aux`); free(slot)
+  Complete,     // complete the events of pseudo stream `aux`
+  EmptyCache,   // empty_cache()
+  OomRequest,   // a request that raised OutOfMemory in the recorded run: allocate(size, stream),
+                // and free at once if it succeeds here (the program never got the block)
+};
+
+struct Op {
+  OpKind kind = OpKind::Alloc;
+  std::uint32_t slot = 0;   // Alloc/Free/FreePending: the block, numbered by its alloc
+  std::uint32_t aux = 0;    // FreePending/Complete: pseudo-stream index
+  std::uint32_t event = 0;  // index of the trace event this op came from
+  Bytes size = 0;           // Alloc/OomRequest: requested bytes
+  StreamId stream = 0;      // Alloc/OomRequest
+};
+
+// Pseudo streams (FreePending/Complete) are kPseudoStreamBase + aux.
+inline constexpr StreamId kPseudoStreamBase = 0xC0C0'0000'0000'0000ull;
+
+// A prepared trace: immutable, shareable between threads.
+struct Trace {
+  std::string name;
+  std::vector<Op> ops;
+  std::uint32_t slots = 0;           // number of Alloc ops
+  std::uint32_t pseudo_streams = 0;  // most frees pending at once
+  std::uint64_t events = 0;          // trace events read
+  std::vector<std::int64_t> event_time_us;  // time of each op's event (empty when none recorded)
+  std::vector<gpu::DevicePtr> recorded_addresses;  // segment_alloc/segment_map addresses, in order
+  io::TraceStats stats;              // counts and anomalies (mid-run traces)
+  std::uint64_t empty_cache_calls = 0;
+  std::uint64_t ignored_events = 0;  // frees of unknown blocks, completions without request
+};
+
+// What the recorded run was: needed to tell the user's empty_cache() from the allocator's own
+// releases (out-of-memory retry, garbage collection).
+struct RecordedRun {
+  Config config;
+  Bytes total_memory = 80 * GiB;
+  Bytes cap = 0;  // set_per_process_memory_fraction in bytes; 0 = none
+};
+
+Trace prepare_trace(std::span<const TraceEvent> events, const RecordedRun& run, std::string name = {});
+
+enum class AddressMode : std::uint8_t {
+  Synthetic,  // the host backend's deterministic addresses
+  Recorded,   // the trace's segment addresses, in order (falls back to Synthetic on divergence)
+};
+
+struct ReplayOptions {
+  Bytes device_memory = 80 * GiB;  // the simulated device's capacity and total_memory
+  Bytes cap = 0;                   // memory cap in bytes (set_memory_fraction); 0 = none
+  AddressMode addresses = AddressMode::Synthetic;
+  // Called after each op (index into Trace::ops) when set; for timelines. Slows the replay.
+  std::function<void(std::size_t op, const CachingAllocator&)> observer;
+  // Stop after this many ops (e.g. at the peak, to look at the allocator there).
+  std::size_t stop_after = static_cast<std::size_t>(-1);
+  // Keep the allocator in ReplayResult::allocator (for snapshot()/summary()).
+  bool keep_allocator = false;
+};
+
+struct ReplayResult {
+  Config config;
+  std::string conf;  // to_string(config)
+  DeviceStats stats;  // memory_stats() at the end (or at stop_after)
+  std::uint64_t events = 0;        // trace events read
+  std::uint64_t ops = 0;           // ops replayed
+  std::uint64_t failed_allocs = 0;  // allocations that succeeded in the recording, OOM here
+  std::uint64_t oom_requests = 0;   // requests that raised OOM in the recording
+  std::uint64_t oom_requests_ok = 0;  // ... and succeeded here
+  bool recorded_addresses = false;  // the trace's addresses were used throughout
+  std::string note;  // e.g. why recorded addresses were given up
+  double seconds = 0;
+  std::unique_ptr<CachingAllocator> allocator;  // keep_allocator
+
+  std::int64_t peak_allocated() const { return stats.allocated_bytes[0].peak; }
+  std::int64_t peak_reserved() const { return stats.reserved_bytes[0].peak; }
+  double fragmentation() const {
+    return peak_allocated() > 0 ? static_cast<double>(peak_reserved()) / static_cast<double>(peak_allocated()) : 0.0;
+  }
+};
+
+// Replays `t` under `config`. Throws ConfigError/UsageError for a configuration the host
+// backend cannot run; never throws for out-of-memory (counted) or address divergence (falls
+// back to synthetic addresses, noted).
+ReplayResult replay(const Trace& t, const Config& config, const ReplayOptions& opts = {});
+
+// A trace file read and prepared for device `device` (the first device with events when -1).
+struct LoadedTrace {
+  io::TraceFile file;
+  Trace trace;
+  DeviceIndex device = 0;
+  std::optional<Config> recorded_config;  // the allocator_settings' conf, parsed (nullopt: none)
+  std::string recorded_conf_text;         // as recorded ("" when none)
+  std::string config_note;                // why the recorded conf could not be used, if so
+  RecordedRun run;
+};
+
+// Reads `path` (io::read_trace) and prepares it. `device_memory`: overrides the total memory
+// found beside the trace (default 80 GiB when none). Throws io::ReadError.
+LoadedTrace load_trace(const std::string& path, std::optional<Bytes> device_memory = std::nullopt,
+                       DeviceIndex device = -1);
+
+// The options that replay `lt` as it was recorded (capacity, cap; addresses as given).
+ReplayOptions recorded_options(const LoadedTrace& lt, AddressMode addresses);
+
+// --- tune ---
+
+struct TuneCandidate {
+  std::string conf;  // PyTorch syntax
+  Config config;
+};
+
+// The configurations tune searches (max_split_size_mb, roundup_power2_divisions,
+// garbage_collection_threshold when a cap is set, expandable_segments, large_segment_size_mb).
+std::vector<TuneCandidate> tune_space(const Config& base, bool with_cap);
+
+struct TuneResult {
+  ReplayResult baseline;                 // the recorded configuration
+  std::vector<ReplayResult> results;     // one per candidate, in tune_space order
+  std::size_t best = static_cast<std::size_t>(-1);  // index into results; -1: none better
+};
+
+// Replays every candidate on `threads` worker threads (std::thread). `progress(done, total)`
+// is called from the workers (under a lock) when set.
+TuneResult tune(const Trace& t, const Config& recorded, const std::vector<TuneCandidate>& space,
+                const ReplayOptions& opts, unsigned threads,
+                const std::function<void(std::size_t, std::size_t)>& progress = {});
+
+}  // namespace cachet::replay

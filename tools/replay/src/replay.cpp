@@ -1,0 +1,314 @@
+// The replay core: prepare_trace (trace events -> user actions) and replay (actions -> the
+// production allocator on the host backend). See cachet/replay/replay.h.
+#include "cachet/replay/replay.h"
+
+#include <chrono>
+#include <unordered_map>
+#include <utility>
+
+#include "cachet/errors.h"
+#include "cachet/gpu/host_backend.h"
+#include "cachet/io/file.h"
+
+namespace cachet::replay {
+namespace {
+
+bool is_segment_release(TraceAction a) {
+  return a == TraceAction::SegmentFree || a == TraceAction::SegmentUnmap;
+}
+bool is_segment_grow(TraceAction a) {
+  return a == TraceAction::SegmentAlloc || a == TraceAction::SegmentMap;
+}
+
+// Could the recorded allocator have released segments by itself inside the malloc that follows
+// (out-of-memory retry, release of oversize blocks, garbage collection)? `reserved` is the
+// trace's reserved bytes before the release, `next` the first event after the release run.
+bool release_inside_malloc(const RecordedRun& run, Bytes reserved, const TraceEvent* next) {
+  if (next == nullptr) return false;
+  if (next->action == TraceAction::Oom) return true;
+  if (!is_segment_grow(next->action)) return false;
+  const Bytes want = reserved + next->size;
+  if (run.cap > 0) {
+    if (want > run.cap) return true;
+    const double gc = run.config.garbage_collection_threshold;
+    return gc > 0 && static_cast<double>(reserved) > gc * static_cast<double>(run.cap);
+  }
+  // No cap: cudaMalloc fails only near the device's size (the CUDA context and other processes
+  // take some of it).
+  return want + run.total_memory / 16 > run.total_memory;
+}
+
+}  // namespace
+
+Trace prepare_trace(std::span<const TraceEvent> ev, const RecordedRun& run, std::string name) {
+  Trace t;
+  t.name = std::move(name);
+  t.events = ev.size();
+  t.stats = io::analyze_trace(ev);
+  t.ops.reserve(ev.size());
+  bool any_time = false;
+  for (const auto& e : ev)
+    if (e.time_us != 0) any_time = true;
+  if (any_time) t.event_time_us.reserve(ev.size());
+
+  std::unordered_map<std::uint64_t, std::uint32_t> live;  // trace address -> slot
+  struct Pending {
+    std::uint32_t slot;
+    std::uint32_t pseudo;
+  };
+  std::unordered_map<std::uint64_t, Pending> pending;  // freed, waiting for free_completed
+  live.reserve(1024);
+  std::vector<std::uint32_t> free_pseudo;
+  std::vector<std::uint32_t> deferred;  // completions left to a synchronize
+  Bytes reserved = 0;                   // the trace's reserved bytes
+  std::size_t release_end = 0;          // end of the release run already classified
+
+  auto push = [&](Op op, std::size_t i) {
+    op.event = static_cast<std::uint32_t>(i);
+    t.ops.push_back(op);
+    if (any_time) t.event_time_us.push_back(ev[i].time_us);
+  };
+  auto flush_deferred = [&](std::size_t i) {
+    for (std::uint32_t p : deferred) {
+      push(Op{.kind = OpKind::Complete, .aux = p}, i);
+      free_pseudo.push_back(p);
+    }
+    deferred.clear();
+  };
+
+  for (std::size_t i = 0; i < ev.size(); ++i) {
+    const TraceEvent& e = ev[i];
+    switch (e.action) {
+      case TraceAction::Alloc: {
+        if (auto it = live.find(e.addr); it != live.end()) {  // its free was not recorded
+          push(Op{.kind = OpKind::Free, .slot = it->second}, i);
+          live.erase(it);
+        }
+        const std::uint32_t slot = t.slots++;
+        live.emplace(e.addr, slot);
+        push(Op{.kind = OpKind::Alloc, .slot = slot, .size = e.size, .stream = e.stream}, i);
+        flush_deferred(i);
+        break;
+      }
+      case TraceAction::FreeRequested: {
+        auto it = live.find(e.addr);
+        if (it == live.end()) {  // allocated before the trace starts
+          ++t.ignored_events;
+          if (i + 1 < ev.size() && ev[i + 1].action == TraceAction::FreeCompleted && ev[i + 1].addr == e.addr) ++i;
+          break;
+        }
+        const std::uint32_t slot = it->second;
+        live.erase(it);
+        if (i + 1 < ev.size() && ev[i + 1].action == TraceAction::FreeCompleted && ev[i + 1].addr == e.addr) {
+          push(Op{.kind = OpKind::Free, .slot = slot}, i);
+          ++i;  // its free_completed
+          break;
+        }
+        std::uint32_t p;
+        if (!free_pseudo.empty()) {
+          p = free_pseudo.back();
+          free_pseudo.pop_back();
+        } else {
+          p = t.pseudo_streams++;
+        }
+        pending[e.addr] = Pending{slot, p};
+        push(Op{.kind = OpKind::FreePending, .slot = slot, .aux = p}, i);
+        break;
+      }
+      case TraceAction::FreeCompleted: {
+        auto it = pending.find(e.addr);
+        if (it == pending.end()) {
+          ++t.ignored_events;
+          break;
+        }
+        const std::uint32_t p = it->second.pseudo;
+        pending.erase(it);
+        // Part of a synchronize (empty_cache or the OOM retry) when a release or an oom follows.
+        std::size_t j = i + 1;
+        while (j < ev.size() && ev[j].action == TraceAction::FreeCompleted) ++j;
+        const bool sync = j < ev.size() && (is_segment_release(ev[j].action) || ev[j].action == TraceAction::Oom);
+        if (sync) {
+          deferred.push_back(p);
+        } else {
+          push(Op{.kind = OpKind::Complete, .aux = p}, i);
+          free_pseudo.push_back(p);
+        }
+        break;
+      }
+      case TraceAction::SegmentAlloc:
+      case TraceAction::SegmentMap:
+        reserved += e.size;
+        t.recorded_addresses.push_back(e.addr);
+        break;
+      case TraceAction::SegmentFree:
+      case TraceAction::SegmentUnmap: {
+        if (i >= release_end) {
+          std::size_t j = i;
+          while (j < ev.size() && (is_segment_release(ev[j].action) || ev[j].action == TraceAction::FreeCompleted)) ++j;
+          release_end = j;
+          if (!release_inside_malloc(run, reserved, j < ev.size() ? &ev[j] : nullptr)) {
+            push(Op{.kind = OpKind::EmptyCache}, i);
+            ++t.empty_cache_calls;
+            // empty_cache synchronizes: completions before it are done by then.
+            for (std::uint32_t p : deferred) free_pseudo.push_back(p);
+            deferred.clear();
+          }
+        }
+        reserved = e.size > reserved ? 0 : reserved - e.size;
+        break;
+      }
+      case TraceAction::Oom:
+        push(Op{.kind = OpKind::OomRequest, .size = e.size, .stream = e.stream}, i);
+        flush_deferred(i);
+        break;
+      case TraceAction::Snapshot:
+        break;
+    }
+  }
+  if (!deferred.empty()) flush_deferred(ev.empty() ? 0 : ev.size() - 1);
+  t.ops.shrink_to_fit();
+  return t;
+}
+
+namespace {
+
+enum class RunStatus { Done, Diverged };
+
+struct Runner {
+  const Trace& t;
+  const ReplayOptions& o;
+  ReplayResult& r;
+  std::string divergence;
+
+  RunStatus run(const Config& config, bool recorded) {
+    gpu::HostOptions ho;
+    ho.capacity = o.device_memory;
+    ho.total_memory = o.device_memory;
+    if (recorded) ho.recorded = t.recorded_addresses;
+    std::shared_ptr<gpu::HostSim> sim;
+    auto alloc = std::make_unique<CachingAllocator>(gpu::make_host_memory(std::move(ho), &sim), config);
+    if (o.cap > 0 && o.cap < o.device_memory)
+      alloc->set_memory_fraction(static_cast<double>(o.cap) / static_cast<double>(o.device_memory));
+    std::vector<void*> slots(t.slots, nullptr);
+    r.failed_allocs = r.oom_requests = r.oom_requests_ok = 0;
+    const std::size_t n = std::min(o.stop_after, t.ops.size());
+    const bool observe = static_cast<bool>(o.observer);
+    std::size_t k = 0;
+    try {
+      for (; k < n; ++k) {
+        const Op& op = t.ops[k];
+        switch (op.kind) {
+          case OpKind::Alloc:
+            try {
+              slots[op.slot] = alloc->allocate(op.size, op.stream);
+            } catch (const OutOfMemory&) {
+              slots[op.slot] = nullptr;
+              ++r.failed_allocs;
+            }
+            break;
+          case OpKind::Free:
+            if (void* p = slots[op.slot]) {
+              alloc->free(p);
+              slots[op.slot] = nullptr;
+            }
+            break;
+          case OpKind::FreePending:
+            if (void* p = slots[op.slot]) {
+              alloc->record_stream(p, kPseudoStreamBase + op.aux);
+              alloc->free(p);
+              slots[op.slot] = nullptr;
+            }
+            break;
+          case OpKind::Complete:
+            sim->complete_events(kPseudoStreamBase + op.aux);
+            break;
+          case OpKind::EmptyCache:
+            alloc->empty_cache();
+            break;
+          case OpKind::OomRequest:
+            ++r.oom_requests;
+            try {
+              if (void* p = alloc->allocate(op.size, op.stream)) {
+                ++r.oom_requests_ok;
+                alloc->free(p);
+              }
+            } catch (const OutOfMemory&) {
+            }
+            break;
+        }
+        if (observe) o.observer(k, *alloc);
+      }
+    } catch (const DeviceError& e) {
+      if (!recorded) throw;
+      divergence = e.what();
+      return RunStatus::Diverged;
+    }
+    r.ops = k;
+    r.stats = alloc->stats();
+    if (o.keep_allocator) r.allocator = std::move(alloc);
+    return RunStatus::Done;
+  }
+};
+
+}  // namespace
+
+ReplayResult replay(const Trace& t, const Config& config, const ReplayOptions& opts) {
+  const auto start = std::chrono::steady_clock::now();
+  ReplayResult r;
+  r.config = config;
+  r.conf = to_string(config);
+  r.events = t.events;
+  Runner runner{t, opts, r, {}};
+  bool recorded = opts.addresses == AddressMode::Recorded;
+  if (recorded && runner.run(config, true) == RunStatus::Diverged) {
+    r.note = "the replay left the recorded addresses (" + runner.divergence + "); replayed with synthetic addresses";
+    recorded = false;
+  } else if (recorded) {
+    r.recorded_addresses = true;
+  }
+  if (!recorded) runner.run(config, false);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+LoadedTrace load_trace(const std::string& path, std::optional<Bytes> device_memory, DeviceIndex device) {
+  LoadedTrace lt;
+  lt.file = io::read_trace(path);
+  const io::DeviceTrace* d = nullptr;
+  if (device >= 0) {
+    d = lt.file.device(device);
+    if (d == nullptr) throw io::ReadError(path + ": no trace for device " + std::to_string(device));
+  } else {
+    for (const auto& dt : lt.file.devices)
+      if (!dt.events.empty()) {
+        d = &dt;
+        break;
+      }
+  }
+  lt.device = d ? d->device : 0;
+  if (lt.file.settings.conf) {
+    lt.recorded_conf_text = *lt.file.settings.conf;
+    try {
+      lt.recorded_config = parse_config(lt.recorded_conf_text, ConfigSource::PyTorch).config;
+    } catch (const ConfigError& e) {
+      lt.config_note = std::string("recorded configuration not understood (") + e.what() + "); using the default";
+    }
+  }
+  lt.run.config = lt.recorded_config.value_or(Config{});
+  lt.run.total_memory = device_memory ? *device_memory : lt.file.total_memory.value_or(80 * GiB);
+  lt.run.cap = lt.file.cap.value_or(0);
+  static const std::vector<TraceEvent> none;
+  lt.trace = prepare_trace(d ? std::span<const TraceEvent>(d->events) : std::span<const TraceEvent>(none), lt.run,
+                           lt.file.name);
+  return lt;
+}
+
+ReplayOptions recorded_options(const LoadedTrace& lt, AddressMode addresses) {
+  ReplayOptions o;
+  o.device_memory = lt.run.total_memory;
+  o.cap = lt.run.cap;
+  o.addresses = addresses;
+  return o;
+}
+
+}  // namespace cachet::replay

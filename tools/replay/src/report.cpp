@@ -1,0 +1,375 @@
+// Output of the replay commands: table, JSON, sizes, progress, SVG.
+#include "cachet/replay/report.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <fmt/format.h>
+
+#include "cachet/stats.h"
+
+namespace cachet::replay {
+
+std::string human_bytes(std::int64_t b) {
+  const double v = static_cast<double>(b);
+  const double a = std::fabs(v);
+  if (a >= static_cast<double>(GiB)) return fmt::format("{:.2f} GiB", v / static_cast<double>(GiB));
+  if (a >= static_cast<double>(MiB)) return fmt::format("{:.2f} MiB", v / static_cast<double>(MiB));
+  if (a >= static_cast<double>(KiB)) return fmt::format("{:.2f} KiB", v / static_cast<double>(KiB));
+  return fmt::format("{} B", b);
+}
+
+std::optional<Bytes> parse_bytes(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  std::size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  if (i == 0) return std::nullopt;
+  const std::string num(s.substr(0, i));
+  std::string unit(s.substr(i));
+  unit.erase(std::remove_if(unit.begin(), unit.end(), [](char c) { return std::isspace(static_cast<unsigned char>(c)); }),
+             unit.end());
+  for (auto& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double mult = 1;
+  if (unit.empty() || unit == "b") mult = 1;
+  else if (unit == "k" || unit == "kb" || unit == "kib") mult = static_cast<double>(KiB);
+  else if (unit == "m" || unit == "mb" || unit == "mib") mult = static_cast<double>(MiB);
+  else if (unit == "g" || unit == "gb" || unit == "gib") mult = static_cast<double>(GiB);
+  else if (unit == "t" || unit == "tb" || unit == "tib") mult = static_cast<double>(GiB) * 1024.0;
+  else return std::nullopt;
+  if (num.find('.') == std::string::npos && mult == 1) {
+    try {
+      return static_cast<Bytes>(std::stoull(num));
+    } catch (...) {
+      return std::nullopt;
+    }
+  }
+  char* end = nullptr;
+  const double v = std::strtod(num.c_str(), &end);
+  if (end != num.c_str() + num.size() || !(v >= 0) || v * mult > 1.8e19) return std::nullopt;
+  return static_cast<Bytes>(v * mult);
+}
+
+std::string json_quote(std::string_view s) {
+  std::string o = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': o += "\\\""; break;
+      case '\\': o += "\\\\"; break;
+      case '\n': o += "\\n"; break;
+      case '\t': o += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) o += fmt::format("\\u{:04x}", static_cast<int>(c));
+        else o += c;
+    }
+  }
+  return o + "\"";
+}
+
+static std::string conf_label(const ReplayResult& r) { return r.conf.empty() ? "(default)" : r.conf; }
+
+std::string results_table(const std::vector<const ReplayResult*>& rows) {
+  std::vector<std::array<std::string, 8>> cells;
+  cells.push_back({"configuration", "peak allocated", "peak reserved", "reserved/allocated", "OOMs", "retries",
+                   "device allocs", "device frees"});
+  for (const ReplayResult* r : rows)
+    cells.push_back({conf_label(*r), human_bytes(r->peak_allocated()), human_bytes(r->peak_reserved()),
+                     fmt::format("{:.3f}", r->fragmentation()), fmt::format("{}", r->stats.num_ooms),
+                     fmt::format("{}", r->stats.num_alloc_retries), fmt::format("{}", r->stats.num_device_alloc),
+                     fmt::format("{}", r->stats.num_device_free)});
+  std::array<std::size_t, 8> w{};
+  for (const auto& row : cells)
+    for (std::size_t c = 0; c < w.size(); ++c) w[c] = std::max(w[c], row[c].size());
+  std::string out;
+  for (std::size_t i = 0; i < cells.size(); ++i) {
+    std::string line = fmt::format("{:<{}}", cells[i][0], w[0]);
+    for (std::size_t c = 1; c < w.size(); ++c) line += fmt::format("  {:>{}}", cells[i][c], w[c]);
+    out += line + "\n";
+    if (i == 0) {
+      std::size_t total = w[0];
+      for (std::size_t c = 1; c < w.size(); ++c) total += 2 + w[c];
+      out += std::string(total, '-') + "\n";
+    }
+  }
+  return out;
+}
+
+std::string results_json(const std::vector<const ReplayResult*>& rows) {
+  std::string o = "[";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const ReplayResult& r = *rows[i];
+    o += i ? ",\n " : "\n ";
+    o += "{";
+    o += "\"conf\": " + json_quote(r.conf);
+    o += fmt::format(", \"peak_allocated\": {}, \"peak_reserved\": {}, \"fragmentation\": {:.6f}", r.peak_allocated(),
+                     r.peak_reserved(), r.fragmentation());
+    o += fmt::format(", \"num_ooms\": {}, \"num_alloc_retries\": {}, \"num_device_alloc\": {}, \"num_device_free\": {}",
+                     r.stats.num_ooms, r.stats.num_alloc_retries, r.stats.num_device_alloc, r.stats.num_device_free);
+    o += fmt::format(", \"failed_allocs\": {}, \"oom_requests\": {}, \"oom_requests_ok\": {}", r.failed_allocs,
+                     r.oom_requests, r.oom_requests_ok);
+    o += fmt::format(", \"events\": {}, \"ops\": {}, \"addresses\": \"{}\", \"seconds\": {:.6f}", r.events, r.ops,
+                     r.recorded_addresses ? "recorded" : "synthetic", r.seconds);
+    o += ", \"note\": " + json_quote(r.note);
+    o += ", \"final_stats\": {";
+    bool first = true;
+    for (const auto& [k, v] : flatten(r.stats)) {
+      o += fmt::format("{}{}: {}", first ? "" : ", ", json_quote(k), v);
+      first = false;
+    }
+    o += "}}";
+  }
+  return o + "\n]\n";
+}
+
+std::string trace_note(const Trace& t) {
+  const io::TraceStats& s = t.stats;
+  std::string out;
+  if (s.starts_mid_run() || s.allocs_over_live > 0 || t.ignored_events > 0)
+    out = fmt::format(
+        "note: the trace starts mid-run or was truncated (ring buffer): {} frees of blocks never seen allocated, "
+        "{} completions without a request, {} allocations over live blocks, {} segment frees of unseen segments; "
+        "those events were skipped, so blocks allocated before the trace are missing from the peaks",
+        s.frees_without_alloc, s.completions_without_request, s.allocs_over_live, s.segment_frees_without_alloc);
+  return out;
+}
+
+Progress::Progress(std::string what) : what_(std::move(what)), on_(::isatty(2) != 0) {}
+Progress::~Progress() {
+  if (on_ && last_ >= 0) std::fputs("\r\033[K", stderr);
+}
+void Progress::update(std::size_t done, std::size_t total) {
+  if (!on_ || total == 0) return;
+  const int pct = static_cast<int>(100.0 * static_cast<double>(done) / static_cast<double>(total));
+  if (pct == last_) return;
+  last_ = pct;
+  std::fprintf(stderr, "\r%s: %zu/%zu (%d%%)", what_.c_str(), done, total, pct);
+  std::fflush(stderr);
+}
+
+// ---------------------------------------------------------------- SVG
+
+namespace {
+
+std::string xml(std::string_view s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+
+double nice_step(double range, int target) {
+  if (range <= 0) return 1;
+  const double raw = range / target;
+  const double p = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 2.5, 5.0, 10.0})
+    if (m * p >= raw) return m * p;
+  return 10 * p;
+}
+
+std::string fmt_num(double v) {
+  if (std::fabs(v - std::round(v)) < 1e-9) return fmt::format("{:.0f}", v);
+  if (std::fabs(v * 10 - std::round(v * 10)) < 1e-9) return fmt::format("{:.1f}", v);
+  return fmt::format("{:.2f}", v);
+}
+
+constexpr const char* kAllocColor = "#3b78c3";
+constexpr const char* kReservedColor = "#e8833a";
+constexpr const char* kPendingColor = "#f2c14e";
+constexpr const char* kInactiveColor = "#f3c9c4";
+
+}  // namespace
+
+std::string render_svg(const PlotData& d) {
+  const double W = 1200, left = 90, right = 1160;
+  const double t_top = 110, t_bottom = 420;  // timeline panel
+  const double s_top = 520;                  // segment map panel
+  const int rows = 20;
+  const double row_h = 14, row_gap = 4;
+  const double s_bottom = s_top + rows * (row_h + row_gap);
+  const double H = s_bottom + 70;
+  std::string o;
+  o += fmt::format(
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
+      "font-family=\"Helvetica, Arial, sans-serif\">\n",
+      W, H);
+  o += fmt::format("<title>{}</title>\n", xml("cachet: " + d.title));
+  o += fmt::format("<rect x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" fill=\"#ffffff\"/>\n", W, H);
+  o += fmt::format("<text x=\"{}\" y=\"34\" font-size=\"20\" font-weight=\"bold\" fill=\"#222\">{}</text>\n", left,
+                   xml("Memory over time: " + d.title));
+  o += fmt::format("<text x=\"{}\" y=\"58\" font-size=\"13\" fill=\"#555\">{}</text>\n", left, xml(d.subtitle));
+
+  // --- timeline
+  double xmin = 0, xmax = 1;
+  std::int64_t ymax_b = 1;
+  if (!d.timeline.empty()) {
+    xmin = d.timeline.front().x;
+    xmax = d.timeline.back().x;
+    for (const auto& p : d.timeline) ymax_b = std::max({ymax_b, p.reserved, p.allocated});
+  }
+  if (xmax <= xmin) xmax = xmin + 1;
+  const bool gib = ymax_b >= static_cast<std::int64_t>(GiB);
+  const double unit = static_cast<double>(gib ? GiB : MiB);
+  const char* unit_name = gib ? "GiB" : "MiB";
+  const double ystep = nice_step(static_cast<double>(ymax_b) / unit * 1.05, 6);
+  const double ymax = std::ceil(static_cast<double>(ymax_b) / unit * 1.05 / ystep) * ystep;
+  auto X = [&](double x) { return left + (x - xmin) / (xmax - xmin) * (right - left); };
+  auto Y = [&](double v) { return t_bottom - v / ymax * (t_bottom - t_top); };
+
+  o += "<g id=\"timeline\">\n";
+  for (double v = 0; v <= ymax + 1e-9; v += ystep) {
+    o += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#e6e6e6\"/>\n", left, Y(v),
+                     right, Y(v));
+    o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"end\" fill=\"#444\">{}</text>\n",
+                     left - 6, Y(v) + 4, fmt_num(v));
+  }
+  const double xstep = nice_step(xmax - xmin, 10);
+  for (double v = std::ceil(xmin / xstep) * xstep; v <= xmax + 1e-9; v += xstep) {
+    o += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"#999\"/>\n", X(v),
+                     t_bottom, t_bottom + 5);
+    o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"middle\" fill=\"#444\">{}</text>\n",
+                     X(v), t_bottom + 18, fmt_num(v));
+  }
+  o += fmt::format(
+      "<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"12\" text-anchor=\"middle\" fill=\"#222\">{}</text>\n",
+      (left + right) / 2, t_bottom + 36, d.x_is_time ? "time since the first event (s)" : "trace event");
+  o += fmt::format(
+      "<text transform=\"translate({:.1f},{:.1f}) rotate(-90)\" font-size=\"12\" text-anchor=\"middle\" "
+      "fill=\"#222\">memory ({})</text>\n",
+      left - 52, (t_top + t_bottom) / 2, unit_name);
+
+  // Downsample to at most ~2 points per pixel column, keeping each column's maximum.
+  const int cols = static_cast<int>(right - left);
+  struct Col {
+    bool set = false;
+    double x = 0;
+    std::int64_t a = 0, r = 0;
+  };
+  std::vector<Col> col(static_cast<std::size_t>(cols) + 1);
+  for (const auto& p : d.timeline) {
+    auto c = static_cast<std::size_t>(std::clamp((p.x - xmin) / (xmax - xmin) * cols, 0.0, static_cast<double>(cols)));
+    Col& k = col[c];
+    if (!k.set) k = Col{true, p.x, p.allocated, p.reserved};
+    k.a = std::max(k.a, p.allocated);
+    k.r = std::max(k.r, p.reserved);
+  }
+  auto series = [&](bool reserved) {
+    std::string pts;
+    double prev_y = Y(0);
+    pts += fmt::format("{:.1f},{:.1f} ", X(xmin), Y(0));
+    for (std::size_t c = 0; c < col.size(); ++c) {
+      if (!col[c].set) continue;
+      const double x = left + static_cast<double>(c);
+      const double y = Y(static_cast<double>(reserved ? col[c].r : col[c].a) / unit);
+      pts += fmt::format("{:.1f},{:.1f} {:.1f},{:.1f} ", x, prev_y, x, y);
+      prev_y = y;
+    }
+    pts += fmt::format("{:.1f},{:.1f}", right, prev_y);
+    return pts;
+  };
+  const std::string rs = series(true), as = series(false);
+  o += fmt::format("<polygon id=\"reserved-area\" points=\"{} {:.1f},{:.1f}\" fill=\"{}\" fill-opacity=\"0.18\"/>\n", rs,
+                   right, Y(0), kReservedColor);
+  o += fmt::format("<polygon id=\"allocated-area\" points=\"{} {:.1f},{:.1f}\" fill=\"{}\" fill-opacity=\"0.35\"/>\n", as,
+                   right, Y(0), kAllocColor);
+  o += fmt::format("<polyline id=\"reserved\" points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.6\"/>\n", rs,
+                   kReservedColor);
+  o += fmt::format("<polyline id=\"allocated\" points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.6\"/>\n", as,
+                   kAllocColor);
+  if (!d.timeline.empty()) {
+    o += fmt::format(
+        "<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"#c0392b\" stroke-dasharray=\"4 3\"/>\n",
+        X(d.peak_x), t_top - 6, t_bottom);
+    o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" fill=\"#c0392b\" text-anchor=\"middle\">peak reserved</text>\n",
+                     X(d.peak_x), t_top - 10);
+  }
+  o += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#888\"/>\n", left, t_top,
+                   right - left, t_bottom - t_top);
+  // legend
+  const double lx = left + 14, ly = t_top + 14;
+  o += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"250\" height=\"46\" fill=\"#ffffff\" fill-opacity=\"0.9\" stroke=\"#ccc\"/>\n",
+                   lx - 6, ly - 8);
+  o += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"18\" height=\"10\" fill=\"{}\"/>", lx, ly, kReservedColor);
+  o += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"12\" fill=\"#222\">reserved (segments from the device)</text>\n",
+                   lx + 26, ly + 9);
+  o += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"18\" height=\"10\" fill=\"{}\"/>", lx, ly + 20, kAllocColor);
+  o += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"12\" fill=\"#222\">allocated (blocks in use)</text>\n", lx + 26,
+                   ly + 29);
+  o += "</g>\n";
+
+  // --- segment map at the peak
+  Bytes total = 0;
+  for (const auto& s : d.peak_segments) total += s.total_size;
+  o += "<g id=\"segments\">\n";
+  o += fmt::format(
+      "<text x=\"{}\" y=\"{}\" font-size=\"16\" font-weight=\"bold\" fill=\"#222\">Segments at peak reserved: {} in {} "
+      "segments</text>\n",
+      left, s_top - 34, xml(human_bytes(static_cast<std::int64_t>(total))), d.peak_segments.size());
+  const double per_row = total > 0 ? std::ceil(static_cast<double>(total) / rows) : 1.0;
+  o += fmt::format(
+      "<text x=\"{}\" y=\"{}\" font-size=\"12\" fill=\"#555\">each row is {} of device memory, segments in address "
+      "order; thin dark lines mark segment starts</text>\n",
+      left, s_top - 14, xml(human_bytes(static_cast<std::int64_t>(per_row))));
+  auto span = [&](double from, double to, const char* fill, const char* cls) {
+    // from/to: byte offsets in the concatenated segment list; split across rows.
+    while (from < to) {
+      const double row = std::floor(from / per_row);
+      const double row_end = std::min(to, (row + 1) * per_row);
+      const double x0 = left + (from - row * per_row) / per_row * (right - left);
+      const double x1 = left + (row_end - row * per_row) / per_row * (right - left);
+      o += fmt::format("<rect class=\"{}\" x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{}\" fill=\"{}\"/>\n", cls,
+                       x0, s_top + row * (row_h + row_gap), std::max(x1 - x0, 0.3), row_h, fill);
+      from = row_end;
+    }
+  };
+  for (int r = 0; r < rows; ++r)
+    o += fmt::format("<rect x=\"{}\" y=\"{:.1f}\" width=\"{}\" height=\"{}\" fill=\"#fafafa\" stroke=\"#ddd\"/>\n", left,
+                     s_top + r * (row_h + row_gap), right - left, row_h);
+  double off = 0;
+  std::string starts;
+  for (const auto& s : d.peak_segments) {
+    double b = off;
+    for (const auto& blk : s.blocks) {
+      const char* fill = blk.state == BlockState::ActiveAllocated     ? kAllocColor
+                         : blk.state == BlockState::ActivePendingFree ? kPendingColor
+                                                                      : kInactiveColor;
+      const char* cls = blk.state == BlockState::ActiveAllocated     ? "allocated"
+                        : blk.state == BlockState::ActivePendingFree ? "pending"
+                                                                     : "inactive";
+      span(b, b + static_cast<double>(blk.size), fill, cls);
+      b += static_cast<double>(blk.size);
+    }
+    const double row = std::floor(off / per_row);
+    const double x = left + (off - row * per_row) / per_row * (right - left);
+    starts += fmt::format("<line x1=\"{0:.2f}\" y1=\"{1:.1f}\" x2=\"{0:.2f}\" y2=\"{2:.1f}\" stroke=\"#333\" stroke-width=\"0.8\"/>\n",
+                          x, s_top + row * (row_h + row_gap) - 1, s_top + row * (row_h + row_gap) + row_h + 1);
+    off += static_cast<double>(s.total_size);
+  }
+  o += starts;
+  const double gy = s_bottom + 16;
+  double gx = left;
+  for (auto [color, label] : {std::pair{kAllocColor, "allocated block"}, std::pair{kPendingColor, "freed, waiting for stream uses"},
+                              std::pair{kInactiveColor, "cached, free (reserved but unused)"}}) {
+    o += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"18\" height=\"10\" fill=\"{}\" stroke=\"#999\" stroke-width=\"0.5\"/>",
+                     gx, gy, color);
+    o += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"12\" fill=\"#222\">{}</text>\n", gx + 24, gy + 9, label);
+    gx += 24 + 8.0 * static_cast<double>(std::string_view(label).size()) + 30;
+  }
+  o += "</g>\n";
+  o += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"10\" fill=\"#999\" text-anchor=\"end\">cachet plot</text>\n", right,
+                   H - 10);
+  o += "</svg>\n";
+  return o;
+}
+
+}  // namespace cachet::replay

@@ -1,0 +1,70 @@
+// Random op sequences (fixed seeds) through the model under several configurations, with the
+// structural invariants and §5.3's stats/snapshot consistency checked after every op
+// (Allocator::check_invariants), plus the stats that must return to zero at the end.
+#include <random>
+
+#include "cachet/errors.h"
+#include "harness.h"
+
+namespace cachet::model::test {
+namespace {
+
+void run_random(const Config& c, std::uint64_t seed, Bytes capacity) {
+  Device d(c, capacity);
+  d.alloc.set_memory_fraction(0.9 * static_cast<double>(capacity) / static_cast<double>(kH200Total));
+  std::mt19937_64 rng(seed);
+  std::vector<std::uint64_t> live;
+  const StreamId streams[] = {0, 11, 12};
+  for (int i = 0; i < 3000; ++i) {
+    const auto r = rng() % 100;
+    if (r < 50 || live.empty()) {
+      // Log-uniform 1 B .. 256 MiB.
+      const double e = std::uniform_real_distribution<double>(0.0, 28.0)(rng);
+      const auto size = static_cast<Bytes>(std::exp2(e));
+      try {
+        live.push_back(d.alloc.malloc(size, streams[rng() % 3]));
+      } catch (const OutOfMemory&) {
+      }
+    } else if (r < 85) {
+      const auto k = rng() % live.size();
+      d.alloc.free(live[k]);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+    } else if (r < 93) {
+      d.alloc.record_stream(live[rng() % live.size()], streams[rng() % 3]);
+    } else if (r < 98) {
+      d.alloc.complete_events(streams[rng() % 3]);
+    } else {
+      d.alloc.empty_cache();
+    }
+    ASSERT_NO_THROW(d.alloc.check_invariants()) << "op " << i;
+  }
+  for (auto p : live) d.alloc.free(p);
+  d.alloc.empty_cache();
+  d.alloc.check_invariants();
+  const DeviceStats& s = d.alloc.stats();
+  EXPECT_EQ(s.allocated_bytes[0].current, 0);
+  EXPECT_EQ(s.active_bytes[0].current, 0);
+  EXPECT_EQ(s.requested_bytes[0].current, 0);
+  EXPECT_EQ(s.reserved_bytes[0].current, 0);
+  EXPECT_EQ(s.inactive_split_bytes[0].current, 0);
+  EXPECT_EQ(d.source.in_use(), 0u);  // every device byte went back
+  EXPECT_TRUE(d.alloc.snapshot().empty());
+}
+
+TEST(Invariants, RandomSequences) {
+  const char* confs[] = {"",
+                         "max_split_size_mb:128",
+                         "max_split_size_mb:256,roundup_power2_divisions:4",
+                         "garbage_collection_threshold:0.6,max_split_size_mb:64",
+                         "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]",
+                         "expandable_segments:True"};
+  for (const char* text : confs) {
+    for (std::uint64_t seed : {1u, 2u}) {
+      SCOPED_TRACE(std::string(text) + " seed " + std::to_string(seed));
+      run_random(conf(text), seed, 4 * GiB);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cachet::model::test

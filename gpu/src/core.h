@@ -144,7 +144,7 @@ class BlockArena {
     if (free_.empty()) refill();
     Block* b = free_.back();
     free_.pop_back();
-    return new (b) Block();
+    return new (b) Block;  // default-init: members have initializers; no zeroing of padding
   }
   void release(Block* b) {
     b->~Block();
@@ -201,6 +201,7 @@ class DeviceAllocator {
     BlockPool* pool;
     Block* block = nullptr;
     Status err;
+    bool in_pool = false;  // block is still in pool->blocks (found by get_free_block)
   };
 
   // --- free-block search and growth (sections 2.2, 3.1-3.5) ---
@@ -218,6 +219,10 @@ class DeviceAllocator {
   // --- free and events (sections 2.5, 6) ---
   void free_block(Block* b);
   Bytes try_merge_blocks(Block* dst, Block* src, BlockPool& pool);
+  static bool mergeable(const Block* dst, const Block* src) {
+    return src != nullptr && !src->allocated && src->event_count == 0 && src->stream_uses.empty() &&
+           dst->mapped == src->mapped;
+  }
   void insert_events(Block* b);
   void process_events();
   void synchronize_and_free_events();

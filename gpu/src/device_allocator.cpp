@@ -193,8 +193,10 @@ bool DeviceAllocator::get_free_block(AllocParams& p) {
   if (!mutant(kMutantOversizeToSmall) && p.size < max_split && it->size >= max_split) return false;
   // ... and an oversize request takes one only within the non-split rounding allowance.
   if (p.size >= max_split && it->size >= p.size + config_.max_non_split_rounding) return false;
+  // The block stays in the tree: alloc_found_block shrinks it in place when it splits (the
+  // remainder keeps the node), or erases it.
   p.block = &*it;
-  pool.blocks.erase(it);
+  p.in_pool = true;
   return true;
 }
 
@@ -268,6 +270,14 @@ Block* DeviceAllocator::alloc_found_block(AllocParams& p, Bytes orig_size, bool 
     // 2.4: the allocation is a new block at the low address; the original block object is the
     // remainder and keeps its (stale) requested_size (13.1).
     Block* remaining = block;
+    bool reinsert = true;
+    if (p.in_pool) {
+      // Its key shrinks; the tree order still holds unless the predecessor now sorts after it.
+      auto it = pool.blocks.iterator_to(*remaining);
+      const SizeKey k{remaining->stream, remaining->size - p.size, remaining->ptr + p.size};
+      if (it == pool.blocks.begin() || SizeOrder{}(*std::prev(it), k)) reinsert = false;
+      else pool.blocks.erase(it);
+    }
     block = arena_.make();
     block->ptr = remaining->ptr;
     block->size = p.size;
@@ -281,14 +291,18 @@ Block* DeviceAllocator::alloc_found_block(AllocParams& p, Bytes orig_size, bool 
     remaining->prev = block;
     remaining->ptr += p.size;
     remaining->size -= p.size;
-    pool.insert_into_blocks(remaining);  // resets its GC age
+    if (reinsert) pool.insert_into_blocks(remaining);  // resets its GC age
+    else remaining->gc_count_base = pool.get_free_blocks_call_count;
     if (already_split && !expandable) {
       for_all_and(stats_.inactive_split_bytes, st, [&](Stat& s) { s.decrease(static_cast<std::int64_t>(block->size)); });
     } else if (!expandable) {
       for_all_and(stats_.inactive_split_bytes, st, [&](Stat& s) { s.increase(static_cast<std::int64_t>(remaining->size)); });
       for_all_and(stats_.inactive_split, st, [](Stat& s) { s.increase(1); });
     }
-  } else if (already_split && !expandable) {
+  } else {
+    if (p.in_pool) pool.blocks.erase(pool.blocks.iterator_to(*block));
+  }
+  if (!split && already_split && !expandable) {
     for_all_and(stats_.inactive_split_bytes, st, [&](Stat& s) { s.decrease(static_cast<std::int64_t>(block->size)); });
     for_all_and(stats_.inactive_split, st, [](Stat& s) { s.decrease(1); });
   }
@@ -386,15 +400,54 @@ void DeviceAllocator::free_block(Block* b) {
 
   std::int64_t net_blocks = 0;
   std::int64_t net_bytes = 0;
-  Block* const candidates[2] = {b->prev, mutant(kMutantSkipMergeNext) ? nullptr : b->next};
-  for (Block* c : candidates) {
-    const Bytes subsumed = try_merge_blocks(b, c, pool);
-    if (subsumed > 0) {
-      net_blocks -= 1;
-      net_bytes -= static_cast<std::int64_t>(subsumed);
+  // Merge with the free neighbours (try_merge_blocks' rule). PyTorch keeps the freed block
+  // object and deletes the neighbours; here a neighbour already in the tree keeps its node and
+  // takes on the freed block's requested_size, which is observably the same and saves a tree
+  // erase and insert on the hot path.
+  bool in_tree = false;
+  if (Block* prev = b->prev; mergeable(b, prev)) {
+    net_blocks -= 1;
+    net_bytes -= static_cast<std::int64_t>(prev->size);
+    prev->size += b->size;
+    prev->requested_size = b->requested_size;
+    prev->next = b->next;
+    if (prev->next) prev->next->prev = prev;
+    arena_.release(b);
+    b = prev;
+    in_tree = true;
+  }
+  if (Block* next = mutant(kMutantSkipMergeNext) ? nullptr : b->next; mergeable(b, next)) {
+    net_blocks -= 1;
+    net_bytes -= static_cast<std::int64_t>(next->size);
+    if (in_tree) {
+      pool.blocks.erase(pool.blocks.iterator_to(*next));
+      b->size += next->size;
+      b->next = next->next;
+      if (b->next) b->next->prev = b;
+      arena_.release(next);
+    } else {
+      next->ptr = b->ptr;
+      next->size += b->size;
+      next->requested_size = b->requested_size;
+      next->prev = b->prev;
+      if (next->prev) next->prev->next = next;
+      else next->segment->head = next;
+      arena_.release(b);
+      b = next;
+      in_tree = true;
     }
   }
-  pool.insert_into_blocks(b);
+  if (in_tree) {
+    // The key grew (size up): the order holds unless the successor now sorts before it.
+    b->gc_count_base = pool.get_free_blocks_call_count;
+    auto it = pool.blocks.iterator_to(*b);
+    if (auto nx = std::next(it); nx != pool.blocks.end() && !SizeOrder{}(*b, *nx)) {
+      pool.blocks.erase(it);
+      pool.blocks.insert(*b);
+    }
+  } else {
+    pool.insert_into_blocks(b);
+  }
   if (b->is_split()) {
     net_blocks += 1;
     net_bytes += static_cast<std::int64_t>(b->size);

@@ -278,9 +278,9 @@ std::string render_svg(const PlotData& d) {
     return pts;
   };
   const std::string rs = series(true), as = series(false);
-  o += fmt::format("<polygon id=\"reserved-area\" points=\"{} {:.1f},{:.1f}\" fill=\"{}\" fill-opacity=\"0.18\"/>\n", rs,
+  o += fmt::format("<polygon id=\"reserved-area\" points=\"{} {:.1f},{:.1f}\" fill=\"{}\" fill-opacity=\"0.15\"/>\n", rs,
                    right, Y(0), kReservedColor);
-  o += fmt::format("<polygon id=\"allocated-area\" points=\"{} {:.1f},{:.1f}\" fill=\"{}\" fill-opacity=\"0.35\"/>\n", as,
+  o += fmt::format("<polygon id=\"allocated-area\" points=\"{} {:.1f},{:.1f}\" fill=\"{}\" fill-opacity=\"0.5\"/>\n", as,
                    right, Y(0), kAllocColor);
   o += fmt::format("<polyline id=\"reserved\" points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.6\"/>\n", rs,
                    kReservedColor);

@@ -1,0 +1,115 @@
+// `cachet plot TRACE -o FILE.svg [--conf STRING]`: memory over time (allocated and reserved)
+// and the segment map at peak reserved (blocks coloured by state), as one self-contained SVG
+// (no scripts, no network) that opens in any browser.
+#if __has_include("cachet/replay/replay.h")
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "cachet/errors.h"
+#include "cachet/io/file.h"
+#include "cachet/replay/replay.h"
+#include "cachet/replay/report.h"
+#include "command.h"
+
+namespace cachet::cli {
+namespace {
+
+struct Args {
+  std::string path;
+  std::string output;
+  std::optional<std::string> conf;
+  std::string device_memory;
+};
+
+std::string base_name(const std::string& p) {
+  const auto s = p.find_last_of('/');
+  return s == std::string::npos ? p : p.substr(s + 1);
+}
+
+int run_plot(const Args& a) {
+  using namespace cachet::replay;
+  std::optional<Bytes> mem;
+  if (!a.device_memory.empty() && !(mem = parse_bytes(a.device_memory))) {
+    std::fprintf(stderr, "cachet plot: --device-memory: not a size: '%s'\n", a.device_memory.c_str());
+    return kExitBadInput;
+  }
+  LoadedTrace lt;
+  try {
+    lt = load_trace(a.path, mem);
+  } catch (const io::ReadError& e) {
+    std::fprintf(stderr, "cachet plot: %s\n", e.what());
+    return kExitBadInput;
+  }
+  Config config = lt.run.config;
+  bool recorded = true;
+  if (a.conf) {
+    try {
+      config = parse_config(*a.conf, ConfigSource::Cachet).config;
+    } catch (const ConfigError& e) {
+      std::fprintf(stderr, "cachet plot: --conf '%s': %s (column %zu)\n", a.conf->c_str(), e.what(), e.column());
+      return kExitBadInput;
+    }
+    recorded = config == lt.run.config;
+  }
+  const Trace& t = lt.trace;
+  PlotData d;
+  d.x_is_time = !t.event_time_us.empty() && t.event_time_us.back() > t.event_time_us.front();
+  const std::int64_t t0 = d.x_is_time ? t.event_time_us.front() : 0;
+  auto xof = [&](std::size_t k) {
+    return d.x_is_time ? static_cast<double>(t.event_time_us[k] - t0) / 1e6 : static_cast<double>(t.ops[k].event);
+  };
+  ReplayOptions o = recorded_options(lt, recorded ? AddressMode::Recorded : AddressMode::Synthetic);
+  std::int64_t best = -1;
+  std::size_t peak_op = 0;
+  d.timeline.reserve(t.ops.size());
+  o.observer = [&](std::size_t k, const CachingAllocator& al) {
+    const DeviceStats s = al.stats();
+    d.timeline.push_back({xof(k), s.allocated_bytes[0].current, s.reserved_bytes[0].current});
+    if (s.reserved_bytes[0].current > best) {
+      best = s.reserved_bytes[0].current;
+      peak_op = k;
+    }
+  };
+  ReplayResult r = cachet::replay::replay(t, config, o);
+  if (!t.ops.empty()) {
+    ReplayOptions at = recorded_options(lt, r.recorded_addresses ? AddressMode::Recorded : AddressMode::Synthetic);
+    at.stop_after = peak_op + 1;
+    at.keep_allocator = true;
+    ReplayResult p = cachet::replay::replay(t, config, at);
+    d.peak_segments = p.allocator->snapshot();
+    d.peak_x = xof(peak_op);
+  }
+  d.title = base_name(lt.file.name);
+  d.subtitle = fmt::format("configuration: {}   |   peak allocated {}, peak reserved {} (reserved/allocated {:.3f})   |   {} events",
+                           r.conf.empty() ? "(default)" : r.conf, human_bytes(r.peak_allocated()),
+                           human_bytes(r.peak_reserved()), r.fragmentation(), t.events);
+  const std::string svg = render_svg(d);
+  std::ofstream f(a.output, std::ios::binary);
+  if (!f || !f.write(svg.data(), static_cast<std::streamsize>(svg.size()))) {
+    std::fprintf(stderr, "cachet plot: cannot write %s\n", a.output.c_str());
+    return kExitBadInput;
+  }
+  if (auto note = trace_note(t); !note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
+  std::printf("wrote %s (%zu bytes)\n", a.output.c_str(), svg.size());
+  return kExitOk;
+}
+
+Runner setup(CLI::App& sub) {
+  auto a = std::make_shared<Args>();
+  sub.add_option("TRACE", a->path, "PyTorch memory snapshot (pickle or JSON) or an oracle recording")->required();
+  sub.add_option("-o,--output", a->output, "the SVG file to write")->required();
+  sub.add_option("--conf", a->conf, "configuration (default: the recorded one)");
+  sub.add_option("--device-memory", a->device_memory, "device memory (default: beside the trace, else 80 GiB)");
+  return [a] { return run_plot(*a); };
+}
+
+[[maybe_unused]] const bool registered = register_command(
+    {"plot", "Draw memory over time and the segment map at the peak as an SVG", setup});
+
+}  // namespace
+}  // namespace cachet::cli
+#endif

@@ -488,5 +488,58 @@ TEST(Summary, MatchesMemorySummaryOfStats) {
   EXPECT_EQ(h.a->summary(), memory_summary(h.a->stats()));
 }
 
+
+// 13.1: a split remainder is the original block object and keeps its stale requested_size; a
+// merge keeps the freed block's value; fresh blocks start at 0.
+TEST(Exactness, StaleRequestedSizeFollowsTheBlock) {
+  auto h = host_alloc();
+  void* a = h.a->allocate(1000, 0);
+  Snapshot s = h.a->snapshot();
+  ASSERT_EQ(s[0].blocks.size(), 2u);
+  EXPECT_EQ(s[0].blocks[1].requested_size, 0u);  // the fresh segment's block
+  h.a->free(a);                                    // merges with the remainder
+  s = h.a->snapshot();
+  ASSERT_EQ(s[0].blocks.size(), 1u);
+  EXPECT_EQ(s[0].blocks[0].requested_size, 1000u);
+  h.a->allocate(600, 0);
+  s = h.a->snapshot();
+  ASSERT_EQ(s[0].blocks.size(), 2u);
+  EXPECT_EQ(s[0].blocks[0].requested_size, 600u);
+  EXPECT_EQ(s[0].blocks[1].size, 2096128u);
+  EXPECT_EQ(s[0].blocks[1].requested_size, 1000u);
+}
+
+// 13.2: inactive_split moves once per free by the net amount: freeing b next to a free a
+// merges (-1 block) and leaves a split block (+1): no change at all to the counters' allocated
+// and freed, only +1024 B net. Separate steps would count allocated +1 and freed +1.
+TEST(Exactness, InactiveSplitMovesOncePerFreeByTheNet) {
+  auto h = host_alloc();
+  void* a = h.a->allocate(1000, 0);
+  void* b = h.a->allocate(1000, 0);
+  h.a->allocate(1000, 0);
+  h.a->free(a);
+  h.a->free(b);
+  const auto s = h.a->stats();
+  EXPECT_EQ(s.inactive_split[0].current, 2);
+  EXPECT_EQ(s.inactive_split[0].allocated, 2);
+  EXPECT_EQ(s.inactive_split[0].freed, 0);
+  EXPECT_EQ(s.inactive_split_bytes[0].current, 2096128);
+  EXPECT_EQ(s.inactive_split_bytes[0].allocated, 2098176);
+  EXPECT_EQ(s.inactive_split_bytes[0].freed, 2048);
+}
+
+// 3.5, source-only rule: GC runs only when reserved > threshold x cap (equal does not).
+TEST(GarbageCollection, ThresholdIsExclusive) {
+  auto h = host_alloc("garbage_collection_threshold:0.5");
+  h.a->set_memory_fraction(static_cast<double>(400 * MiB_) / static_cast<double>(kH200));
+  void* a = h.a->allocate(100 * MiB_, 0);
+  h.a->allocate(100 * MiB_, 0);
+  h.a->free(a);
+  h.a->allocate(150 * MiB_, 0);  // reserved 200 MiB == 0.5 x 400 MiB: no GC
+  const auto s = h.a->stats();
+  EXPECT_EQ(s.num_device_free, 0);
+  EXPECT_EQ(cur(s.reserved_bytes), static_cast<std::int64_t>(350 * MiB_));
+}
+
 }  // namespace
 }  // namespace cachet::test

@@ -136,8 +136,11 @@ class MirrorSource final : public model::SegmentSource {
     auto info = live_->mem_get_info();
     return info.is_ok() ? info.value.free : 0;
   }
-  // The sut does not report NVML's figure (no NVML), so neither does the model here.
-  std::optional<Bytes> process_in_use() const override { return std::nullopt; }
+  // NVML's figure: what the device (backend) reports for this process.
+  std::optional<Bytes> process_in_use() const override {
+    auto info = live_->mem_get_info();
+    return info.is_ok() ? info.value.process_used : std::nullopt;
+  }
 
  private:
   std::optional<DeviceCall> take(std::deque<DeviceCall>& q, const char* what, Bytes size) {

@@ -1,0 +1,132 @@
+// The replay library: trace preparation (pending frees, empty_cache detection, mid-run traces),
+// the pickle snapshot, tune.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "cachet/replay/replay.h"
+#include "cachet/replay/report.h"
+
+namespace {
+
+using namespace cachet;
+using namespace cachet::replay;
+
+const std::string kData = std::string(CACHET_TEST_DATA) + "/oracle/";
+
+TraceEvent ev(TraceAction a, std::uint64_t addr, Bytes size, StreamId s = 0) { return {a, addr, size, s, 0}; }
+
+std::size_t count(const Trace& t, OpKind k) {
+  return static_cast<std::size_t>(std::count_if(t.ops.begin(), t.ops.end(), [&](const Op& o) { return o.kind == k; }));
+}
+
+TEST(Replay, PickleSnapshotReplays) {
+  LoadedTrace lt = load_trace(kData + "snapshots/mlp_train.pickle.gz");
+  EXPECT_EQ(lt.file.format, io::TraceFormat::SnapshotPickle);
+  EXPECT_GT(lt.trace.events, 0u);
+  ReplayResult r = cachet::replay::replay(lt.trace, lt.run.config, recorded_options(lt, AddressMode::Recorded));
+  EXPECT_GT(r.peak_allocated(), 0);
+  EXPECT_GE(r.peak_reserved(), r.peak_allocated());
+  EXPECT_EQ(r.stats.num_ooms, 0);
+}
+
+TEST(Replay, PendingFreeWaitsForItsCompletion) {
+  // A is freed with a pending stream use; B (same size) must not reuse it until free_completed.
+  const Bytes sz = 600 * KiB;
+  std::vector<TraceEvent> e = {
+      ev(TraceAction::SegmentAlloc, 0x1000000, 2 * MiB), ev(TraceAction::Alloc, 0x1000000, sz),
+      ev(TraceAction::FreeRequested, 0x1000000, sz),     ev(TraceAction::Alloc, 0x1096000, sz),
+      ev(TraceAction::FreeCompleted, 0x1000000, sz),     ev(TraceAction::Alloc, 0x1000000, sz),
+  };
+  Trace t = prepare_trace(e, RecordedRun{});
+  EXPECT_EQ(count(t, OpKind::FreePending), 1u);
+  EXPECT_EQ(count(t, OpKind::Complete), 1u);
+  EXPECT_EQ(t.pseudo_streams, 1u);
+  ReplayOptions o;
+  o.stop_after = 3;  // alloc A, pending free A, alloc B
+  o.keep_allocator = true;
+  ReplayResult mid = cachet::replay::replay(t, Config{}, o);
+  Snapshot s = mid.allocator->snapshot();
+  ASSERT_EQ(s.size(), 1u);
+  ASSERT_GE(s[0].blocks.size(), 2u);
+  EXPECT_EQ(s[0].blocks[0].state, BlockState::ActivePendingFree);
+  EXPECT_EQ(s[0].blocks[1].state, BlockState::ActiveAllocated);
+  ReplayResult end = cachet::replay::replay(t, Config{}, ReplayOptions{});
+  EXPECT_EQ(end.stats.allocation[0].current, 2);
+  EXPECT_EQ(end.stats.active[0].current, 2);  // the pending block was reused by the third alloc
+  EXPECT_EQ(end.stats.segment[0].current, 1);
+}
+
+TEST(Replay, EmptyCacheIsToldFromTheAllocatorsOwnReleases) {
+  auto calls = [](const std::string& rec) { return load_trace(kData + "results/" + rec).trace.empty_cache_calls; };
+  EXPECT_GT(calls("res_mixed_empty_default.json.gz"), 0u);
+  EXPECT_GT(calls("res_frag_default.json.gz"), 0u);
+  EXPECT_EQ(calls("res_pressure_default.json.gz"), 0u);  // releases inside malloc: OOM retries
+  EXPECT_EQ(calls("res_mixed_gc.json.gz"), 0u);          // garbage collection
+  EXPECT_EQ(calls("res_small_default.json.gz"), 0u);
+}
+
+TEST(Replay, MidRunTraceIsReportedNotFatal) {
+  LoadedTrace lt = load_trace(kData + "workloads/gpt2_train.trace.json.gz");
+  const auto& all = lt.file.devices.at(0).events;
+  std::vector<TraceEvent> tail(all.begin() + static_cast<std::ptrdiff_t>(all.size() / 3), all.end());
+  Trace t = prepare_trace(tail, lt.run, "tail");
+  EXPECT_TRUE(t.stats.starts_mid_run());
+  EXPECT_GT(t.ignored_events, 0u);
+  EXPECT_NE(trace_note(t).find("mid-run"), std::string::npos);
+  ReplayResult r = cachet::replay::replay(t, lt.run.config, recorded_options(lt, AddressMode::Recorded));
+  EXPECT_GT(r.peak_allocated(), 0);
+  EXPECT_EQ(r.stats.num_ooms, 0);
+  EXPECT_EQ(r.events, tail.size());
+}
+
+TEST(Replay, OomRequestsAreReplayed) {
+  LoadedTrace lt = load_trace(kData + "results/res_pressure_default.json.gz");
+  ReplayResult rec = cachet::replay::replay(lt.trace, lt.run.config, recorded_options(lt, AddressMode::Recorded));
+  EXPECT_EQ(rec.oom_requests, static_cast<std::uint64_t>(lt.file.final_stats.at("num_ooms")));
+  EXPECT_EQ(rec.oom_requests_ok, 0u);
+  // Without the cap every request fits.
+  ReplayOptions o = recorded_options(lt, AddressMode::Synthetic);
+  o.cap = 0;
+  ReplayResult free_run = cachet::replay::replay(lt.trace, lt.run.config, o);
+  EXPECT_EQ(free_run.stats.num_ooms, 0);
+  EXPECT_EQ(free_run.oom_requests_ok, free_run.oom_requests);
+}
+
+TEST(Replay, TuneFindsNoWorseThanRecorded) {
+  LoadedTrace lt = load_trace(kData + "workloads/gpt2_train.trace.json.gz");
+  const auto space = tune_space(lt.run.config, false);
+  EXPECT_GE(space.size(), 50u);
+  TuneResult tr = tune(lt.trace, lt.run.config, space, recorded_options(lt, AddressMode::Synthetic), 2);
+  EXPECT_EQ(tr.baseline.peak_reserved(), lt.file.final_stats.at("reserved_bytes.all.peak"));
+  ASSERT_NE(tr.best, static_cast<std::size_t>(-1));
+  const ReplayResult& b = tr.results[tr.best];
+  EXPECT_LE(b.peak_reserved(), tr.baseline.peak_reserved());
+  EXPECT_LE(b.stats.num_ooms, tr.baseline.stats.num_ooms);
+  for (const auto& r : tr.results)
+    if (r.stats.num_ooms <= tr.baseline.stats.num_ooms && r.failed_allocs == 0) {
+      EXPECT_GE(r.peak_reserved(), b.peak_reserved());
+    }
+}
+
+TEST(Replay, TuneWithCapSearchesGarbageCollection) {
+  const auto space = tune_space(Config{}, true);
+  EXPECT_TRUE(std::any_of(space.begin(), space.end(),
+                          [](const TuneCandidate& c) { return c.config.garbage_collection_threshold > 0; }));
+  const auto no_cap = tune_space(Config{}, false);
+  EXPECT_TRUE(std::none_of(no_cap.begin(), no_cap.end(),
+                           [](const TuneCandidate& c) { return c.config.garbage_collection_threshold > 0; }));
+}
+
+TEST(Replay, ParseBytes) {
+  EXPECT_EQ(parse_bytes("1024"), 1024u);
+  EXPECT_EQ(parse_bytes("80GiB"), 80 * GiB);
+  EXPECT_EQ(parse_bytes("1.5 G"), GiB + GiB / 2);
+  EXPECT_EQ(parse_bytes("512mb"), 512 * MiB);
+  EXPECT_FALSE(parse_bytes("lots"));
+  EXPECT_FALSE(parse_bytes("12 parsecs"));
+}
+
+}  // namespace

@@ -112,7 +112,18 @@ int run_replay(const Args& a) {
                        human_bytes(pr->second),
                        pa->second ? static_cast<double>(pr->second) / static_cast<double>(pa->second) : 0.0);
   out += "\n" + results_table(rows);
-  for (const auto& r : results) {
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const ReplayResult& r = results[i];
+    if (jobs[i].recorded && lt.end_reserved && lt.end_allocated) {
+      const bool same = static_cast<Bytes>(r.stats.reserved_bytes[0].current) == *lt.end_reserved &&
+                        static_cast<Bytes>(r.stats.allocated_bytes[0].current) == *lt.end_allocated;
+      out += fmt::format("end state {} the snapshot's segments (reserved {}, allocated {}{})\n",
+                         same ? "matches" : "differs from", human_bytes(static_cast<std::int64_t>(*lt.end_reserved)),
+                         human_bytes(static_cast<std::int64_t>(*lt.end_allocated)),
+                         same ? "" : fmt::format("; replay: reserved {}, allocated {}",
+                                                 human_bytes(r.stats.reserved_bytes[0].current),
+                                                 human_bytes(r.stats.allocated_bytes[0].current)));
+    }
     if (!r.note.empty()) out += fmt::format("note ({}): {}\n", r.conf.empty() ? "(default)" : r.conf, r.note);
     if (r.failed_allocs)
       out += fmt::format("{}: {} allocations that succeeded in the recorded run ran out of memory\n",

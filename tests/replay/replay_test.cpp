@@ -30,6 +30,10 @@ TEST(Replay, PickleSnapshotReplays) {
   EXPECT_GT(r.peak_allocated(), 0);
   EXPECT_GE(r.peak_reserved(), r.peak_allocated());
   EXPECT_EQ(r.stats.num_ooms, 0);
+  // It ends where the snapshot's segments say PyTorch ended.
+  ASSERT_TRUE(lt.end_reserved && lt.end_allocated);
+  EXPECT_EQ(static_cast<Bytes>(r.stats.reserved_bytes[0].current), *lt.end_reserved);
+  EXPECT_EQ(static_cast<Bytes>(r.stats.allocated_bytes[0].current), *lt.end_allocated);
 }
 
 TEST(Replay, PendingFreeWaitsForItsCompletion) {

@@ -286,6 +286,15 @@ LoadedTrace load_trace(const std::string& path, std::optional<Bytes> device_memo
       }
   }
   lt.device = d ? d->device : 0;
+  if (d != nullptr && !d->segments.empty()) {
+    Bytes reserved = 0, allocated = 0;
+    for (const auto& seg : d->segments) {
+      reserved += seg.total_size;
+      allocated += seg.allocated_size();
+    }
+    lt.end_reserved = reserved;
+    lt.end_allocated = allocated;
+  }
   if (lt.file.settings.conf) {
     lt.recorded_conf_text = *lt.file.settings.conf;
     try {

@@ -137,6 +137,10 @@ struct LoadedTrace {
   std::string recorded_conf_text;         // as recorded ("" when none)
   std::string config_note;                // why the recorded conf could not be used, if so
   RecordedRun run;
+  // The snapshot's segments at the end (when it has any): reserved and allocated bytes. A replay
+  // of the recorded configuration should end in the same state.
+  std::optional<Bytes> end_reserved;
+  std::optional<Bytes> end_allocated;
 };
 
 // Reads `path` (io::read_trace) and prepares it. `device_memory`: overrides the total memory

@@ -1,0 +1,292 @@
+// fuzz/src/ops_interp.cpp: bytes -> configuration + ops -> lockstep run (see ops_interp.h).
+#include "ops_interp.h"
+
+// The header comes with clang (libclang-rt-14-dev); g++ builds include it by its full path
+// (CMake finds it) rather than adding clang's resource directory to the include path.
+#ifdef CACHET_FDP_HEADER
+#include CACHET_FDP_HEADER
+#else
+#include <fuzzer/FuzzedDataProvider.h>
+#endif
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string_view>
+
+#include "cachet/config.h"
+#include "cachet/errors.h"
+
+namespace cachet::fuzz {
+namespace {
+
+using lockstep::Op;
+
+// The oracle recordings' configurations (tests/data/oracle/results/res_*_<name>.json.gz) and a
+// few more edges; byte 0 < 0xC0 picks one (byte % size).
+constexpr std::array<std::string_view, 10> kPresetConfigs = {
+    "",
+    "expandable_segments:True",
+    "garbage_collection_threshold:0.6,max_split_size_mb:64",
+    "max_split_size_mb:128",
+    "max_split_size_mb:256,roundup_power2_divisions:4",
+    "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]",
+    "max_split_size_mb:40,max_non_split_rounding_mb:24",
+    "expandable_segments:True,max_split_size_mb:64,garbage_collection_threshold:0.5",
+    "large_segment_size_mb:32,roundup_power2_divisions:2",
+    "expandable_segments:True,large_segment_size_mb:64",
+};
+constexpr std::uint8_t kStringConfig = 0xC0;
+
+// Device capacities (byte 1 % size): small ones make out-of-memory and the garbage collector
+// common; the last is the H200's total memory of the recordings.
+constexpr std::array<Bytes, 6> kCapacities = {8 * GiB, 1 * GiB, 256 * MiB, 64 * MiB, 6 * GiB,
+                                              150109880320ull};
+constexpr std::array<double, 8> kFractions = {0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0};
+constexpr StreamId kStreams = 4;    // streams 0..3
+constexpr std::size_t kMaxOps = 2000;
+
+Mix g_mix;
+
+// Op selector byte: [0, 128) allocate (low 2 bits: stream, next 3 bits: size class);
+// [128, 208) free a live handle; [208, 216) free any handle ever handed out (double free or the
+// block now at that address); [216, 228) record_stream; [228, 240) complete events;
+// [240, 248) empty_cache; [248, 256) set_memory_fraction.
+Bytes decode_size(FuzzedDataProvider& p, unsigned size_class, Bytes capacity) {
+  switch (size_class) {
+    case 0: return p.ConsumeIntegralInRange<Bytes>(0, 512);
+    case 1:
+    case 2: return p.ConsumeIntegralInRange<Bytes>(513, 1 * MiB);
+    case 3: return p.ConsumeIntegralInRange<Bytes>(1 * MiB + 1, 10 * MiB);
+    case 4: return p.ConsumeIntegralInRange<Bytes>(10 * MiB + 1, 64 * MiB);
+    case 5: return p.ConsumeIntegralInRange<Bytes>(64 * MiB + 1, 1 * GiB);
+    case 6: return p.ConsumeIntegralInRange<Bytes>(0, 2 * capacity);  // exact (seeds use it)
+    default: return p.ConsumeIntegralInRange<Bytes>(1, 512) * 2 * MiB;  // 2 MiB multiples
+  }
+}
+
+std::optional<Op> decode_op(FuzzedDataProvider& p, const lockstep::Lockstep& ls, Bytes capacity) {
+  const auto sel = p.ConsumeIntegral<std::uint8_t>();
+  if (sel < 128) {
+    const StreamId stream = sel & 3u;
+    return lockstep::Allocate{decode_size(p, (sel >> 2) & 7u, capacity), stream};
+  }
+  if (sel < 216) {
+    const auto k = p.ConsumeIntegral<std::uint16_t>();
+    if (sel < 208) {
+      const auto live = ls.live_handles();
+      if (live.empty()) return std::nullopt;
+      return lockstep::Free{live[k % live.size()]};
+    }
+    if (ls.handle_count() == 0) return std::nullopt;
+    return lockstep::Free{static_cast<std::uint32_t>(k % ls.handle_count())};
+  }
+  if (sel < 228) {
+    const auto k = p.ConsumeIntegral<std::uint16_t>();
+    const StreamId stream = p.ConsumeIntegralInRange<StreamId>(0, kStreams - 1);
+    const auto live = ls.live_handles();
+    if (live.empty()) return std::nullopt;
+    return lockstep::RecordStream{live[k % live.size()], stream};
+  }
+  if (sel < 240) return lockstep::CompleteEvents{p.ConsumeIntegralInRange<StreamId>(0, kStreams - 1)};
+  if (sel < 248) return lockstep::EmptyCache{};
+  return lockstep::SetMemoryFraction{kFractions[p.ConsumeIntegral<std::uint8_t>() % kFractions.size()]};
+}
+
+// The configuration of a case, or nullopt when it cannot run here (cudaMallocAsync).
+std::optional<Config> runnable_config(const std::string& text) {
+  Config c = parse_config(text, ConfigSource::Cachet).config;
+  if (c.backend != Backend::Native) return std::nullopt;
+  return c;
+}
+
+void count(const Op& op, const lockstep::Outcome& o) {
+  using K = lockstep::Outcome::Kind;
+  ++g_mix.ops;
+  if (o.kind == K::Skipped) {
+    ++g_mix.noops;
+    return;
+  }
+  if (o.kind == K::UsageError) {
+    ++g_mix.usage_errors;
+    return;
+  }
+  if (std::holds_alternative<lockstep::Allocate>(op)) {
+    if (o.kind == K::OutOfMemory) ++g_mix.alloc_oom;
+    else if (o.ptr == 0) ++g_mix.alloc_zero;
+    else ++g_mix.alloc_ptr;
+  } else if (std::holds_alternative<lockstep::Free>(op)) {
+    ++g_mix.frees;
+  } else if (std::holds_alternative<lockstep::RecordStream>(op)) {
+    ++g_mix.records;
+  } else if (std::holds_alternative<lockstep::CompleteEvents>(op)) {
+    ++g_mix.completes;
+  } else if (std::holds_alternative<lockstep::EmptyCache>(op)) {
+    ++g_mix.empty_caches;
+  } else {
+    ++g_mix.fractions;
+  }
+}
+
+std::string report(const std::string& what, const Case& c) {
+  return "fuzz_ops: " + what + "\n--- the case (replay: tests/fuzz_regressions/<name>.ops) ---\n" +
+         to_ops_file(c) + "--- end of case ---\n";
+}
+
+lockstep::Options options_for(const Config& config, Bytes capacity) {
+  lockstep::Options o;
+  o.config = config;
+  o.capacity = capacity;
+  o.check_invariants = true;
+  return o;
+}
+
+}  // namespace
+
+std::string run_bytes(const std::uint8_t* data, std::size_t size, Case* out) {
+  FuzzedDataProvider p(data, size);
+  Case c;
+  const char* fixed = std::getenv("CACHET_FUZZ_CONFIG");
+  if (fixed != nullptr) {
+    c.config = fixed;
+  } else {
+    const auto b = p.ConsumeIntegral<std::uint8_t>();
+    if (b < kStringConfig) {
+      c.config = std::string(kPresetConfigs[b % kPresetConfigs.size()]);
+    } else {
+      c.config = p.ConsumeRandomLengthString(256);
+      try {
+        (void)parse_config(c.config, ConfigSource::Cachet);
+      } catch (const ConfigError&) {
+        c.config.clear();  // not a configuration: the defaults
+      }
+    }
+  }
+  c.capacity = kCapacities[p.ConsumeIntegral<std::uint8_t>() % kCapacities.size()];
+  std::optional<Config> config;
+  try {
+    config = runnable_config(c.config);
+  } catch (const ConfigError& e) {
+    if (out) *out = c;
+    return report(std::string("the configuration does not parse: ") + e.what(), c);
+  }
+  ++g_mix.cases;
+  if (!config) {
+    ++g_mix.skipped_cases;
+    if (out) *out = c;
+    return "";
+  }
+  std::string result;
+  {
+    lockstep::Lockstep ls(options_for(*config, c.capacity));
+    while (p.remaining_bytes() > 0 && c.ops.size() < kMaxOps) {
+      const std::optional<Op> op = decode_op(p, ls, c.capacity);
+      if (!op) {
+        ++g_mix.ops;
+        ++g_mix.noops;
+        continue;
+      }
+      c.ops.push_back(*op);
+      std::optional<std::string> diff;
+      try {
+        diff = ls.apply(*op);
+      } catch (const std::exception& e) {
+        diff = std::string("the harness threw: ") + e.what();
+      }
+      if (diff) {
+        result = report("divergence at op #" + std::to_string(c.ops.size() - 1) + " (" +
+                            lockstep::show(*op) + ")\n" + *diff,
+                        c);
+        break;
+      }
+      count(*op, ls.last_sut());
+    }
+  }
+  if (out) *out = std::move(c);
+  return result;
+}
+
+std::string run_case(const Case& c) {
+  std::optional<Config> config;
+  try {
+    config = runnable_config(c.config);
+  } catch (const ConfigError& e) {
+    return std::string("configuration does not parse: ") + e.what();
+  }
+  if (!config) return "";
+  lockstep::Lockstep ls(options_for(*config, c.capacity));
+  for (std::size_t i = 0; i < c.ops.size(); ++i) {
+    if (auto diff = ls.apply(c.ops[i]))
+      return "op #" + std::to_string(i) + " (" + lockstep::show(c.ops[i]) + "): " + *diff;
+  }
+  return "";
+}
+
+std::string to_ops_file(const Case& c) {
+  std::string s = "# config: " + c.config + "\n# capacity: " + std::to_string(c.capacity) + "\n";
+  for (const Op& op : c.ops) s += lockstep::show(op) + "\n";
+  return s;
+}
+
+Case parse_ops_file(const std::string& text) {
+  Case c;
+  c.capacity = 8 * GiB;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    constexpr std::string_view kConfig = "# config:", kCapacity = "# capacity:";
+    if (line.rfind(kConfig, 0) == 0) {
+      c.config = line.substr(kConfig.size());
+      if (!c.config.empty() && c.config.front() == ' ') c.config.erase(0, 1);
+    } else if (line.rfind(kCapacity, 0) == 0) {
+      c.capacity = std::stoull(line.substr(kCapacity.size()));
+    }
+  }
+  c.ops = lockstep::parse_ops(text);
+  return c;
+}
+
+const Mix& mix() { return g_mix; }
+
+std::string show_mix() {
+  const Mix& m = g_mix;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "fuzz_ops mix: %llu cases (%llu skipped), %llu ops: %llu allocs returned memory, "
+                "%llu size-0 allocs, %llu OOMs, %llu frees, %llu usage errors, %llu record_stream, "
+                "%llu complete, %llu empty_cache, %llu fraction, %llu no-ops",
+                static_cast<unsigned long long>(m.cases), static_cast<unsigned long long>(m.skipped_cases),
+                static_cast<unsigned long long>(m.ops), static_cast<unsigned long long>(m.alloc_ptr),
+                static_cast<unsigned long long>(m.alloc_zero), static_cast<unsigned long long>(m.alloc_oom),
+                static_cast<unsigned long long>(m.frees), static_cast<unsigned long long>(m.usage_errors),
+                static_cast<unsigned long long>(m.records), static_cast<unsigned long long>(m.completes),
+                static_cast<unsigned long long>(m.empty_caches), static_cast<unsigned long long>(m.fractions),
+                static_cast<unsigned long long>(m.noops));
+  return buf;
+}
+
+void run_or_abort(const std::uint8_t* data, std::size_t size) {
+  Case c;
+  const std::string r = run_bytes(data, size, &c);
+  if (const char* path = std::getenv("CACHET_FUZZ_OPS_OUT")) {
+    std::ofstream(path) << to_ops_file(c);
+  }
+  if (!r.empty()) {
+    std::fputs(r.c_str(), stderr);
+    std::fputs("\n", stderr);
+    std::abort();
+  }
+}
+
+void print_mix_at_exit() {
+  static bool registered = false;
+  if (registered) return;
+  registered = true;
+  std::atexit([] { std::fprintf(stderr, "%s\n", show_mix().c_str()); });
+}
+
+}  // namespace cachet::fuzz

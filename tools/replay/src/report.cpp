@@ -293,12 +293,23 @@ std::string render_svg(const PlotData& d) {
     o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" fill=\"#c0392b\" text-anchor=\"middle\">peak reserved</text>\n",
                      X(d.peak_x), t_top - 10);
   }
+  if (!d.ooms.empty()) {
+    o += "<g id=\"ooms\">\n";
+    for (double x : d.ooms)
+      o += fmt::format("<path d=\"M{0:.1f},{1:.1f} l-4,-7 h8 z\" fill=\"#c0392b\"/>\n", X(x), t_bottom - 1);
+    o += "</g>\n";
+  }
   o += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#888\"/>\n", left, t_top,
                    right - left, t_bottom - t_top);
   // legend
   const double lx = left + 14, ly = t_top + 14;
-  o += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"250\" height=\"46\" fill=\"#ffffff\" fill-opacity=\"0.9\" stroke=\"#ccc\"/>\n",
-                   lx - 6, ly - 8);
+  o += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"250\" height=\"{}\" fill=\"#ffffff\" fill-opacity=\"0.9\" stroke=\"#ccc\"/>\n",
+                   lx - 6, ly - 8, d.ooms.empty() ? 46 : 66);
+  if (!d.ooms.empty()) {
+    o += fmt::format("<path d=\"M{:.1f},{:.1f} l-5,-9 h10 z\" fill=\"#c0392b\"/>", lx + 9, ly + 49);
+    o += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"12\" fill=\"#222\">out of memory in the recorded run ({})</text>\n",
+                     lx + 26, ly + 49, d.ooms.size());
+  }
   o += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"18\" height=\"10\" fill=\"{}\"/>", lx, ly, kReservedColor);
   o += fmt::format("<text x=\"{}\" y=\"{}\" font-size=\"12\" fill=\"#222\">reserved (segments from the device)</text>\n",
                    lx + 26, ly + 9);
@@ -327,8 +338,10 @@ std::string render_svg(const PlotData& d) {
       const double row_end = std::min(to, (row + 1) * per_row);
       const double x0 = left + (from - row * per_row) / per_row * (right - left);
       const double x1 = left + (row_end - row * per_row) / per_row * (right - left);
-      o += fmt::format("<rect class=\"{}\" x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{}\" fill=\"{}\"/>\n", cls,
-                       x0, s_top + row * (row_h + row_gap), std::max(x1 - x0, 0.3), row_h, fill);
+      // Blocks wide enough to tell apart get a thin white edge.
+      o += fmt::format("<rect class=\"{}\" x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{}\" fill=\"{}\"{}/>\n", cls,
+                       x0, s_top + row * (row_h + row_gap), std::max(x1 - x0, 0.3), row_h, fill,
+                       x1 - x0 > 4 ? " stroke=\"#ffffff\" stroke-width=\"0.6\"" : "");
       from = row_end;
     }
   };
@@ -351,7 +364,7 @@ std::string render_svg(const PlotData& d) {
     }
     const double row = std::floor(off / per_row);
     const double x = left + (off - row * per_row) / per_row * (right - left);
-    starts += fmt::format("<line x1=\"{0:.2f}\" y1=\"{1:.1f}\" x2=\"{0:.2f}\" y2=\"{2:.1f}\" stroke=\"#333\" stroke-width=\"0.8\"/>\n",
+    starts += fmt::format("<line x1=\"{0:.2f}\" y1=\"{1:.1f}\" x2=\"{0:.2f}\" y2=\"{2:.1f}\" stroke=\"#111\" stroke-width=\"1.5\"/>\n",
                           x, s_top + row * (row_h + row_gap) - 1, s_top + row * (row_h + row_gap) + row_h + 1);
     off += static_cast<double>(s.total_size);
   }

@@ -63,6 +63,7 @@ struct PlotData {
   bool x_is_time = false;
   std::vector<TimelinePoint> timeline;
   double peak_x = 0;
+  std::vector<double> ooms;  // x of the requests that ran out of memory in the recorded run
   Snapshot peak_segments;  // memory_snapshot() at peak reserved
 };
 

@@ -134,3 +134,19 @@ TEST(Replay, ParseBytes) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Replay, RecordedAddressesFallBackWhenTheReplayDiverges) {
+  using namespace cachet;
+  using namespace cachet::replay;
+  LoadedTrace lt = load_trace(std::string(CACHET_TEST_DATA) + "/oracle/workloads/gpt2_train.trace.json.gz");
+  const Config other = parse_config("roundup_power2_divisions:4", ConfigSource::PyTorch).config;
+  ReplayResult r = cachet::replay::replay(lt.trace, other, recorded_options(lt, AddressMode::Recorded));
+  EXPECT_FALSE(r.recorded_addresses);
+  EXPECT_NE(r.note.find("synthetic"), std::string::npos) << r.note;
+  ReplayResult s = cachet::replay::replay(lt.trace, other, recorded_options(lt, AddressMode::Synthetic));
+  EXPECT_EQ(r.stats, s.stats);
+}
+
+}  // namespace

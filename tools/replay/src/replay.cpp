@@ -3,6 +3,7 @@
 #include "cachet/replay/replay.h"
 
 #include <chrono>
+#include <map>
 #include <unordered_map>
 #include <utility>
 
@@ -174,6 +175,76 @@ namespace {
 
 enum class RunStatus { Done, Diverged };
 
+// Recorded-address mode: the host backend hands out the trace's addresses in order. When the
+// replay's segments live longer than the recorded ones (a trace recorded mid-run, another
+// configuration), an address could be handed out while a segment there is still live. This
+// wrapper refuses that (a device error, so the replay falls back to synthetic addresses).
+class CheckedMemory final : public gpu::DeviceMemory {
+ public:
+  explicit CheckedMemory(std::unique_ptr<gpu::DeviceMemory> inner) : in_(std::move(inner)) {}
+  gpu::BackendCaps caps() const override { return in_->caps(); }
+  DeviceIndex device() const override { return in_->device(); }
+  gpu::Result<gpu::DevicePtr> malloc(Bytes n) override {
+    auto r = in_->malloc(n);
+    if (r.is_ok()) {
+      if (overlaps(live_, r.value, n)) {
+        (void)in_->free(r.value);
+        return {gpu::Status::error(overlap_message("segment", r.value)), 0};
+      }
+      live_[r.value] = n;
+    }
+    return r;
+  }
+  gpu::Status free(gpu::DevicePtr p) override {
+    auto st = in_->free(p);
+    if (st.is_ok()) live_.erase(p);
+    return st;
+  }
+  gpu::Result<gpu::MemInfo> mem_get_info() override { return in_->mem_get_info(); }
+  bool stream_valid(StreamId s) override { return in_->stream_valid(s); }
+  gpu::Result<gpu::EventHandle> event_create() override { return in_->event_create(); }
+  gpu::Status event_record(gpu::EventHandle e, StreamId s) override { return in_->event_record(e, s); }
+  gpu::Result<bool> event_query(gpu::EventHandle e) override { return in_->event_query(e); }
+  gpu::Status event_synchronize(gpu::EventHandle e) override { return in_->event_synchronize(e); }
+  void event_destroy(gpu::EventHandle e) override { in_->event_destroy(e); }
+  gpu::Result<gpu::DevicePtr> reserve(Bytes n) override {
+    auto r = in_->reserve(n);
+    if (r.is_ok()) {
+      if (overlaps(reserved_, r.value, n) || overlaps(live_, r.value, n)) {
+        (void)in_->unreserve(r.value, n);
+        return {gpu::Status::error(overlap_message("reservation", r.value)), 0};
+      }
+      reserved_[r.value] = n;
+    }
+    return r;
+  }
+  gpu::Status unreserve(gpu::DevicePtr p, Bytes n) override {
+    auto st = in_->unreserve(p, n);
+    if (st.is_ok()) reserved_.erase(p);
+    return st;
+  }
+  gpu::Status map(gpu::DevicePtr p, Bytes n) override { return in_->map(p, n); }
+  gpu::Status unmap(gpu::DevicePtr p, Bytes n) override { return in_->unmap(p, n); }
+
+ private:
+  static bool overlaps(const std::map<gpu::DevicePtr, Bytes>& m, gpu::DevicePtr p, Bytes n) {
+    auto it = m.upper_bound(p);
+    if (it != m.end() && it->first < p + n) return true;
+    if (it != m.begin()) {
+      --it;
+      if (it->first + it->second > p) return true;
+    }
+    return false;
+  }
+  static std::string overlap_message(const char* what, gpu::DevicePtr p) {
+    return std::string("recorded address ") + std::to_string(p) + " handed out for a new " + what +
+           " while one there is still live";
+  }
+  std::unique_ptr<gpu::DeviceMemory> in_;
+  std::map<gpu::DevicePtr, Bytes> live_;
+  std::map<gpu::DevicePtr, Bytes> reserved_;
+};
+
 struct Runner {
   const Trace& t;
   const ReplayOptions& o;
@@ -186,7 +257,9 @@ struct Runner {
     ho.total_memory = o.device_memory;
     if (recorded) ho.recorded = t.recorded_addresses;
     std::shared_ptr<gpu::HostSim> sim;
-    auto alloc = std::make_unique<CachingAllocator>(gpu::make_host_memory(std::move(ho), &sim), config);
+    std::unique_ptr<gpu::DeviceMemory> mem = gpu::make_host_memory(std::move(ho), &sim);
+    if (recorded) mem = std::make_unique<CheckedMemory>(std::move(mem));
+    auto alloc = std::make_unique<CachingAllocator>(std::move(mem), config);
     if (o.cap > 0 && o.cap < o.device_memory)
       alloc->set_memory_fraction(static_cast<double>(o.cap) / static_cast<double>(o.device_memory));
     std::vector<void*> slots(t.slots, nullptr);
@@ -239,6 +312,10 @@ struct Runner {
         if (observe) o.observer(k, *alloc);
       }
     } catch (const DeviceError& e) {
+      if (!recorded) throw;
+      divergence = e.what();
+      return RunStatus::Diverged;
+    } catch (const UsageError& e) {  // recorded addresses confused the block table
       if (!recorded) throw;
       divergence = e.what();
       return RunStatus::Diverged;

@@ -1,0 +1,31 @@
+# Mutants (label mutants): props_mutant_<n> is the property binary linked with
+# cachet_gpu_mutant_<n> (gpu/src/mutant.h). Each ctest runs it with a fixed seed and ONE check
+# (CACHET_PROPS_CHECKS), the lockstep comparison off, and passes only when that check failed
+# ("property failed: <check>" in the output): the table below is which check kills which mutant.
+if(NOT CACHET_MUTANTS)
+  return()
+endif()
+set(CACHET_PROPS_MUTANT_KILLS
+  "1:coalescing" "1:lockstep"
+  "2:split-limit" "2:lockstep"
+  "3:rounding" "3:lockstep"
+  "4:stats-recount" "4:lockstep"
+  "5:stream" "5:lockstep"
+  "6:pending-event" "6:lockstep"
+  "7:split-limit" "7:lockstep")
+set(_built "")
+foreach(pair IN LISTS CACHET_PROPS_MUTANT_KILLS)
+  string(REPLACE ":" ";" pl "${pair}")
+  list(GET pl 0 n)
+  list(GET pl 1 check)
+  cachet_gpu_mutant(${n})
+  if(NOT n IN_LIST _built)
+    cachet_props_binary(props_mutant_${n} ${CACHET_GPU_MUTANT_TARGET})
+    set_target_properties(props_mutant_${n} PROPERTIES EXCLUDE_FROM_ALL FALSE)
+    list(APPEND _built ${n})
+  endif()
+  add_test(NAME props_mutant_${n}_${check} COMMAND props_mutant_${n})
+  set_tests_properties(props_mutant_${n}_${check} PROPERTIES LABELS mutants TIMEOUT 600
+    ENVIRONMENT "RC_PARAMS=seed=20250501 max_success=1000 max_size=300;CACHET_PROPS_CHECKS=${check};CACHET_PROPS_SKIP=coverage"
+    PASS_REGULAR_EXPRESSION "property failed: ${check}\n")
+endforeach()

@@ -7,6 +7,7 @@
 #include "cachet/errors.h"
 #include "cachet/gpu/cuda_backend.h"
 #include "cachet/summary.h"
+#include "check.h"
 #include "core.h"
 
 namespace cachet {
@@ -29,6 +30,8 @@ std::unique_ptr<CachingAllocator> CachingAllocator::for_cuda_device(DeviceIndex 
 Config CachingAllocator::config_from_environment() { return cachet::config_from_environment().parsed.config; }
 
 void CachingAllocator::validate(const char* op) const {
+  // Props and fuzz builds (CACHET_EXPENSIVE_CHECKS) check after every mutator, validate mode or not.
+  CACHET_ASSERT_EXPENSIVE(impl_->invariants().empty());
   if (!validate_) return;
   auto v = impl_->invariants();
   if (v.empty()) return;
@@ -39,7 +42,11 @@ void CachingAllocator::validate(const char* op) const {
 
 void* CachingAllocator::allocate(Bytes size, StreamId stream) {
   std::lock_guard lock(mu_);
-  if (!validate_) return to_host(impl_->malloc(size, stream));
+  if (!validate_) {
+    void* p = to_host(impl_->malloc(size, stream));
+    CACHET_ASSERT_EXPENSIVE(impl_->invariants().empty());
+    return p;
+  }
   try {
     void* p = to_host(impl_->malloc(size, stream));
     validate("allocate");

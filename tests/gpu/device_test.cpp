@@ -167,6 +167,53 @@ TEST_P(Backends, OutOfMemoryIsCleanAndRecoverable) {
   EXPECT_TRUE(a->invariants().empty());
 }
 
+
+// large_split.json (cudaMalloc backends): allocated / reserved / inactive_split_bytes.
+TEST_P(Backends, LargeSplitSequence) {
+  if (GetParam().expandable) GTEST_SKIP() << "cudaMalloc segments only";
+  auto a = make(GetParam());
+  auto check = [&](const char* step, std::int64_t alloc, std::int64_t res, std::int64_t isb) {
+    const auto s = a->stats();
+    EXPECT_EQ(cur(s.allocated_bytes), alloc) << step;
+    EXPECT_EQ(cur(s.reserved_bytes), res) << step;
+    EXPECT_EQ(cur(s.inactive_split_bytes), isb) << step;
+  };
+  void* pa = a->allocate(9 * MiB, 0);
+  void* pb = a->allocate(10 * MiB + 512 * KiB, 0);
+  void* pc = a->allocate(static_cast<Bytes>(10.6 * MiB), 0);
+  check("a,b,c", 32086528, 33554432, 1467904);
+  a->free(pa);
+  a->free(pc);
+  check("del a, c", 11534336, 33554432, 9437184);
+  void* pd = a->allocate(3 * MiB, 0);
+  void* pe = a->allocate(2 * MiB, 0);
+  check("d, e", 16777216, 33554432, 4194304);
+  for (void* p : {pb, pd, pe}) a->free(p);
+  a->empty_cache();
+  check("empty_cache", 0, 0, 0);
+}
+
+// expandable.json (VMM backends): growth by 20 MiB pages, no unmap of a partial page,
+// lowest-address reuse, one segment per stream, all unmapped by empty_cache.
+TEST_P(Backends, ExpandableGrowth) {
+  if (!GetParam().expandable) GTEST_SKIP() << "expandable segments only";
+  auto a = make(GetParam());
+  void* pa = a->allocate(1, 0);
+  void* pb = a->allocate(1 * MiB + 1, 0);
+  void* pc = a->allocate(30 * MiB, 0);
+  void* pd = a->allocate(30 * MiB, 0);
+  EXPECT_EQ(cur(a->stats().reserved_bytes), 85983232);
+  a->free(pc);
+  a->empty_cache();
+  EXPECT_EQ(cur(a->stats().reserved_bytes), 85983232);
+  void* pe = a->allocate(25 * MiB, 0);
+  EXPECT_EQ(pe, pc);
+  for (void* p : {pa, pb, pd, pe}) a->free(p);
+  a->empty_cache();
+  EXPECT_EQ(cur(a->stats().reserved_bytes), 0);
+  EXPECT_TRUE(a->snapshot().empty());
+}
+
 INSTANTIATE_TEST_SUITE_P(All, Backends,
                          ::testing::Values(Factory{"host", false, false}, Factory{"host_expandable", false, true},
                                            Factory{"cuda_runtime", true, false}, Factory{"cuda_vmm", true, true}),

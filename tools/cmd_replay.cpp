@@ -80,6 +80,10 @@ int run_replay(const Args& a) {
     if (a.addresses == "recorded") mode = AddressMode::Recorded;
     if (a.addresses == "synthetic") mode = AddressMode::Synthetic;
     ReplayOptions o = recorded_options(lt, mode);
+    if (progress.enabled() && lt.trace.ops.size() > 1'000'000)
+      o.progress = [&, i](std::size_t done, std::size_t total) {
+        progress.update(i * total + done, jobs.size() * total);
+      };
     try {
       results.push_back(cachet::replay::replay(lt.trace, jobs[i].config, o));
     } catch (const std::exception& e) {
@@ -87,7 +91,6 @@ int run_replay(const Args& a) {
                    to_string(jobs[i].config).c_str(), e.what());
       return kExitBadInput;
     }
-    if (lt.trace.events > 1'000'000) progress.update(i + 1, jobs.size());
   }
   std::vector<const ReplayResult*> rows;
   for (const auto& r : results) rows.push_back(&r);

@@ -310,6 +310,7 @@ struct Runner {
             break;
         }
         if (observe) o.observer(k, *alloc);
+        if ((k & 0xFFFF) == 0xFFFF && o.progress) o.progress(k + 1, n);
       }
     } catch (const DeviceError& e) {
       if (!recorded) throw;

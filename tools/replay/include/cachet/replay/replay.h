@@ -96,6 +96,8 @@ struct ReplayOptions {
   AddressMode addresses = AddressMode::Synthetic;
   // Called after each op (index into Trace::ops) when set; for timelines. Slows the replay.
   std::function<void(std::size_t op, const CachingAllocator&)> observer;
+  // Called every 65,536 ops with (ops done, ops in all) when set (progress display).
+  std::function<void(std::size_t, std::size_t)> progress;
   // Stop after this many ops (e.g. at the peak, to look at the allocator there).
   std::size_t stop_after = static_cast<std::size_t>(-1);
   // Keep the allocator in ReplayResult::allocator (for snapshot()/summary()).

@@ -138,6 +138,35 @@ TEST_P(Replay, MatchesPyTorch) {
   }
 }
 
+
+// The same replays in validate mode: invariants() after every op (INV-1..9 of gpu/README.md).
+TEST_P(Replay, InvariantsHoldAfterEveryOp) {
+  const io::Recording rec = io::read_recording(recording_path(GetParam()));
+  const std::vector<io::Op> ops = io::read_ops(io::ops_path_for(rec.path));
+  Config base;
+  base.validate = true;
+  auto alloc = replay_allocator(rec, nullptr, base);
+  std::map<std::uint64_t, void*> live;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const io::Op& op = ops[i];
+    try {
+      if (op.kind == io::Op::Kind::Alloc) {
+        live[op.id] = alloc->allocate(op.size, rec.streams.at(op.stream));
+      } else if (op.kind == io::Op::Kind::Free) {
+        if (auto it = live.find(op.id); it != live.end()) {
+          alloc->free(it->second);
+          live.erase(it);
+        }
+      } else {
+        alloc->empty_cache();
+      }
+    } catch (const OutOfMemory&) {
+    } catch (const InvariantViolation& e) {
+      FAIL() << "op " << i << ": " << e.what();
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Oracle, Replay, ::testing::ValuesIn(all_recordings()),
                          [](const auto& info) { return info.param; });
 

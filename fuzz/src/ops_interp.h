@@ -9,11 +9,11 @@
 //                 else a string follows (ConsumeRandomLengthString) parsed as CACHET_ALLOC_CONF
 //                 (unparsable strings fall back to the default configuration);
 //   byte 1        device capacity: one of kCapacities;
-//   then ops      until the bytes run out, each a selector byte and its arguments
+//   then ops      until the bytes run out (at most 600), each a selector byte and its arguments
 //                 (sizes are biased towards the block classes of the allocator; frees and
 //                 stream records pick one of the live handles, so most bytes are real work).
-// The environment variable CACHET_FUZZ_CONFIG, when set, replaces byte 0 and the string (a
-// campaign runs one job per configuration this way); CACHET_FUZZ_OPS_OUT=<path> writes the
+// The environment variable CACHET_FUZZ_CONFIG, when set, replaces the configuration (byte 0
+// is still consumed, the string is not; a campaign runs one job per configuration this way); CACHET_FUZZ_OPS_OUT=<path> writes the
 // case as a replayable .ops file (see fuzz/crash-to-test).
 #pragma once
 

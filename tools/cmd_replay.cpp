@@ -127,6 +127,9 @@ int run_replay(const Args& a) {
                                                  human_bytes(r.stats.reserved_bytes[0].current),
                                                  human_bytes(r.stats.allocated_bytes[0].current)));
     }
+    if (r.config.garbage_collection_threshold > 0 && lt.run.cap == 0)
+      out += fmt::format("{}: garbage_collection_threshold does nothing without a memory cap "
+                         "(set_per_process_memory_fraction), as in PyTorch\n", r.conf);
     if (!r.note.empty()) out += fmt::format("note ({}): {}\n", r.conf.empty() ? "(default)" : r.conf, r.note);
     if (r.failed_allocs)
       out += fmt::format("{}: {} allocations that succeeded in the recorded run ran out of memory\n",

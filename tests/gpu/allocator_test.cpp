@@ -362,6 +362,22 @@ TEST(OutOfMemoryMessage, OneExbibyte) {
   EXPECT_TRUE(h.a->trace().empty());
 }
 
+// test_out_of_memory (reference 9.3): a huge request below 1 EiB names its size.
+TEST(OutOfMemoryMessage, HugeRequest) {
+  auto h = host_alloc();
+  try {
+    h.a->allocate(Bytes{1024} * 1024 * 1024 * 800000000ULL, 0);
+    FAIL();
+  } catch (const OutOfMemory& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("CUDA out of memory. Tried to allocate 800000000.00 GiB. GPU 0 has a total capacity of", 0), 0u)
+        << e.what();
+  }
+  const auto s = h.a->stats();
+  EXPECT_EQ(s.num_ooms, 1);
+  EXPECT_EQ(s.num_alloc_retries, 1);
+  EXPECT_NE(h.a->allocate(1000, 0), nullptr);  // later allocations still work
+}
+
 TEST(Api, SizeZeroReturnsNull) {
   auto h = host_alloc();
   EXPECT_EQ(h.a->allocate(0, 0), nullptr);

@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
       const std::string r = cachet::fuzz::run_bytes(reinterpret_cast<const std::uint8_t*>(bytes.data()),
                                                     bytes.size(), &c);
       std::cout << cachet::fuzz::to_ops_file(c);
+      if (const char* out = std::getenv("CACHET_FUZZ_OPS_OUT")) std::ofstream(out) << cachet::fuzz::to_ops_file(c);
       if (!r.empty()) std::cerr << r;
       return r.empty() ? 0 : 1;
     } else if (a == "--replay") {

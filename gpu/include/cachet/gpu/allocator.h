@@ -2,7 +2,7 @@
 // device; PyTorch 2.11's observable behaviour under the `pytorch` policy (pointers, the 122
 // stats, snapshot, trace events, OOM messages), on its own fast structures.
 //
-// Threads: any thread may call any member. One plain std::mutex per allocator is taken here,
+// Threads: any thread may call any member. One lock (gpu::SpinMutex) per allocator is taken here,
 // in the API layer only (style note 11); the core never locks.
 //
 // Errors: bad input throws cachet::UsageError and changes nothing (free of an unknown,
@@ -15,6 +15,8 @@
 
 #include <memory>
 #include <mutex>
+
+#include "cachet/gpu/spin_mutex.h"
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -90,7 +92,7 @@ class CachingAllocator {
  private:
   void validate(const char* op) const;  // mutex held
 
-  mutable std::mutex mu_;
+  mutable gpu::SpinMutex mu_;  // spin_mutex.h: why not std::mutex
   std::unique_ptr<gpu::detail::DeviceAllocator> impl_;
   bool validate_ = false;
 };

@@ -41,7 +41,6 @@
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
 #include "cachet/trace.h"
-#include "mutant.h"
 #include "ptr_map.h"
 
 namespace cachet::gpu::detail {

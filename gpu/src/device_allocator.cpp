@@ -14,6 +14,7 @@
 #include "cachet/summary.h"
 #include "check.h"
 #include "core.h"
+#include "mutant.h"
 
 namespace cachet::gpu::detail {
 
@@ -212,7 +213,7 @@ bool DeviceAllocator::alloc_block(AllocParams& p, bool is_retry) {
   const Bytes size = p.alloc_size;
   // The cap is inclusive (13.4); with expandable segments it is checked against the segment
   // size of the request, not the pages that will be mapped (13.5).
-  if (allowed_max_ && total_allocated_memory_ + size > *allowed_max_) {
+  if (!mutant(kMutantIgnoreCap) && allowed_max_ && total_allocated_memory_ + size > *allowed_max_) {
     p.err = Status::oom();
     return false;
   }
@@ -229,7 +230,7 @@ bool DeviceAllocator::alloc_block(AllocParams& p, bool is_retry) {
 
   auto seg = std::make_unique<Segment>();
   seg->base = r.value;
-  seg->size = size;
+  seg->size = mutant(kMutantSegmentSizeShort) ? size - kMinBlockSize : size;
   seg->stream = p.stream;
   seg->is_small = p.pool->is_small;
   Block* b = arena_.make();
@@ -255,7 +256,7 @@ bool DeviceAllocator::alloc_block(AllocParams& p, bool is_retry) {
 void DeviceAllocator::link_after(Block* nb, Block* b) {
   nb->prev = b;
   nb->next = b->next;
-  if (b->next) b->next->prev = nb;
+  if (b->next && !mutant(kMutantLinkAfterNoBackLink)) b->next->prev = nb;
   b->next = nb;
 }
 
@@ -289,7 +290,7 @@ Block* DeviceAllocator::alloc_found_block(AllocParams& p, Bytes orig_size, bool 
     else block->segment->head = block;
     block->next = remaining;
     remaining->prev = block;
-    remaining->ptr += p.size;
+    remaining->ptr += mutant(kMutantSplitRemainderGap) ? p.size + kMinBlockSize : p.size;
     remaining->size -= p.size;
     if (reinsert) pool.insert_into_blocks(remaining);  // resets its GC age
     else remaining->gc_count_base = pool.get_free_blocks_call_count;
@@ -308,7 +309,7 @@ Block* DeviceAllocator::alloc_found_block(AllocParams& p, Bytes orig_size, bool 
   }
 
   block->allocated = true;
-  block->requested_size = orig_size;
+  block->requested_size = mutant(kMutantRequestedIsSegment) ? p.alloc_size : orig_size;
   active_.insert(block->ptr, block);
   const auto bsize = static_cast<std::int64_t>(block->size);
   for_all_and(stats_.allocation, st, [](Stat& s) { s.increase(1); });
@@ -380,7 +381,7 @@ void DeviceAllocator::free(DevicePtr ptr) {
   if (wait_for_uses) {
     b->stream_uses.clear();
     for (auto& [e, s] : events) {
-      ++b->event_count;
+      b->event_count += mutant(kMutantDoubleCountEvent) ? 2 : 1;
       cuda_events_[s].emplace_back(e, b);
       ++pending_events_;
     }
@@ -441,7 +442,7 @@ void DeviceAllocator::free_block(Block* b) {
     // The key grew (size up): the order holds unless the successor now sorts before it.
     b->gc_count_base = pool.get_free_blocks_call_count;
     auto it = pool.blocks.iterator_to(*b);
-    if (auto nx = std::next(it); nx != pool.blocks.end() && !SizeOrder{}(*b, *nx)) {
+    if (auto nx = std::next(it); !mutant(kMutantMergeKeepsTreePlace) && nx != pool.blocks.end() && !SizeOrder{}(*b, *nx)) {
       pool.blocks.erase(it);
       pool.blocks.insert(*b);
     }
@@ -570,7 +571,7 @@ void DeviceAllocator::release_block(Block* b) {
   BlockPool& pool = pool_for(b);
   ++stats_.num_device_free;
   record(TraceAction::SegmentFree, b->ptr, b->size, b->stream);
-  total_allocated_memory_ -= b->size;
+  if constexpr (!mutant(kMutantReleaseKeepsReserved)) total_allocated_memory_ -= b->size;
   const StatType t = stat_type(pool);
   for_all_and(stats_.segment, t, [](Stat& s) { s.decrease(1); });
   for_all_and(stats_.reserved_bytes, t, [&](Stat& s) { s.decrease(static_cast<std::int64_t>(b->size)); });
@@ -650,7 +651,7 @@ void DeviceAllocator::set_memory_fraction(double fraction) {
   if (!(fraction >= 0.0 && fraction <= 1.0))  // also rejects NaN
     throw UsageError("invalid fraction: " + std::to_string(fraction) + ". Please set within [0, 1].");
   if (fraction < 1.0) allowed_max_ = static_cast<Bytes>(fraction * static_cast<double>(total_memory_));  // 13.4
-  else allowed_max_.reset();
+  else if (!mutant(kMutantFractionOneKeepsCap)) allowed_max_.reset();
 }
 
 double DeviceAllocator::memory_fraction() const {

@@ -2,6 +2,12 @@
 // allocator, made at one line that reads `if constexpr (mutant(N))` or `mutant(N) ? a : b`.
 // A build selects one with the compile definition CACHET_MUTANT=N (0 = none, the real
 // allocator). The list, with what each breaks, is in gpu/README.md.
+//
+// Only src/device_allocator.cpp includes this header, and only that translation unit is
+// compiled with CACHET_MUTANT (gpu/CMakeLists.txt: the other sources are built once and shared
+// by every mutant library). Never include it from a header or from invariants.cpp: the checker
+// must stay the real one, and an inline function that calls mutant() in two TUs built with
+// different CACHET_MUTANT values would break the one-definition rule.
 #pragma once
 
 #ifndef CACHET_MUTANT
@@ -20,5 +26,14 @@ inline constexpr int kMutantForgetRequested = 4;     // requested_bytes not decr
 inline constexpr int kMutantCrossStreamReuse = 5;    // a free block is reused by another stream
 inline constexpr int kMutantIgnorePendingEvent = 6;  // free ignores recorded stream uses
 inline constexpr int kMutantOversizeToSmall = 7;     // normal request may take an oversize block
+inline constexpr int kMutantSplitRemainderGap = 8;   // split remainder starts 512 B past the block
+inline constexpr int kMutantIgnoreCap = 9;           // alloc_block ignores the memory cap
+inline constexpr int kMutantFractionOneKeepsCap = 10;  // set_memory_fraction(1.0) keeps the old cap
+inline constexpr int kMutantLinkAfterNoBackLink = 11;  // link_after forgets next->prev
+inline constexpr int kMutantDoubleCountEvent = 12;   // free counts each stream-use event twice
+inline constexpr int kMutantRequestedIsSegment = 13;  // requested_size records the segment size
+inline constexpr int kMutantReleaseKeepsReserved = 14;  // release_block keeps the bytes in reserved
+inline constexpr int kMutantMergeKeepsTreePlace = 15;  // a block grown by a merge keeps its tree place
+inline constexpr int kMutantSegmentSizeShort = 16;   // a cudaMalloc segment records 512 B too few
 
 }  // namespace cachet::gpu::detail

@@ -2,6 +2,8 @@
 # cachet_gpu_mutant_<n> (gpu/src/mutant.h). Each ctest runs it with a fixed seed and ONE check
 # (CACHET_PROPS_CHECKS), the lockstep comparison off, and passes only when that check failed
 # ("property failed: <check>" in the output): the table below is which check kills which mutant.
+# An entry "<n>:sut-invariants:INV-<k>" also requires that gpu's invariants() reported [INV-<k>]
+# in that failure: every numbered invariant of gpu/README.md kills at least one mutant.
 if(NOT CACHET_MUTANTS)
   return()
 endif()
@@ -12,20 +14,40 @@ set(CACHET_PROPS_MUTANT_KILLS
   "4:stats-recount" "4:lockstep"
   "5:stream" "5:lockstep"
   "6:pending-event" "6:lockstep"
-  "7:split-limit" "7:lockstep")
+  "7:split-limit" "7:lockstep"
+  "1:sut-invariants:INV-4"
+  "8:no-overlap" "8:tiling" "8:sut-invariants:INV-1"
+  "9:memory-cap" "9:lockstep"
+  "10:sut-invariants:INV-8" "10:lockstep"
+  "11:sut-invariants:INV-2"
+  "12:sut-invariants:INV-9" "12:replay" "12:lockstep"
+  "13:sut-invariants:INV-5" "13:lockstep"
+  "14:sut-invariants:INV-7"
+  "15:sut-invariants:INV-6" "15:lockstep"
+  "16:sut-invariants:INV-3")
 set(_built "")
 foreach(pair IN LISTS CACHET_PROPS_MUTANT_KILLS)
   string(REPLACE ":" ";" pl "${pair}")
   list(GET pl 0 n)
   list(GET pl 1 check)
+  set(inv "")
+  set(name ${check})
+  set(expect "property failed: ${check}\n")
+  list(LENGTH pl len)
+  if(len GREATER 2)
+    list(GET pl 2 inv)
+    set(name ${check}_${inv})
+    # ... and [INV-k] among the violations listed right after it.
+    set(expect "property failed: ${check}\nsut invariants\\(\\) violated\n(  [^\n]*\n)*  \\[${inv}\\]")
+  endif()
   cachet_gpu_mutant(${n})
   if(NOT n IN_LIST _built)
     cachet_props_binary(props_mutant_${n} ${CACHET_GPU_MUTANT_TARGET})
     set_target_properties(props_mutant_${n} PROPERTIES EXCLUDE_FROM_ALL FALSE)
     list(APPEND _built ${n})
   endif()
-  add_test(NAME props_mutant_${n}_${check} COMMAND props_mutant_${n})
-  set_tests_properties(props_mutant_${n}_${check} PROPERTIES LABELS mutants TIMEOUT 600
+  add_test(NAME props_mutant_${n}_${name} COMMAND props_mutant_${n})
+  set_tests_properties(props_mutant_${n}_${name} PROPERTIES LABELS mutants TIMEOUT 600
     ENVIRONMENT "RC_PARAMS=seed=20250501 max_success=1000 max_size=300;CACHET_PROPS_CHECKS=${check};CACHET_PROPS_SKIP=coverage"
-    PASS_REGULAR_EXPRESSION "property failed: ${check}\n")
+    PASS_REGULAR_EXPRESSION "${expect}")
 endforeach()

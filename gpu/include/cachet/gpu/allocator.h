@@ -32,6 +32,7 @@ namespace cachet {
 
 namespace gpu::detail {
 class DeviceAllocator;
+class CachetPolicy;  // policy:cachet (cachet/gpu/policy_cachet.h)
 }
 
 // invariants() found a violation in validate mode: an allocator bug, not bad input.
@@ -93,7 +94,8 @@ class CachingAllocator {
   void validate(const char* op) const;  // mutex held
 
   mutable gpu::SpinMutex mu_;  // spin_mutex.h: why not std::mutex
-  std::unique_ptr<gpu::detail::DeviceAllocator> impl_;
+  std::unique_ptr<gpu::detail::DeviceAllocator> impl_;  // policy:pytorch
+  std::unique_ptr<gpu::detail::CachetPolicy> cachet_;  // policy:cachet (then impl_ is null)
   bool validate_ = false;
 };
 

@@ -1,0 +1,169 @@
+// The cachet policy's core (design and promises: cachet/gpu/policy_cachet.h). Same member
+// functions as DeviceAllocator, so the API layer (allocator.cpp) forwards to either; no locking
+// here: every member runs with the API layer's mutex held.
+//
+// Structure: one VA reservation [base_, base_ + va_size_) tiled by CBlocks in address order
+// (prev/next). A free block is either mapped (every page it touches is mapped; it belongs to a
+// stream and sits in free_, ordered by stream, size, address) or unmapped (page aligned, no
+// stream, in unmapped_, ordered by address). Allocated and pending blocks are in active_.
+//
+// Invariants (CachetPolicy::invariants()):
+//   [C-1] the blocks tile the reservation exactly, in address order; prev/next links are mutual.
+//   [C-2] every block size and address is a multiple of 512; an active block's size is its
+//         requested size rounded up to 512.
+//   [C-3] an unmapped block is free, page aligned in address and size, and has no unmapped
+//         neighbour; a mapped free block has no mapped free neighbour of its stream.
+//   [C-4] every mapped free block is in free_, every unmapped block in unmapped_, every active
+//         block in active_, each exactly once; a pending block has event_count > 0 and no
+//         other block does.
+//   [C-5] stats equal a recount from the blocks (allocation, active, the byte counters,
+//         reserved = mapped bytes, segment = runs of mapped pages).
+//   [C-6] reserved <= the memory cap.
+//   [P1]  at the last growth of reserved, every mapped page held a byte of a live block.
+#pragma once
+
+#include <boost/container/small_vector.hpp>
+#include <boost/intrusive/set.hpp>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cachet/config.h"
+#include "cachet/gpu/backend.h"
+#include "cachet/gpu/policy_cachet.h"
+#include "cachet/snapshot.h"
+#include "cachet/stats.h"
+#include "cachet/trace.h"
+#include "ptr_map.h"
+
+namespace cachet::gpu::detail {
+
+namespace cbi = boost::intrusive;
+
+struct CBlock : cbi::set_base_hook<cbi::link_mode<cbi::normal_link>> {
+  enum class State : std::uint8_t { Free, Allocated, Pending };
+  DevicePtr ptr = 0;
+  Bytes size = 0;
+  Bytes requested = 0;  // stale on free blocks
+  StreamId stream = 0;  // allocation stream; 0 on unmapped blocks
+  CBlock* prev = nullptr;
+  CBlock* next = nullptr;
+  std::int32_t event_count = 0;
+  State state = State::Free;
+  bool mapped = true;  // false only on unmapped free blocks
+  boost::container::small_vector<StreamId, 2> stream_uses;
+
+  DevicePtr end() const { return ptr + size; }
+  bool is_free() const { return state == State::Free; }
+  bool is_mapped_free() const { return state == State::Free && mapped; }
+  bool is_unmapped() const { return state == State::Free && !mapped; }
+};
+
+struct CSizeKey {
+  StreamId stream;
+  Bytes size;
+  DevicePtr ptr;
+};
+struct CSizeOrder {
+  static bool less(StreamId as, Bytes az, DevicePtr ap, StreamId bs, Bytes bz, DevicePtr bp) {
+    if (as != bs) return as < bs;
+    if (az != bz) return az < bz;
+    return ap < bp;
+  }
+  bool operator()(const CBlock& a, const CBlock& b) const { return less(a.stream, a.size, a.ptr, b.stream, b.size, b.ptr); }
+  bool operator()(const CBlock& a, const CSizeKey& b) const { return less(a.stream, a.size, a.ptr, b.stream, b.size, b.ptr); }
+  bool operator()(const CSizeKey& a, const CBlock& b) const { return less(a.stream, a.size, a.ptr, b.stream, b.size, b.ptr); }
+};
+struct CAddrOrder {
+  bool operator()(const CBlock& a, const CBlock& b) const { return a.ptr < b.ptr; }
+  bool operator()(const CBlock& a, DevicePtr b) const { return a.ptr < b; }
+  bool operator()(DevicePtr a, const CBlock& b) const { return a < b.ptr; }
+};
+using CFreeSet = cbi::set<CBlock, cbi::compare<CSizeOrder>, cbi::constant_time_size<true>>;
+using CUnmappedSet = cbi::set<CBlock, cbi::compare<CAddrOrder>, cbi::constant_time_size<true>>;
+
+class CachetPolicy {
+ public:
+  CachetPolicy(std::unique_ptr<DeviceMemory> memory, const Config& config);
+  ~CachetPolicy();
+  CachetPolicy(const CachetPolicy&) = delete;
+  CachetPolicy& operator=(const CachetPolicy&) = delete;
+
+  DevicePtr malloc(Bytes orig_size, StreamId stream);
+  void free(DevicePtr ptr);
+  void record_stream(DevicePtr ptr, StreamId stream);
+  void empty_cache();
+  void set_memory_fraction(double fraction);
+  double memory_fraction() const;
+  const DeviceStats& stats() const { return stats_; }
+  DeviceStats& mutable_stats() { return stats_; }
+  Snapshot snapshot();
+  void set_trace(bool on) { trace_on_ = on; }
+  const std::vector<TraceEvent>& trace() const { return trace_; }
+  void clear_trace() { trace_.clear(); }
+  void apply_config(const Config& c);
+  const Config& config() const { return config_; }
+  std::vector<std::string> invariants() const;
+  DeviceMemory& memory() { return *mem_; }
+  DeviceIndex device() const { return device_; }
+  Bytes total_memory() const { return total_memory_; }
+
+ private:
+  struct Placement {
+    DevicePtr at = 0;  // the new block's address
+    Bytes new_pages = 0;
+    bool found = false;
+  };
+
+  void ensure_reserved();
+  CBlock* alloc_slow(StreamId stream, Bytes size);
+  Placement find_placement(StreamId stream, Bytes size) const;
+  // Unmaps up to `pages` whole free pages outside [ex_lo, ex_hi); returns how many it unmapped.
+  Bytes unmap_free_pages(Bytes pages, DevicePtr ex_lo, DevicePtr ex_hi);
+  Bytes whole_free_pages(DevicePtr ex_lo, DevicePtr ex_hi) const;
+  void unmap_range(CBlock* b, DevicePtr lo, DevicePtr hi);  // b mapped free, not in free_
+  // Maps [lo, hi) of unmapped u as a free block of `stream`, merged with its neighbours (*merged).
+  Status map_range(CBlock* u, DevicePtr lo, DevicePtr hi, StreamId stream, CBlock** merged);
+  CBlock* carve(CBlock* f, DevicePtr at, Bytes size);  // f mapped free, not in free_
+  CBlock* merge_free(CBlock* b);  // b free, not in a set: merges neighbours, inserts
+  void free_block(CBlock* b);
+  void process_events();
+  void synchronize_events();
+  [[noreturn]] void throw_oom(Bytes size);
+  void check_stream(StreamId stream, const char* op) const;
+  CBlock* find_active(DevicePtr ptr, const char* op) const;
+  void record(TraceAction a, std::uint64_t addr, Bytes size, StreamId stream);
+  void run_delta(bool left_mapped, bool right_mapped, bool mapping);
+  Bytes touched_bytes() const;
+  CBlock* make_block();
+  void release_block(CBlock* b);
+
+  std::unique_ptr<DeviceMemory> mem_;
+  BackendCaps caps_;
+  DeviceIndex device_;
+  Config config_;
+  Bytes total_memory_ = 0;
+  std::optional<Bytes> allowed_max_;
+  DeviceStats stats_;
+
+  DevicePtr base_ = 0;
+  Bytes va_size_ = 0;
+  Bytes mapped_ = 0;
+  CBlock* head_ = nullptr;
+  CFreeSet free_;
+  CUnmappedSet unmapped_;
+  PtrMap<CBlock> active_;
+  std::vector<std::pair<EventHandle, CBlock*>> events_;
+  std::vector<EventHandle> event_pool_;
+  std::vector<std::unique_ptr<CBlock>> storage_;
+  std::vector<CBlock*> spare_;
+  mutable std::vector<StreamId> known_streams_;
+  bool trace_on_ = false;
+  std::vector<TraceEvent> trace_;
+  std::string growth_violation_;  // [P1] broken at a growth (empty: held every time)
+};
+
+}  // namespace cachet::gpu::detail

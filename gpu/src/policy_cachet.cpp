@@ -295,6 +295,7 @@ Status CachetPolicy::map_range(CBlock* u, DevicePtr lo, DevicePtr hi, StreamId s
   const auto n = static_cast<std::int64_t>(hi - lo);
   all_and(stats_.reserved_bytes, StatType::LargePool, [n](Stat& s) { s.increase(n); });
   mapped_ += hi - lo;
+  peak_mapped_ = std::max(peak_mapped_, mapped_);
   run_delta(lo == u->ptr && mapped_block(u->prev), hi == u->end() && mapped_block(u->next), true);
   record(TraceAction::SegmentMap, lo, hi - lo, stream);
   unmapped_.erase(unmapped_.iterator_to(*u));
@@ -368,15 +369,19 @@ CBlock* CachetPolicy::alloc_slow(StreamId stream, Bytes size) {
     const DevicePtr ex_lo = page_floor(p.at);
     const DevicePtr ex_hi = page_ceil(p.at + size);
     if (fits) {
-      const Bytes avail = whole_free_pages(ex_lo, ex_hi);
-      give_back = std::min(p.new_pages, avail);  // [P1]: move pages instead of growing
+      // [P1]: above the high-water mark, move whole free pages instead of growing; below it,
+      // map freely (no unmap calls in a steady state that stays under its earlier peak).
+      const Bytes after = mapped_ / kPage + p.new_pages;
+      const Bytes peak_pages = peak_mapped_ / kPage;
+      Bytes need = after > peak_pages ? after - peak_pages : 0;
       if (allowed_max_) {
         const Bytes cap_pages = *allowed_max_ / kPage;
-        const Bytes after = mapped_ / kPage + p.new_pages;
-        if (after > cap_pages + give_back) {
-          give_back = after - cap_pages;
-          fits = give_back <= avail;
-        }
+        if (after > cap_pages) need = std::max(need, after - cap_pages);
+        const Bytes avail = need > 0 ? whole_free_pages(ex_lo, ex_hi) : 0;
+        if (after > cap_pages && after - cap_pages > avail) fits = false;
+        give_back = std::min(need, avail);
+      } else {
+        give_back = need > 0 ? std::min(need, whole_free_pages(ex_lo, ex_hi)) : 0;
       }
     }
     if (fits) {
@@ -392,7 +397,7 @@ CBlock* CachetPolicy::alloc_slow(StreamId stream, Bytes size) {
       if (u == nullptr) u = &*it;
       const DevicePtr lo = std::max<DevicePtr>(u->ptr, page_floor(p.at));
       const DevicePtr hi = std::min<DevicePtr>(u->end(), page_ceil(p.at + size));
-      const bool grows = give_back < p.new_pages;
+      const bool grows = mapped_ + (hi - lo) > peak_mapped_;  // after the unmaps above
       CBlock* f = nullptr;
       Status st = map_range(u, lo, hi, stream, &f);
       if (st.is_ok()) {

@@ -19,7 +19,8 @@
 //   [C-5] stats equal a recount from the blocks (allocation, active, the byte counters,
 //         reserved = mapped bytes, segment = runs of mapped pages).
 //   [C-6] reserved <= the memory cap.
-//   [P1]  at the last growth of reserved, every mapped page held a byte of a live block.
+//   [P1]  whenever reserved rose above its high-water mark, every mapped page held a byte of a
+//         live block.
 #pragma once
 
 #include <boost/container/small_vector.hpp>
@@ -152,6 +153,7 @@ class CachetPolicy {
   DevicePtr base_ = 0;
   Bytes va_size_ = 0;
   Bytes mapped_ = 0;
+  Bytes peak_mapped_ = 0;  // high-water mark of mapped_ ([P1]; not reset by reset_peak_stats)
   CBlock* head_ = nullptr;
   CFreeSet free_;
   CUnmappedSet unmapped_;

@@ -27,7 +27,8 @@
 //   * Slow path: the placement that needs the fewest new pages, over every unmapped free block
 //     extended by the mapped free blocks of stream s right beside it (address-ordered best fit
 //     over the whole reserved range). Before mapping k new pages, up to k whole free pages
-//     elsewhere (any stream; pages the new block does not touch) are unmapped, so a page moves
+//     elsewhere (any stream; pages the new block does not touch) are unmapped when reserved
+//     would otherwise rise above its high-water mark, so a page moves
 //     to where it is needed instead of reserved growing (GMLake's stitching, done with the page
 //     table instead of a second virtual range).
 //   * Streams: a freed block goes back, mapped, to its allocation stream's free blocks; other
@@ -43,20 +44,21 @@
 //
 // Promises (checked by CachetPolicy::invariants() after every operation in validate mode, and
 // by tests/policy_cachet/ on scenarios computed by hand):
-//   [P1] reserved = mapped pages x 2 MiB, and reserved grows only when, once the allocation is
-//        placed, every mapped page holds at least one byte of a live (allocated or pending)
-//        block. Hence peak reserved = the peak over time of the pages touched by live blocks:
-//        at most the live bytes rounded to 512 B, rounded to pages, plus one partial page at
-//        each end of every run of live blocks.
+//   [P1] reserved = mapped pages x 2 MiB, and reserved rises above its high-water mark only
+//        when, once the allocation is placed, every mapped page holds at least one byte of a
+//        live (allocated or pending) block (below the mark, pages are mapped without moving
+//        others, which saves unmap calls). Hence peak reserved = the peak over time of the pages
+//        touched by live blocks: at most the live bytes rounded to 512 B, rounded to pages, plus
+//        one partial page at each end of every run of live blocks.
 //   [P2] a block freed on stream s without stream uses is handed to stream s only, until the
 //        page holding it is unmapped; a block with stream uses is handed to nobody until the
 //        events recorded at its free() have completed.
 //   [P3] reserved <= the memory cap at all times; an allocation fails only when no placement
 //        fits in the reserved range with its new pages under the cap after every whole free
 //        page was unmapped.
-//   [P4] the steady state costs no device call: a request that fits a mapped free block of its
-//        stream is served from it (best fit), so a training step that repeats the previous
-//        step's requests maps nothing once the previous step left its blocks free.
+//   [P4] a request that fits a mapped free block of its stream is served from it (best fit)
+//        with no device call. (Not yet a promise about whole training steps: a later step that
+//        sets a new peak moves pages; bench/RESULTS.md counts those calls.)
 //
 // Stats, snapshot and trace keep PyTorch's names: reserved_bytes = mapped bytes (large_pool),
 // segment = maximal runs of mapped pages (each an expandable "large" segment in the snapshot),

@@ -72,6 +72,16 @@ DeviceAllocator::~DeviceAllocator() {
   large_blocks_.unmapped.clear();
   small_blocks_.blocks.clear();
   small_blocks_.unmapped.clear();
+  // Blocks still in segments (allocated, pending or cached) own heap memory of their own (a
+  // stream_uses list that outgrew its inline capacity): destroy them, not just their storage.
+  for (auto& [base, seg] : segments_) {
+    for (Block* b = seg->head; b != nullptr;) {
+      Block* next = b->next;
+      arena_.release(b);
+      b = next;
+    }
+    seg->head = nullptr;
+  }
 }
 
 // ===================================================================== Rounding (1.2, 1.3)

@@ -14,6 +14,7 @@
 #include "cachet/replay/replay.h"
 #include "cachet/replay/report.h"
 #include "command.h"
+#include "trace_input.h"
 
 namespace cachet::cli {
 namespace {
@@ -32,29 +33,11 @@ std::string base_name(const std::string& p) {
 
 int run_plot(const Args& a) {
   using namespace cachet::replay;
-  std::optional<Bytes> mem;
-  if (!a.device_memory.empty() && !(mem = parse_bytes(a.device_memory))) {
-    std::fprintf(stderr, "cachet plot: --device-memory: not a size: '%s'\n", a.device_memory.c_str());
-    return kExitBadInput;
-  }
-  LoadedTrace lt;
-  try {
-    lt = load_trace(a.path, mem);
-  } catch (const io::ReadError& e) {
-    std::fprintf(stderr, "cachet plot: %s\n", e.what());
-    return kExitBadInput;
-  }
-  Config config = lt.run.config;
-  bool recorded = true;
-  if (a.conf) {
-    try {
-      config = parse_config(*a.conf, ConfigSource::Cachet).config;
-    } catch (const ConfigError& e) {
-      std::fprintf(stderr, "cachet plot: --conf '%s': %s (column %zu)\n", a.conf->c_str(), e.what(), e.column());
-      return kExitBadInput;
-    }
-    recorded = config == lt.run.config;
-  }
+  auto in = load_trace_input("plot", a.path, a.conf, a.device_memory);
+  if (!in) return kExitBadInput;
+  const LoadedTrace& lt = in->loaded;
+  const Config& config = in->config;
+  const bool recorded = in->recorded;
   const Trace& t = lt.trace;
   PlotData d;
   d.x_is_time = !t.event_time_us.empty() && t.event_time_us.back() > t.event_time_us.front();

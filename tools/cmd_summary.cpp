@@ -13,6 +13,7 @@
 #include "cachet/replay/report.h"
 #include "cachet/summary.h"
 #include "command.h"
+#include "trace_input.h"
 
 namespace cachet::cli {
 namespace {
@@ -26,29 +27,11 @@ struct Args {
 
 int run_summary(const Args& a) {
   using namespace cachet::replay;
-  std::optional<Bytes> mem;
-  if (!a.device_memory.empty() && !(mem = parse_bytes(a.device_memory))) {
-    std::fprintf(stderr, "cachet summary: --device-memory: not a size: '%s'\n", a.device_memory.c_str());
-    return kExitBadInput;
-  }
-  LoadedTrace lt;
-  try {
-    lt = load_trace(a.path, mem);
-  } catch (const io::ReadError& e) {
-    std::fprintf(stderr, "cachet summary: %s\n", e.what());
-    return kExitBadInput;
-  }
-  Config config = lt.run.config;
-  bool recorded = true;
-  if (a.conf) {
-    try {
-      config = parse_config(*a.conf, ConfigSource::Cachet).config;
-    } catch (const ConfigError& e) {
-      std::fprintf(stderr, "cachet summary: --conf '%s': %s (column %zu)\n", a.conf->c_str(), e.what(), e.column());
-      return kExitBadInput;
-    }
-    recorded = config == lt.run.config;
-  }
+  auto in = load_trace_input("summary", a.path, a.conf, a.device_memory);
+  if (!in) return kExitBadInput;
+  const LoadedTrace& lt = in->loaded;
+  const Config& config = in->config;
+  const bool recorded = in->recorded;
   ReplayOptions o = recorded_options(lt, recorded ? AddressMode::Recorded : AddressMode::Synthetic);
   std::int64_t best = -1;
   std::size_t peak_op = 0;

@@ -41,6 +41,7 @@
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
 #include "cachet/trace.h"
+#include "known_streams.h"
 #include "ptr_map.h"
 
 namespace cachet::gpu::detail {
@@ -266,7 +267,7 @@ class DeviceAllocator {
   // PYTORCH_NO_CUDA_MEMORY_CACHING: raw allocations, by address.
   std::map<DevicePtr, Bytes> uncached_;
 
-  mutable std::vector<StreamId> known_streams_;  // streams stream_valid() accepted
+  mutable KnownStreams known_streams_;  // known_streams.h
   bool trace_on_ = false;
   std::vector<TraceEvent> trace_;
 };

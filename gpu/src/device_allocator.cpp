@@ -908,15 +908,7 @@ void DeviceAllocator::record(TraceAction a, std::uint64_t addr, Bytes size, Stre
 // ===================================================================== Errors
 
 void DeviceAllocator::check_stream(StreamId stream, const char* op) const {
-  for (StreamId s : known_streams_)
-    if (s == stream) return;
-  if (mem_->stream_valid(stream)) {
-    if (known_streams_.size() < 64) known_streams_.push_back(stream);
-    return;
-  }
-    throw UsageError(std::string(op) + ": stream " + std::to_string(stream) +
-                     " belongs to another device; this allocator serves device " + std::to_string(device_) +
-                     ". Use a stream of device " + std::to_string(device_) + " or that device's allocator");
+  known_streams_.check(*mem_, device_, stream, op);
 }
 
 Block* DeviceAllocator::find_active(DevicePtr ptr, const char* op) const {

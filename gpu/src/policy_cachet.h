@@ -38,6 +38,7 @@
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
 #include "cachet/trace.h"
+#include "known_streams.h"
 #include "ptr_map.h"
 
 namespace cachet::gpu::detail {
@@ -162,7 +163,7 @@ class CachetPolicy {
   std::vector<EventHandle> event_pool_;
   std::vector<std::unique_ptr<CBlock>> storage_;
   std::vector<CBlock*> spare_;
-  mutable std::vector<StreamId> known_streams_;
+  mutable KnownStreams known_streams_;  // known_streams.h
   bool trace_on_ = false;
   std::vector<TraceEvent> trace_;
   std::string growth_violation_;  // [P1] broken at a growth (empty: held every time)

@@ -267,6 +267,7 @@ struct Runner {
     const std::size_t n = std::min(o.stop_after, t.ops.size());
     const bool observe = static_cast<bool>(o.observer);
     std::size_t k = 0;
+    std::uint64_t half_calls = 0;  // device calls up to the middle op
     try {
       for (; k < n; ++k) {
         const Op& op = t.ops[k];
@@ -309,6 +310,10 @@ struct Runner {
             }
             break;
         }
+        if (k + 1 == n / 2) {
+          const DeviceStats& h = alloc->stats();
+          half_calls = h.num_device_alloc + h.num_device_free;
+        }
         if (observe) o.observer(k, *alloc);
         if ((k & 0xFFFF) == 0xFFFF && o.progress) o.progress(k + 1, n);
       }
@@ -323,6 +328,7 @@ struct Runner {
     }
     r.ops = k;
     r.stats = alloc->stats();
+    r.second_half_device_calls = r.stats.num_device_alloc + r.stats.num_device_free - half_calls;
     if (o.keep_allocator) r.allocator = std::move(alloc);
     return RunStatus::Done;
   }

@@ -108,6 +108,10 @@ std::string results_json(const std::vector<const ReplayResult*>& rows) {
                      r.peak_reserved(), r.fragmentation());
     o += fmt::format(", \"num_ooms\": {}, \"num_alloc_retries\": {}, \"num_device_alloc\": {}, \"num_device_free\": {}",
                      r.stats.num_ooms, r.stats.num_alloc_retries, r.stats.num_device_alloc, r.stats.num_device_free);
+    o += fmt::format(", \"second_half_device_calls\": {}", r.second_half_device_calls);
+    const std::int64_t preq = r.stats.requested_bytes[0].peak;
+    o += fmt::format(", \"peak_requested\": {}, \"waste\": {:.6f}", preq,
+                     preq > 0 ? static_cast<double>(r.peak_reserved()) / static_cast<double>(preq) : 0.0);
     o += fmt::format(", \"failed_allocs\": {}, \"oom_requests\": {}, \"oom_requests_ok\": {}", r.failed_allocs,
                      r.oom_requests, r.oom_requests_ok);
     o += fmt::format(", \"events\": {}, \"ops\": {}, \"addresses\": \"{}\", \"seconds\": {:.6f}", r.events, r.ops,

@@ -113,6 +113,9 @@ struct ReplayResult {
   std::uint64_t failed_allocs = 0;  // allocations that succeeded in the recording, OOM here
   std::uint64_t oom_requests = 0;   // requests that raised OOM in the recording
   std::uint64_t oom_requests_ok = 0;  // ... and succeeded here
+  // Device calls (segment allocations/frees, page maps/unmaps) in the second half of the ops:
+  // a training trace in its steady state should make none.
+  std::uint64_t second_half_device_calls = 0;
   bool recorded_addresses = false;  // the trace's addresses were used throughout
   std::string note;  // e.g. why recorded addresses were given up
   double seconds = 0;

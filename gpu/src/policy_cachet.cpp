@@ -45,6 +45,11 @@ void all_and(StatArray& a, StatType pool, F&& f) {
 
 bool mapped_block(const CBlock* b) { return b != nullptr && b->mapped; }
 
+// [P1] The pages the policy may keep mapped, given the high-water mark of pages touched by live
+// blocks: that mark plus 1/kCachetSlackDivisor of it (rounded down), so that a training step
+// that moves a few pages finds them still mapped in the next step.
+Bytes budget_pages(Bytes peak_touched) { return peak_touched + peak_touched / kCachetSlackDivisor; }
+
 }  // namespace
 
 CachetPolicy::CachetPolicy(std::unique_ptr<DeviceMemory> memory, const Config& config)
@@ -110,6 +115,7 @@ void CachetPolicy::ensure_reserved() {
   if (!r.is_ok()) throw DeviceError(device_error("cuMemAddressReserve", n, device_, r.status));
   base_ = r.value;
   va_size_ = n;
+  page_live_.assign(n / kPage, 0);
   CBlock* u = make_block();
   u->ptr = base_;
   u->size = n;
@@ -136,8 +142,11 @@ DevicePtr CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
   auto it = free_.lower_bound(CSizeKey{stream, size, 0}, CSizeOrder{});
   if (it != free_.end() && it->stream == stream) {  // hot path: best fit in this stream's mapped free blocks
     CBlock* f = &*it;
-    free_.erase(it);
-    b = carve(f, f->ptr, size);
+    // Size-class-aware split: small requests take the high end of the block, large ones the low
+    // end, so that small and large blocks collect at opposite ends of free stretches.
+    const DevicePtr at = size <= kSmallSize ? f->end() - size : f->ptr;
+    free_.erase(free_.iterator_to(*f));
+    b = carve(f, at, size);
   } else {
     b = alloc_slow(stream, size);
   }
@@ -145,6 +154,8 @@ DevicePtr CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
   b->requested = orig_size;
   b->stream = stream;
   active_.insert(b->ptr, b);
+  touch(b, true);
+  peak_touched_pages_ = std::max(peak_touched_pages_, touched_pages_);
   const StatType pool = pool_of(size);
   const auto n = static_cast<std::int64_t>(size);
   const auto req = static_cast<std::int64_t>(orig_size);
@@ -295,7 +306,6 @@ Status CachetPolicy::map_range(CBlock* u, DevicePtr lo, DevicePtr hi, StreamId s
   const auto n = static_cast<std::int64_t>(hi - lo);
   all_and(stats_.reserved_bytes, StatType::LargePool, [n](Stat& s) { s.increase(n); });
   mapped_ += hi - lo;
-  peak_mapped_ = std::max(peak_mapped_, mapped_);
   run_delta(lo == u->ptr && mapped_block(u->prev), hi == u->end() && mapped_block(u->next), true);
   record(TraceAction::SegmentMap, lo, hi - lo, stream);
   unmapped_.erase(unmapped_.iterator_to(*u));
@@ -369,11 +379,12 @@ CBlock* CachetPolicy::alloc_slow(StreamId stream, Bytes size) {
     const DevicePtr ex_lo = page_floor(p.at);
     const DevicePtr ex_hi = page_ceil(p.at + size);
     if (fits) {
-      // [P1]: above the high-water mark, move whole free pages instead of growing; below it,
-      // map freely (no unmap calls in a steady state that stays under its earlier peak).
+      // [P1]: keep mapped pages within the budget of the touched high-water mark (counting this
+      // block's pages): beyond it, move whole free pages here instead of growing.
       const Bytes after = mapped_ / kPage + p.new_pages;
-      const Bytes peak_pages = peak_mapped_ / kPage;
-      Bytes need = after > peak_pages ? after - peak_pages : 0;
+      const Bytes touched_after = touched_pages_ + untouched_pages(p.at, p.at + size);
+      const Bytes budget = budget_pages(std::max(peak_touched_pages_, touched_after));
+      Bytes need = after > budget ? after - budget : 0;
       if (allowed_max_) {
         const Bytes cap_pages = *allowed_max_ / kPage;
         if (after > cap_pages) need = std::max(need, after - cap_pages);
@@ -397,7 +408,6 @@ CBlock* CachetPolicy::alloc_slow(StreamId stream, Bytes size) {
       if (u == nullptr) u = &*it;
       const DevicePtr lo = std::max<DevicePtr>(u->ptr, page_floor(p.at));
       const DevicePtr hi = std::min<DevicePtr>(u->end(), page_ceil(p.at + size));
-      const bool grows = mapped_ + (hi - lo) > peak_mapped_;  // after the unmaps above
       CBlock* f = nullptr;
       Status st = map_range(u, lo, hi, stream, &f);
       if (st.is_ok()) {
@@ -407,13 +417,6 @@ CBlock* CachetPolicy::alloc_slow(StreamId stream, Bytes size) {
           throw std::logic_error("cachet policy: placement not covered after mapping");
         free_.erase(free_.iterator_to(*f));
         CBlock* b = carve(f, p.at, size);
-        if (grows) {
-          b->state = CBlock::State::Allocated;  // live from here on (malloc fills in the rest)
-          const Bytes touched = touched_bytes();
-          if (touched < mapped_ && growth_violation_.empty())
-            growth_violation_ = "reserved grew to " + std::to_string(mapped_) + " bytes while live blocks touched " +
-                                std::to_string(touched);
-        }
         return b;
       }
       if (!st.is_oom()) throw DeviceError(device_error("cuMemMap", hi - lo, device_, st));
@@ -491,6 +494,7 @@ void CachetPolicy::free_block(CBlock* b) {
   all_and(stats_.requested_bytes, pool, [req](Stat& s) { s.decrease(req); });
   record(TraceAction::FreeCompleted, b->ptr, b->requested, b->stream);
   active_.erase(b->ptr);
+  touch(b, false);
   b->state = CBlock::State::Free;
   b->stream_uses.clear();
   merge_free(b);
@@ -618,6 +622,25 @@ CBlock* CachetPolicy::find_active(DevicePtr ptr, const char* op) const {
                    std::to_string(device_) + "); pass a pointer allocate() returned");
 }
 
+void CachetPolicy::touch(const CBlock* b, bool live) {
+  const std::size_t lo = (b->ptr - base_) / kPage;
+  const std::size_t hi = (page_ceil(b->end()) - base_) / kPage;
+  for (std::size_t i = lo; i < hi; ++i) {
+    if (live) {
+      if (page_live_[i]++ == 0) ++touched_pages_;
+    } else {
+      if (--page_live_[i] == 0) --touched_pages_;
+    }
+  }
+}
+
+Bytes CachetPolicy::untouched_pages(DevicePtr lo, DevicePtr hi) const {
+  Bytes n = 0;
+  for (std::size_t i = (page_floor(lo) - base_) / kPage, e = (page_ceil(hi) - base_) / kPage; i < e; ++i)
+    n += page_live_[i] == 0 ? 1 : 0;
+  return n;
+}
+
 Bytes CachetPolicy::touched_bytes() const {
   Bytes pages = 0;
   DevicePtr last = 0;  // one past the last page counted
@@ -636,7 +659,6 @@ std::vector<std::string> CachetPolicy::invariants() const {
   auto fail = [&v](std::string s) {
     if (v.size() < 20) v.push_back(std::move(s));
   };
-  if (!growth_violation_.empty()) fail("[P1] " + growth_violation_);
   DeviceStats re;
   Bytes mapped = 0;
   std::size_t n_free = 0, n_unmapped = 0, n_active = 0, n_events = 0;
@@ -711,6 +733,25 @@ std::vector<std::string> CachetPolicy::invariants() const {
     fail("[C-5] reserved_bytes != mapped bytes " + std::to_string(mapped));
   if (stats_.segment[0].current != runs || stats_.segment[2].current != runs)
     fail("[C-5] segment = " + std::to_string(stats_.segment[0].current) + ", runs of mapped pages " + std::to_string(runs));
+  if (touched_bytes() != touched_pages_ * kPage)
+    fail("[C-7] touched pages " + std::to_string(touched_pages_) + ", recount " + std::to_string(touched_bytes() / kPage));
+  {
+    std::vector<std::uint32_t> live(page_live_.size(), 0);
+    for (const CBlock* b = head_; b != nullptr; b = b->next)
+      if (b->state != CBlock::State::Free)
+        for (DevicePtr q = page_floor(b->ptr); q < b->end(); q += kPage) ++live[(q - base_) / kPage];
+    if (live != page_live_) fail("[C-7] live-page counts differ from a recount");
+  }
+  {
+    // Free pages split between free blocks of different streams cannot be unmapped (R6).
+    const Bytes idle = mapped / kPage - touched_pages_;
+    const Bytes whole = whole_free_pages(0, 0);
+    const Bytes split = idle > whole ? idle - whole : 0;
+    if (mapped / kPage > budget_pages(peak_touched_pages_) + split)
+      fail("[P1] " + std::to_string(mapped / kPage) + " pages mapped, budget " +
+           std::to_string(budget_pages(peak_touched_pages_)) + " (touched high-water mark " +
+           std::to_string(peak_touched_pages_) + ") + " + std::to_string(split) + " split free pages");
+  }
   if (allowed_max_ && mapped > *allowed_max_) fail("[C-6] reserved " + std::to_string(mapped) + " > cap " + std::to_string(*allowed_max_));
   return v;
 }

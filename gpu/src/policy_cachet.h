@@ -19,8 +19,8 @@
 //   [C-5] stats equal a recount from the blocks (allocation, active, the byte counters,
 //         reserved = mapped bytes, segment = runs of mapped pages).
 //   [C-6] reserved <= the memory cap.
-//   [P1]  whenever reserved rose above its high-water mark, every mapped page held a byte of a
-//         live block.
+//   [C-7] page_live_ and touched_pages_ equal a recount from the live blocks.
+//   [P1]  mapped pages <= budget_pages(peak_touched_pages_) + free pages split between streams.
 #pragma once
 
 #include <boost/container/small_vector.hpp>
@@ -139,7 +139,11 @@ class CachetPolicy {
   CBlock* find_active(DevicePtr ptr, const char* op) const;
   void record(TraceAction a, std::uint64_t addr, Bytes size, StreamId stream);
   void run_delta(bool left_mapped, bool right_mapped, bool mapping);
-  Bytes touched_bytes() const;
+  Bytes touched_bytes() const;  // recount from the blocks, for invariants()
+  // Adds (live) or removes b's pages from the live-page counts.
+  void touch(const CBlock* b, bool live);
+  // Pages of [lo, hi) that no live block touches yet.
+  Bytes untouched_pages(DevicePtr lo, DevicePtr hi) const;
   CBlock* make_block();
   void release_block(CBlock* b);
 
@@ -154,7 +158,10 @@ class CachetPolicy {
   DevicePtr base_ = 0;
   Bytes va_size_ = 0;
   Bytes mapped_ = 0;
-  Bytes peak_mapped_ = 0;  // high-water mark of mapped_ ([P1]; not reset by reset_peak_stats)
+  // Per page of the reservation: how many live (allocated or pending) blocks touch it.
+  std::vector<std::uint32_t> page_live_;
+  Bytes touched_pages_ = 0;       // pages with page_live_ > 0
+  Bytes peak_touched_pages_ = 0;  // high-water mark of touched_pages_ ([P1]; not reset by reset_peak_stats)
   CBlock* head_ = nullptr;
   CFreeSet free_;
   CUnmappedSet unmapped_;
@@ -166,7 +173,6 @@ class CachetPolicy {
   mutable KnownStreams known_streams_;  // known_streams.h
   bool trace_on_ = false;
   std::vector<TraceEvent> trace_;
-  std::string growth_violation_;  // [P1] broken at a growth (empty: held every time)
 };
 
 }  // namespace cachet::gpu::detail

@@ -14,51 +14,73 @@
 //     segments fix the granularity (1.017-1.214) but still keep one segment per stream and pool
 //     and never give back a page in the middle of a segment while the program runs.
 //
-// Design:
-//   * One address-space reservation per device (2x the device memory, 2 MiB aligned), tiled by
-//     blocks in address order. Every block size is a multiple of 512 B (kCachetAlign; PyTorch's
-//     alignment), with no other rounding and no size classes: a free block is always split to
-//     the exact rounded size.
-//   * Physical memory is mapped in 2 MiB pages (kCachetPageSize) through the backend's
-//     reserve/map/unmap. A page is mapped exactly when it is not covered by an unmapped free
-//     block; unmapped free blocks are page aligned and belong to no stream.
-//   * allocate(n, s), hot path: best fit (smallest, then lowest address) among the mapped free
-//     blocks of stream s. No device call.
-//   * Slow path: the placement that needs the fewest new pages, over every unmapped free block
-//     extended by the mapped free blocks of stream s right beside it (address-ordered best fit
-//     over the whole reserved range). Before mapping k new pages, up to k whole free pages
-//     elsewhere (any stream; pages the new block does not touch) are unmapped when reserved
-//     would otherwise rise above its high-water mark, so a page moves
-//     to where it is needed instead of reserved growing (GMLake's stitching, done with the page
-//     table instead of a second virtual range).
-//   * Streams: a freed block goes back, mapped, to its allocation stream's free blocks; other
-//     streams get its memory only after its page is unmapped (unmapping waits for the device:
-//     CudaVmmBackend::unmap synchronizes) and mapped again. Stream uses (record_stream) hold the
-//     block as pending until an event recorded on each use stream at free() completes, as in
-//     PyTorch.
-//   * Memory cap (set_memory_fraction): mapping never takes reserved above the cap; when the
-//     cap or the device refuses, every whole free page is unmapped and the placement retried
-//     once (counted in num_alloc_retries) before OutOfMemory.
-//   * empty_cache(): waits for pending stream-use events, then unmaps every whole free page.
-//     The reservation itself is kept until the allocator is destroyed.
+// Design, as exact rules (R1-R9). The reference model (model/include/cachet/model/
+// cachet_policy.h) implements the same rules with plain structures; the two must hand out the
+// same pointers and stats for every operation sequence.
+//   R1 Space. One address-space reservation per device, made at the first allocation that does
+//      not fit a mapped free block: kCachetReserveFactor x the device's total memory, rounded up
+//      to 2 MiB. It is tiled by blocks in address order. A block is live (allocated, or pending:
+//      freed with stream uses whose events have not completed), mapped free (every page it
+//      touches is mapped; it belongs to one stream), or unmapped (free, page aligned, no stream).
+//      Adjacent mapped free blocks of the same stream are always merged, as are adjacent
+//      unmapped blocks. Sizes: the request rounded up to 512 B (kCachetAlign), no other rounding.
+//   R2 Hot path. allocate(n, s): among the mapped free blocks of stream s, the best fit (the
+//      smallest size >= the rounded size; ties: the lowest address). A small request (rounded
+//      size <= 1 MiB, PyTorch's small-pool limit) takes the high end of that block, a large one
+//      its low end; the rest stays free with stream s. No device call.
+//   R3 Windows. Otherwise (slow path), each unmapped block u, in address order, forms a window:
+//      u extended by its left neighbour l and right neighbour r when those are mapped free
+//      blocks of stream s. A window smaller than the request is skipped. Candidates: left
+//      aligned at the window's start, costing the pages of [u.start, min(u.end,
+//      page_ceil(start + size))); and, when r exists, right aligned at the window's end,
+//      costing the pages of [max(u.start, page_floor(end - size)), u.end). The first candidate
+//      (in that order) with the fewest new pages wins; the scan stops at a 1-page candidate.
+//   R4 Budget. Let touched = pages touched by live blocks, T = the high-water mark of touched
+//      counting the new block, budget(T) = T + floor(T / kCachetSlackDivisor). If mapped pages
+//      + new pages > budget(T), whole free pages elsewhere are unmapped first (R6), as many as
+//      the excess (as many as there are, if fewer). Below the budget pages are mapped without
+//      unmapping others, so that a training step finds the pages the previous step moved.
+//   R5 Map. The new pages [max(u.start, page_floor(at)), min(u.end, page_ceil(at + size))) are
+//      mapped in one call as a free block of stream s, merged with s's free neighbours, and the
+//      block is carved at `at` from the merged block (the parts before and after stay free).
+//   R6 Unmapping. Whole free pages are the pages lying inside one mapped free block, outside
+//      the new block's pages [page_floor(at), page_ceil(at + size)). Blocks are taken by their
+//      number of whole free pages, largest first (ties: lowest address); from each, the highest
+//      pages, one unmap call per block; the unmapped range becomes an unmapped block.
+//   R7 Cap (set_memory_fraction, per_process_memory_fraction): mapped bytes never exceed the
+//      cap: pages over the cap are unmapped first as in R6; if there are not enough, or no window
+//      fits, or the device refuses: once per allocation, wait for pending events
+//      (num_sync_all_streams), unmap every whole free page (num_alloc_retries) and retry R3;
+//      then OutOfMemory (num_ooms).
+//   R8 Free. free(p) without stream uses: the block becomes mapped free of its allocation
+//      stream and merges with that stream's free neighbours. With stream uses, it is pending
+//      until an event recorded on each use stream at free() has completed (checked at the next
+//      allocation, as PyTorch's process_events). Another stream gets a freed block's memory only
+//      after its pages were unmapped (R6) and mapped again (R5).
+//   R9 empty_cache(): wait for pending events, then unmap every whole free page (R6 order). The
+//      reservation is kept until the allocator is destroyed.
 //
-// Promises (checked by CachetPolicy::invariants() after every operation in validate mode, and
-// by tests/policy_cachet/ on scenarios computed by hand):
-//   [P1] reserved = mapped pages x 2 MiB, and reserved rises above its high-water mark only
-//        when, once the allocation is placed, every mapped page holds at least one byte of a
-//        live (allocated or pending) block (below the mark, pages are mapped without moving
-//        others, which saves unmap calls). Hence peak reserved = the peak over time of the pages
-//        touched by live blocks: at most the live bytes rounded to 512 B, rounded to pages, plus
-//        one partial page at each end of every run of live blocks.
+// Why these choices (measured with bench/policy_waste.py, bench/RESULTS.md):
+//   * Best fit over exact 512 B sizes in one address range with 2 MiB pages removes the three
+//     sources of PyTorch's waste: segment granularity, blocks never split, per-stream segments.
+//   * R2's small-high / large-low split keeps small blocks from scattering over the pages large
+//     blocks free (the random 1 B..1 MiB `small` sequence: 10 pages -> 9 pages).
+//   * R4's slack (1/64 of the touched peak) is what makes training steady: with none, each step
+//     moved ~40 pages (gpt2_train: 28 calls in the second half, resnet50_train: 31); with 1/64,
+//     none.
+//
+// Promises (checked by CachetPolicy::invariants() after every operation in validate mode and in
+// tests; by the reference model in lockstep):
+//   [P1] mapped pages <= budget(T) (R4), plus pages that are free but split between free blocks
+//        of different streams (which R6 cannot unmap). Hence peak reserved <= (1 + 1/64) x the
+//        peak of pages touched by live blocks.
 //   [P2] a block freed on stream s without stream uses is handed to stream s only, until the
 //        page holding it is unmapped; a block with stream uses is handed to nobody until the
 //        events recorded at its free() have completed.
-//   [P3] reserved <= the memory cap at all times; an allocation fails only when no placement
-//        fits in the reserved range with its new pages under the cap after every whole free
-//        page was unmapped.
-//   [P4] a request that fits a mapped free block of its stream is served from it (best fit)
-//        with no device call. (Not yet a promise about whole training steps: a later step that
-//        sets a new peak moves pages; bench/RESULTS.md counts those calls.)
+//   [P3] reserved <= the memory cap at all times; an allocation fails only when no window fits
+//        with its new pages under the cap after every whole free page was unmapped.
+//   [P4] a request that fits a mapped free block of its stream is served from it with no device
+//        call.
 //
 // Stats, snapshot and trace keep PyTorch's names: reserved_bytes = mapped bytes (large_pool),
 // segment = maximal runs of mapped pages (each an expandable "large" segment in the snapshot),
@@ -73,6 +95,8 @@ namespace cachet::gpu {
 
 inline constexpr Bytes kCachetPageSize = 2 * MiB;  // the mapping granularity
 inline constexpr Bytes kCachetAlign = 512;         // block sizes and addresses
+// [P1] slack: mapped pages may exceed the touched high-water mark by 1/kCachetSlackDivisor.
+inline constexpr Bytes kCachetSlackDivisor = 64;
 // The address-space reservation, in multiples of the device's total memory.
 inline constexpr Bytes kCachetReserveFactor = 2;
 

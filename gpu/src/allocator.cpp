@@ -50,23 +50,13 @@ void CachingAllocator::validate(const char* op) const {
 
 void* CachingAllocator::allocate(Bytes size, StreamId stream) {
   std::lock_guard lock(mu_);
-  if (cachet_) [[unlikely]] {
-    try {
-      void* p = to_host(cachet_->malloc(size, stream));
-      validate("allocate");
-      return p;
-    } catch (const OutOfMemory&) {
-      validate("allocate (out of memory)");
-      throw;
-    }
-  }
   if (!validate_) {
-    void* p = to_host(impl_->malloc(size, stream));
-    CACHET_ASSERT_EXPENSIVE(impl_->invariants().empty());
+    void* p = to_host(cachet_ ? cachet_->malloc(size, stream) : impl_->malloc(size, stream));
+    CACHET_ASSERT_EXPENSIVE(cachet_ ? cachet_->invariants().empty() : impl_->invariants().empty());
     return p;
   }
   try {
-    void* p = to_host(impl_->malloc(size, stream));
+    void* p = to_host(cachet_ ? cachet_->malloc(size, stream) : impl_->malloc(size, stream));
     validate("allocate");
     return p;
   } catch (const OutOfMemory&) {
@@ -77,8 +67,12 @@ void* CachingAllocator::allocate(Bytes size, StreamId stream) {
 
 void CachingAllocator::free(void* ptr) {
   std::lock_guard lock(mu_);
-  if (cachet_) [[unlikely]] cachet_->free(to_dev(ptr));
+  if (cachet_) cachet_->free(to_dev(ptr));
   else impl_->free(to_dev(ptr));
+  if (!validate_) {
+    CACHET_ASSERT_EXPENSIVE(cachet_ ? cachet_->invariants().empty() : impl_->invariants().empty());
+    return;
+  }
   validate("free");
 }
 

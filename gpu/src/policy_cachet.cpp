@@ -622,22 +622,36 @@ CBlock* CachetPolicy::find_active(DevicePtr ptr, const char* op) const {
                    std::to_string(device_) + "); pass a pointer allocate() returned");
 }
 
+// Only a block's first and last pages can be shared with other live blocks: an interior page
+// lies inside the block, so no other live block touches it and its count is not kept (it is
+// never asked for: untouched_pages() is only asked about pages that hold a free byte).
 void CachetPolicy::touch(const CBlock* b, bool live) {
-  const std::size_t lo = (b->ptr - base_) / kPage;
-  const std::size_t hi = (page_ceil(b->end()) - base_) / kPage;
-  for (std::size_t i = lo; i < hi; ++i) {
+  const std::size_t first = (b->ptr - base_) / kPage;
+  const std::size_t last = (b->end() - 1 - base_) / kPage;
+  auto end_page = [this, live](std::size_t i) {
     if (live) {
       if (page_live_[i]++ == 0) ++touched_pages_;
     } else {
       if (--page_live_[i] == 0) --touched_pages_;
     }
+  };
+  end_page(first);
+  if (last != first) {
+    end_page(last);
+    const Bytes interior = last - first - 1;
+    if (live) touched_pages_ += interior;
+    else touched_pages_ -= interior;
   }
 }
 
+// Pages of [lo, hi) that no live block touches. [lo, hi) is free, so only its first and last
+// pages can be touched (by the live blocks beside it).
 Bytes CachetPolicy::untouched_pages(DevicePtr lo, DevicePtr hi) const {
-  Bytes n = 0;
-  for (std::size_t i = (page_floor(lo) - base_) / kPage, e = (page_ceil(hi) - base_) / kPage; i < e; ++i)
-    n += page_live_[i] == 0 ? 1 : 0;
+  const std::size_t first = (lo - base_) / kPage;
+  const std::size_t last = (hi - 1 - base_) / kPage;
+  Bytes n = last - first + 1;
+  if (page_live_[first] != 0) --n;
+  if (last != first && page_live_[last] != 0) --n;
   return n;
 }
 
@@ -736,10 +750,14 @@ std::vector<std::string> CachetPolicy::invariants() const {
   if (touched_bytes() != touched_pages_ * kPage)
     fail("[C-7] touched pages " + std::to_string(touched_pages_) + ", recount " + std::to_string(touched_bytes() / kPage));
   {
+    // Counts are kept for the first and last page of each live block (touch()).
     std::vector<std::uint32_t> live(page_live_.size(), 0);
     for (const CBlock* b = head_; b != nullptr; b = b->next)
-      if (b->state != CBlock::State::Free)
-        for (DevicePtr q = page_floor(b->ptr); q < b->end(); q += kPage) ++live[(q - base_) / kPage];
+      if (b->state != CBlock::State::Free) {
+        const std::size_t first = (b->ptr - base_) / kPage, last = (b->end() - 1 - base_) / kPage;
+        ++live[first];
+        if (last != first) ++live[last];
+      }
     if (live != page_live_) fail("[C-7] live-page counts differ from a recount");
   }
   {

@@ -219,6 +219,86 @@ INSTANTIATE_TEST_SUITE_P(All, Backends,
                                            Factory{"cuda_runtime", true, false}, Factory{"cuda_vmm", true, true}),
                          [](const auto& info) { return info.param.name; });
 
+// policy:cachet on the CUDA VMM backend (gpu/include/cachet/gpu/policy_cachet.h): pages are
+// unmapped from one place and mapped at another while the program runs (R4, R6, R7), so the
+// canary is the check that matters: every live block keeps its contents while pages move under
+// a memory cap, blocks are freed, scribbled on, reused by two streams and given back by
+// empty_cache. The host variant runs the same sequence without the kernels (CI).
+void cachet_policy_canary(bool device) {
+  Config c;
+  c.policy = Policy::Cachet;
+  c.validate = true;
+  std::unique_ptr<CachingAllocator> a;
+  if (device) {
+    a = CachingAllocator::for_cuda_device(0, c);
+  } else {
+    gpu::HostOptions o;
+    o.capacity = 64 * GiB;
+    a = std::make_unique<CachingAllocator>(gpu::make_host_memory(o), c);
+  }
+  // A cap of 160 MiB above what is in use when the test starts: page moves are forced.
+  std::size_t free_b = 0, total_b = 64 * GiB;
+  if (device) ASSERT_EQ(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+  const double total = static_cast<double>(total_b);
+  a->set_memory_fraction((160.0 * MiB) / total);
+  cudaStream_t side = nullptr;
+  if (device) ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+  const StreamId streams[2] = {0, reinterpret_cast<StreamId>(side)};
+  std::mt19937_64 rng(11);
+  struct Live {
+    void* p;
+    Bytes size;
+    std::uint32_t pattern;
+    int stream;
+  };
+  std::vector<Live> live;
+  std::uint32_t id = 0;
+  int ooms = 0;
+  for (int step = 0; step < 400; ++step) {
+    if (live.empty() || rng() % 5 < 3) {
+      const Bytes size = (rng() % 3 == 0) ? 1 + rng() % (20 * MiB) : 1 + rng() % (1536 * KiB);
+      const int si = device ? static_cast<int>(rng() % 2) : 0;
+      void* p = nullptr;
+      try {
+        p = a->allocate(size, streams[si]);
+      } catch (const OutOfMemory&) {
+        ++ooms;
+        continue;
+      }
+      live.push_back({p, size, 0x9e3779b9u * ++id, si});
+      if (device) ASSERT_EQ(cachet_test_fill(p, size, live.back().pattern, reinterpret_cast<cudaStream_t>(streams[si])), 0);
+    } else {
+      const std::size_t j = rng() % live.size();
+      if (device) ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      a->free(live[j].p);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(j));
+      if (rng() % 25 == 0) a->empty_cache();
+    }
+    if (device) {
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      for (const auto& l : live) ASSERT_EQ(cachet_test_check(l.p, l.size, l.pattern, nullptr), 0) << "step " << step;
+    }
+  }
+  const DeviceStats st = a->stats();
+  EXPECT_GT(st.num_device_free, 10) << "pages were expected to move under the cap";
+  EXPECT_LE(st.reserved_bytes[0].peak, static_cast<std::int64_t>(160 * MiB));
+  EXPECT_TRUE(a->invariants().empty());
+  for (const auto& l : live) a->free(l.p);
+  a->empty_cache();
+  EXPECT_EQ(cur(a->stats().reserved_bytes), 0);
+  std::printf("cachet policy canary (%s): %lld maps, %lld unmaps, %d OOMs under the cap, peak reserved %lld\n",
+              device ? "cuda_vmm" : "host", static_cast<long long>(st.num_device_alloc),
+              static_cast<long long>(st.num_device_free), ooms, static_cast<long long>(st.reserved_bytes[0].peak));
+  if (side) cudaStreamDestroy(side);
+}
+
+TEST(CachetPolicy, CanaryOnTheHostBackend) { cachet_policy_canary(false); }
+
+TEST(CachetPolicy, CanaryOnCudaVmm) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device or driver";
+  cachet_policy_canary(true);
+}
+
 TEST(DeviceCount, NoDeviceIsNotAnError) {
   EXPECT_GE(gpu::cuda_device_count(), 0);
 }

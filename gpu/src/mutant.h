@@ -3,11 +3,13 @@
 // A build selects one with the compile definition CACHET_MUTANT=N (0 = none, the real
 // allocator). The list, with what each breaks, is in gpu/README.md.
 //
-// Only src/device_allocator.cpp includes this header, and only that translation unit is
-// compiled with CACHET_MUTANT (gpu/CMakeLists.txt: the other sources are built once and shared
-// by every mutant library). Never include it from a header or from invariants.cpp: the checker
-// must stay the real one, and an inline function that calls mutant() in two TUs built with
-// different CACHET_MUTANT values would break the one-definition rule.
+// Only src/device_allocator.cpp (mutants 1-16) and src/policy_cachet.cpp (17-22) include this
+// header, and only those translation units are compiled with CACHET_MUTANT (gpu/CMakeLists.txt:
+// the other sources are built once and shared by every mutant library). Never include it from a
+// header or from invariants.cpp: the checker must stay the real one (policy_cachet.cpp holds
+// CachetPolicy::invariants(): no mutant site may be in it or in what it calls: budget_pages,
+// whole_free_pages, touched_bytes), and an inline function that calls mutant() in two TUs
+// built with different CACHET_MUTANT values would break the one-definition rule.
 #pragma once
 
 #ifndef CACHET_MUTANT
@@ -35,5 +37,12 @@ inline constexpr int kMutantRequestedIsSegment = 13;  // requested_size records 
 inline constexpr int kMutantReleaseKeepsReserved = 14;  // release_block keeps the bytes in reserved
 inline constexpr int kMutantMergeKeepsTreePlace = 15;  // a block grown by a merge keeps its tree place
 inline constexpr int kMutantSegmentSizeShort = 16;   // a cudaMalloc segment records 512 B too few
+// The cachet policy (src/policy_cachet.cpp; never at invariants() or what it calls).
+inline constexpr int kMutantCachetLowEndSmall = 17;   // R2: the hot path takes the low end for small requests
+inline constexpr int kMutantCachetMergeAcrossStreams = 18;  // merge_free joins free blocks of different streams
+inline constexpr int kMutantCachetSlackEighth = 19;   // R4: alloc_slow's budget is T + T/8, not T + T/64
+inline constexpr int kMutantCachetUnmapKeepsReserved = 20;  // unmap_range does not lower reserved_bytes
+inline constexpr int kMutantCachetIgnoreCap = 21;     // alloc_slow ignores the memory cap
+inline constexpr int kMutantCachetPendingIgnoresEvents = 22;  // process_events frees pending blocks at once
 
 }  // namespace cachet::gpu::detail

@@ -12,6 +12,7 @@
 
 #include "cachet/errors.h"
 #include "cachet/summary.h"
+#include "mutant.h"
 
 namespace cachet::gpu::detail {
 
@@ -144,7 +145,7 @@ DevicePtr CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
     CBlock* f = &*it;
     // Size-class-aware split: small requests take the high end of the block, large ones the low
     // end, so that small and large blocks collect at opposite ends of free stretches.
-    const DevicePtr at = size <= kSmallSize ? f->end() - size : f->ptr;
+    const DevicePtr at = size <= kSmallSize && !mutant(kMutantCachetLowEndSmall) ? f->end() - size : f->ptr;
     free_.erase(free_.iterator_to(*f));
     b = carve(f, at, size);
   } else {
@@ -288,7 +289,8 @@ void CachetPolicy::unmap_range(CBlock* b, DevicePtr lo, DevicePtr hi) {
   }
   ++stats_.num_device_free;
   const auto n = static_cast<std::int64_t>(hi - lo);
-  all_and(stats_.reserved_bytes, StatType::LargePool, [n](Stat& s) { s.decrease(n); });
+  if constexpr (!mutant(kMutantCachetUnmapKeepsReserved))
+    all_and(stats_.reserved_bytes, StatType::LargePool, [n](Stat& s) { s.decrease(n); });
   mapped_ -= hi - lo;
   run_delta(lo > b->ptr || mapped_block(b->prev), hi < b->end() || mapped_block(b->next), false);
   record(TraceAction::SegmentUnmap, lo, hi - lo, b->stream);
@@ -343,7 +345,8 @@ Status CachetPolicy::map_range(CBlock* u, DevicePtr lo, DevicePtr hi, StreamId s
 
 CBlock* CachetPolicy::merge_free(CBlock* b) {
   auto joinable = [b](const CBlock* o) {
-    return o != nullptr && o->is_free() && o->mapped == b->mapped && (!b->mapped || o->stream == b->stream);
+    return o != nullptr && o->is_free() && o->mapped == b->mapped &&
+           (!b->mapped || mutant(kMutantCachetMergeAcrossStreams) || o->stream == b->stream);
   };
   auto erase = [this](CBlock* o) {
     if (o->mapped) free_.erase(free_.iterator_to(*o));
@@ -383,9 +386,10 @@ CBlock* CachetPolicy::alloc_slow(StreamId stream, Bytes size) {
       // block's pages): beyond it, move whole free pages here instead of growing.
       const Bytes after = mapped_ / kPage + p.new_pages;
       const Bytes touched_after = touched_pages_ + untouched_pages(p.at, p.at + size);
-      const Bytes budget = budget_pages(std::max(peak_touched_pages_, touched_after));
+      const Bytes t = std::max(peak_touched_pages_, touched_after);
+      const Bytes budget = mutant(kMutantCachetSlackEighth) ? t + t / 8 : budget_pages(t);
       Bytes need = after > budget ? after - budget : 0;
-      if (allowed_max_) {
+      if (allowed_max_ && !mutant(kMutantCachetIgnoreCap)) {
         const Bytes cap_pages = *allowed_max_ / kPage;
         if (after > cap_pages) need = std::max(need, after - cap_pages);
         const Bytes avail = need > 0 ? whole_free_pages(ex_lo, ex_hi) : 0;
@@ -522,7 +526,7 @@ void CachetPolicy::process_events() {
       events_.resize(keep);
       throw DeviceError(device_error("cudaEventQuery", 0, device_, r.status));
     }
-    if (!r.value) {
+    if (!r.value && !mutant(kMutantCachetPendingIgnoresEvents)) {
       events_[keep++] = events_[i];
       continue;
     }

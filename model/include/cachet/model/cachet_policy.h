@@ -1,0 +1,152 @@
+// cachet/model/cachet_policy.h: the `cachet` policy (policy:cachet, issue 9) as a model.
+//
+// The rules R1-R9 and promises P1-P4 are written in gpu/include/cachet/gpu/policy_cachet.h;
+// this is an independent implementation of the same text with plain structures, so that the
+// production policy (gpu/src/policy_cachet.cpp) can be checked against it in lockstep
+// (tests/policy_cachet_model). Nothing here is fast: every decision is a linear scan over all
+// blocks, and the mapped pages are a set of page indices that is recounted when asked.
+//
+// State:
+//   blocks_        every block of the reservation, by address; they tile [base_, base_ + size).
+//                  A block is live (allocated or pending), mapped free (of one stream) or
+//                  unmapped (free, page aligned, no stream).
+//   mapped_pages_  the indices of the mapped 2 MiB pages (the record of map/unmap calls).
+//   events_        per pending block, the (stream, sequence) of each event recorded at free().
+//
+// The same public surface as model::Allocator where it applies. Bad input throws UsageError;
+// running out of memory throws OutOfMemory after counting num_ooms.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "cachet/config.h"
+#include "cachet/snapshot.h"
+#include "cachet/stats.h"
+#include "cachet/trace.h"
+#include "cachet/types.h"
+#include "cachet/model/segment_source.h"
+
+namespace cachet::model {
+
+// The policy's constants (the header's kCachet*; repeated here: model/ never includes gpu/).
+inline constexpr Bytes kCachetPage = 2 * MiB;       // mapping granularity
+inline constexpr Bytes kCachetBlockAlign = 512;     // block sizes and addresses (R1)
+inline constexpr Bytes kCachetSlack = 64;           // budget(T) = T + floor(T / 64) (R4)
+inline constexpr Bytes kCachetReserveTimes = 2;     // reservation = 2 x total memory (R1)
+
+class CachetPolicy {
+ public:
+  struct Options {
+    // R3 read literally: a window candidate that needs no new page (the window's mapped free
+    // neighbour alone holds the request; only possible on R7's retry, after pending blocks were
+    // freed) is a candidate with 0 pages and wins. false: such candidates are skipped, as
+    // gpu/ does today (see tests/policy_cachet_model, ZeroPageWindowOnRetry).
+    bool zero_page_candidates = true;
+  };
+
+  CachetPolicy(const Config& config, SegmentSource& source, DeviceIndex device = 0);
+  CachetPolicy(const Config& config, SegmentSource& source, DeviceIndex device, Options options);
+  CachetPolicy(const CachetPolicy&) = delete;
+  CachetPolicy& operator=(const CachetPolicy&) = delete;
+
+  // allocate(n, s): 0 for n == 0; OutOfMemory for n >= 1 EiB (no state change) or per R7.
+  std::uint64_t malloc(Bytes size, StreamId stream = 0);
+  void free(std::uint64_t ptr);
+  void record_stream(std::uint64_t ptr, StreamId stream);
+  // Every event recorded so far on `stream` (all streams) has completed; the blocks they hold
+  // become free at the next malloc (R8) or at a synchronizing call (R7, R9).
+  void complete_events(StreamId stream);
+  void complete_all_events();
+  void empty_cache();
+  void set_memory_fraction(double fraction);
+  double memory_fraction() const;
+
+  const DeviceStats& stats() const { return stats_; }
+  // Runs of mapped pages, each one expandable "large" segment with its blocks in address order.
+  Snapshot snapshot() const;
+  const std::vector<TraceEvent>& trace() const { return trace_; }
+  const Config& config() const { return config_; }
+  std::uint64_t reservation_base() const { return base_; }
+  Bytes mapped_bytes() const { return mapped_pages_.size() * kCachetPage; }
+  // The high-water mark of pages touched by live blocks (T of R4 after the last allocation).
+  Bytes peak_touched_pages() const { return peak_touched_; }
+
+  // Throws std::logic_error naming the first broken rule or promise.
+  void check_invariants() const;
+
+  enum class State : std::uint8_t { Allocated, Pending, Free };
+  struct Block {
+    std::uint64_t ptr = 0;
+    Bytes size = 0;
+    State state = State::Free;
+    bool mapped = false;       // false: an unmapped block (free, page aligned, no stream)
+    StreamId stream = 0;       // allocation stream; the owning stream of a mapped free block
+    Bytes requested = 0;       // live blocks: the caller's size
+    std::set<StreamId> uses;   // record_stream() since allocation
+    std::uint64_t end() const { return ptr + size; }
+    bool live() const { return state != State::Free; }
+    bool mapped_free() const { return state == State::Free && mapped; }
+    bool unmapped() const { return state == State::Free && !mapped; }
+  };
+
+ private:
+  struct Placement {
+    std::uint64_t at = 0;
+    Bytes new_pages = 0;
+  };
+
+  // cachet_policy_place.cpp: R2, R3, R5 and the carving of blocks.
+  std::optional<std::uint64_t> best_fit(StreamId stream, Bytes size) const;
+  std::optional<Placement> find_window(StreamId stream, Bytes size) const;
+  std::uint64_t allocate_slow(StreamId stream, Bytes size);
+  std::optional<std::uint64_t> try_place(StreamId stream, Bytes size);  // nullopt: R7 failure
+  Block& carve(std::uint64_t free_ptr, std::uint64_t at, Bytes size);
+  std::uint64_t merge(std::uint64_t ptr);
+  Block* block_before(std::uint64_t ptr);
+  Block* block_after(std::uint64_t ptr);
+  const Block* block_before(std::uint64_t ptr) const;
+  const Block* block_after(std::uint64_t ptr) const;
+  // cachet_policy_pages.cpp: pages, the budget (R4), map and unmap (R5, R6).
+  void ensure_reserved();
+  std::set<std::uint64_t> touched_pages() const;  // page indices touched by live blocks
+  std::uint64_t page_of(std::uint64_t addr) const { return (addr - base_) / kCachetPage; }
+  std::uint64_t page_addr(std::uint64_t page) const { return base_ + page * kCachetPage; }
+  std::vector<std::uint64_t> whole_free_pages(const Block& b, std::uint64_t ex_lo, std::uint64_t ex_hi) const;
+  Bytes count_whole_free_pages(std::uint64_t ex_lo, std::uint64_t ex_hi) const;
+  void unmap_whole_free_pages(Bytes pages, std::uint64_t ex_lo, std::uint64_t ex_hi);
+  bool map_pages(std::uint64_t lo, std::uint64_t hi, StreamId stream);
+  std::int64_t mapped_runs() const;
+  void apply_run_change(std::int64_t before);
+  // cachet_policy_free.cpp: free, events, empty_cache (R8, R9).
+  void free_completed(Block& b);
+  void process_events();
+  void synchronize_events();
+  Block& live_block(std::uint64_t ptr, const char* op);
+  void record(TraceAction a, std::uint64_t addr, Bytes size, StreamId stream) {
+    trace_.push_back(TraceEvent{a, addr, size, stream, 0});
+  }
+
+  Config config_;
+  SegmentSource& source_;
+  DeviceIndex device_;
+  Options options_;
+  DeviceStats stats_;
+  std::optional<Bytes> allowed_max_;
+  std::uint64_t base_ = 0;
+  Bytes reservation_size_ = 0;
+  std::map<std::uint64_t, Block> blocks_;
+  std::set<std::uint64_t> mapped_pages_;
+  Bytes peak_touched_ = 0;
+  // Simulated events: per stream, events recorded so far and events completed so far.
+  std::map<StreamId, std::uint64_t> recorded_;
+  std::map<StreamId, std::uint64_t> completed_;
+  std::map<std::uint64_t, std::vector<std::pair<StreamId, std::uint64_t>>> events_;  // by block
+  std::vector<TraceEvent> trace_;
+};
+
+}  // namespace cachet::model

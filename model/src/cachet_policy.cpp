@@ -1,0 +1,141 @@
+// The cachet policy model: construction, the allocate entry point (R2 hot path or the slow
+// path), stats, the memory cap (R7) and the snapshot. Rules: cachet/model/cachet_policy.h.
+#include <algorithm>
+#include <string>
+
+#include "cachet/errors.h"
+#include "cachet/model/cachet_policy.h"
+#include "cachet/summary.h"
+
+namespace cachet::model {
+
+namespace {
+
+StatType pool_of(Bytes size) { return size <= kSmallSize ? StatType::SmallPool : StatType::LargePool; }
+
+void both(StatArray& a, StatType pool, std::int64_t delta) {
+  DeviceStats::for_all_and(a, pool, [delta](Stat& s) {
+    if (delta >= 0) s.increase(delta);
+    else s.decrease(-delta);
+  });
+}
+
+}  // namespace
+
+CachetPolicy::CachetPolicy(const Config& config, SegmentSource& source, DeviceIndex device)
+    : CachetPolicy(config, source, device, Options{}) {}
+
+CachetPolicy::CachetPolicy(const Config& config, SegmentSource& source, DeviceIndex device, Options options)
+    : config_(config), source_(source), device_(device), options_(options) {
+  stats_.max_split_size = config_.max_split_size_stat();
+  if (config_.per_process_memory_fraction) set_memory_fraction(*config_.per_process_memory_fraction);
+}
+
+void CachetPolicy::set_memory_fraction(double fraction) {
+  if (!(fraction >= 0.0 && fraction <= 1.0))
+    throw UsageError("invalid fraction: " + std::to_string(fraction) + ". Please set within [0, 1].");
+  // As PyTorch computes the cap: fraction x total memory, truncated; 1.0 means no cap.
+  allowed_max_.reset();
+  if (fraction < 1.0) allowed_max_ = static_cast<Bytes>(fraction * static_cast<double>(source_.total_memory()));
+}
+
+double CachetPolicy::memory_fraction() const {
+  if (!allowed_max_) return 1.0;
+  return static_cast<double>(*allowed_max_) / static_cast<double>(source_.total_memory());
+}
+
+std::uint64_t CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
+  if (orig_size >= kMaxRequest) {
+    OomFacts f;
+    f.alloc_size = orig_size;
+    f.device = device_;
+    throw OutOfMemory(oom_message(f));
+  }
+  if (orig_size == 0) return 0;
+  if (!events_.empty()) process_events();  // R8: pending blocks whose events completed
+  const Bytes size = (orig_size + kCachetBlockAlign - 1) / kCachetBlockAlign * kCachetBlockAlign;
+
+  std::uint64_t ptr = 0;
+  if (auto fit = best_fit(stream, size)) {
+    // R2: small requests take the high end of the best fit, large ones the low end.
+    const Block& f = blocks_.at(*fit);
+    const std::uint64_t at = size <= kSmallSize ? f.end() - size : f.ptr;
+    ptr = carve(*fit, at, size).ptr;
+  } else {
+    ptr = allocate_slow(stream, size);
+  }
+  Block& b = blocks_.at(ptr);
+  b.state = State::Allocated;
+  b.requested = orig_size;
+  b.stream = stream;
+  b.uses.clear();
+  peak_touched_ = std::max<Bytes>(peak_touched_, touched_pages().size());
+
+  const StatType pool = pool_of(size);
+  both(stats_.allocation, pool, 1);
+  both(stats_.active, pool, 1);
+  both(stats_.allocated_bytes, pool, static_cast<std::int64_t>(size));
+  both(stats_.active_bytes, pool, static_cast<std::int64_t>(size));
+  both(stats_.requested_bytes, pool, static_cast<std::int64_t>(orig_size));
+  record(TraceAction::Alloc, ptr, orig_size, stream);
+  return ptr;
+}
+
+// The slow path: R3 windows with R4's budget and R5's mapping; R7's one retry, then OOM.
+std::uint64_t CachetPolicy::allocate_slow(StreamId stream, Bytes size) {
+  ensure_reserved();
+  for (int attempt = 0;; ++attempt) {
+    if (auto ptr = try_place(stream, size)) return *ptr;
+    if (attempt == 1) {
+      ++stats_.num_ooms;
+      OomFacts f;
+      f.alloc_size = size;
+      f.device = device_;
+      f.device_free = source_.free_memory();
+      f.device_total = source_.total_memory();
+      f.process_in_use = source_.process_in_use();
+      f.allowed = allowed_max_;
+      f.allocated = static_cast<Bytes>(stats_.allocated_bytes[0].current);
+      f.reserved = static_cast<Bytes>(stats_.reserved_bytes[0].current);
+      record(TraceAction::Oom, f.device_free, size, 0);
+      throw OutOfMemory(oom_message(f));
+    }
+    // R7: once per allocation: wait for pending events, unmap every whole free page, retry R3.
+    ++stats_.num_alloc_retries;
+    if (!events_.empty()) synchronize_events();
+    unmap_whole_free_pages(~Bytes{0}, 0, 0);
+  }
+}
+
+Snapshot CachetPolicy::snapshot() const {
+  Snapshot out;
+  bool in_run = false;
+  for (const auto& [ptr, b] : blocks_) {
+    if (!b.mapped) {
+      in_run = false;
+      continue;
+    }
+    if (!in_run) {
+      SegmentSnapshot s;
+      s.address = ptr;
+      s.stream = b.stream;
+      s.is_large = true;
+      s.is_expandable = true;
+      out.push_back(std::move(s));
+      in_run = true;
+    }
+    SegmentSnapshot& s = out.back();
+    s.total_size += b.size;
+    BlockSnapshot bs;
+    bs.address = ptr;
+    bs.size = b.size;
+    bs.requested_size = b.live() ? b.requested : 0;
+    bs.state = b.state == State::Allocated ? BlockState::ActiveAllocated
+               : b.state == State::Pending ? BlockState::ActivePendingFree
+                                           : BlockState::Inactive;
+    s.blocks.push_back(bs);
+  }
+  return out;
+}
+
+}  // namespace cachet::model

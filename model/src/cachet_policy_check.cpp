@@ -1,0 +1,84 @@
+// The cachet policy model: its invariants, recounted from the blocks and the mapped pages.
+#include <stdexcept>
+#include <string>
+
+#include "cachet/model/cachet_policy.h"
+
+namespace cachet::model {
+
+void CachetPolicy::check_invariants() const {
+  auto fail = [](const std::string& what) { throw std::logic_error("cachet model invariant: " + what); };
+  if (reservation_size_ == 0) {
+    if (!blocks_.empty() || !mapped_pages_.empty()) fail("blocks or pages before the reservation");
+    return;
+  }
+  DeviceStats re;
+  std::uint64_t expect = base_;
+  const Block* prev = nullptr;
+  for (const auto& [ptr, b] : blocks_) {
+    const std::string at = " at block " + std::to_string(ptr - base_);
+    if (ptr != b.ptr || ptr != expect) fail("blocks do not tile the reservation" + at);
+    expect = b.end();
+    if (b.size == 0 || b.size % kCachetBlockAlign != 0 || b.ptr % kCachetBlockAlign != 0) fail("size or alignment" + at);
+    for (std::uint64_t p = page_of(b.ptr); p <= page_of(b.end() - 1); ++p)
+      if (mapped_pages_.count(p) != (b.mapped ? 1u : 0u)) fail("page mapping disagrees with the block" + at);
+    if (b.unmapped()) {
+      if ((b.ptr - base_) % kCachetPage != 0 || b.size % kCachetPage != 0) fail("unmapped block not page aligned" + at);
+      if (prev != nullptr && prev->unmapped()) fail("adjacent unmapped blocks" + at);
+    } else if (!b.mapped) {
+      fail("live block not mapped" + at);
+    }
+    if (b.mapped_free() && prev != nullptr && prev->mapped_free() && prev->stream == b.stream)
+      fail("adjacent free blocks of one stream" + at);
+    if ((b.state == State::Pending) != (events_.count(ptr) == 1)) fail("pending block without events (or events without one)" + at);
+    if (b.live()) {
+      if (b.size != (b.requested + kCachetBlockAlign - 1) / kCachetBlockAlign * kCachetBlockAlign)
+        fail("size is not the rounded request" + at);
+      const StatType pool = b.size <= kSmallSize ? StatType::SmallPool : StatType::LargePool;
+      auto add = [pool](StatArray& a, std::int64_t n) { DeviceStats::for_all_and(a, pool, [n](Stat& s) { s.current += n; }); };
+      add(re.active, 1);
+      add(re.active_bytes, static_cast<std::int64_t>(b.size));
+      add(re.requested_bytes, static_cast<std::int64_t>(b.requested));
+      if (b.state == State::Allocated) {
+        add(re.allocation, 1);
+        add(re.allocated_bytes, static_cast<std::int64_t>(b.size));
+      }
+    }
+    prev = &b;
+  }
+  if (expect != base_ + reservation_size_) fail("blocks do not reach the reservation's end");
+  auto same = [&](const char* name, const StatArray& got, const StatArray& want) {
+    for (int i = 0; i < kNumStatTypes; ++i)
+      if (got[i].current != want[i].current)
+        fail(std::string(name) + "[" + std::to_string(i) + "] = " + std::to_string(got[i].current) + ", recount " +
+             std::to_string(want[i].current));
+  };
+  same("allocation", stats_.allocation, re.allocation);
+  same("active", stats_.active, re.active);
+  same("allocated_bytes", stats_.allocated_bytes, re.allocated_bytes);
+  same("active_bytes", stats_.active_bytes, re.active_bytes);
+  same("requested_bytes", stats_.requested_bytes, re.requested_bytes);
+  const auto mapped = static_cast<std::int64_t>(mapped_bytes());
+  if (stats_.reserved_bytes[0].current != mapped || stats_.reserved_bytes[2].current != mapped ||
+      stats_.reserved_bytes[1].current != 0)
+    fail("reserved_bytes is not the mapped bytes");
+  if (stats_.segment[0].current != mapped_runs() || stats_.segment[2].current != mapped_runs())
+    fail("segment is not the number of runs of mapped pages");
+  if (touched_pages().size() > peak_touched_) fail("touched pages above their high-water mark");
+  // [P1]: mapped pages <= budget(T) + free pages split between free blocks of different streams.
+  {
+    const std::set<std::uint64_t> touched = touched_pages();
+    Bytes idle = 0;
+    for (std::uint64_t p : mapped_pages_) idle += touched.count(p) ? 0 : 1;
+    const Bytes whole = count_whole_free_pages(0, 0);
+    const Bytes split = idle - whole;
+    const Bytes budget = peak_touched_ + peak_touched_ / kCachetSlack;
+    if (mapped_pages_.size() > budget + split)
+      fail("[P1] " + std::to_string(mapped_pages_.size()) + " pages mapped, budget " + std::to_string(budget) + " + " +
+           std::to_string(split) + " split free pages");
+  }
+  // [P3]: the cap.
+  if (allowed_max_ && mapped_bytes() > *allowed_max_) fail("[P3] mapped bytes above the cap");
+}
+
+}  // namespace cachet::model

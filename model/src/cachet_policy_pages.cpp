@@ -1,0 +1,124 @@
+// The cachet policy model: pages. The reservation (R1), pages touched by live blocks (R4),
+// whole free pages and their unmapping (R6), mapping new pages (R5), and the segment count
+// (runs of mapped pages).
+#include <algorithm>
+#include <stdexcept>
+
+#include "cachet/errors.h"
+#include "cachet/model/cachet_policy.h"
+
+namespace cachet::model {
+
+// R1: one reservation of 2 x total memory (rounded up to a page), tiled by one unmapped block.
+void CachetPolicy::ensure_reserved() {
+  if (reservation_size_ != 0) return;
+  const Bytes total = std::max<Bytes>(source_.total_memory(), kCachetPage);
+  reservation_size_ = (total * kCachetReserveTimes + kCachetPage - 1) / kCachetPage * kCachetPage;
+  base_ = source_.reserve(reservation_size_);
+  if (base_ % kCachetPage != 0) throw std::logic_error("cachet model: reservation is not page aligned");
+  Block u;
+  u.ptr = base_;
+  u.size = reservation_size_;
+  u.mapped = false;
+  blocks_[base_] = u;
+}
+
+std::set<std::uint64_t> CachetPolicy::touched_pages() const {
+  std::set<std::uint64_t> pages;
+  for (const auto& [ptr, b] : blocks_)
+    if (b.live())
+      for (std::uint64_t p = page_of(b.ptr); p <= page_of(b.end() - 1); ++p) pages.insert(p);
+  return pages;
+}
+
+// R6: the pages lying inside mapped free block b, outside [ex_lo, ex_hi); ascending.
+std::vector<std::uint64_t> CachetPolicy::whole_free_pages(const Block& b, std::uint64_t ex_lo,
+                                                          std::uint64_t ex_hi) const {
+  std::vector<std::uint64_t> pages;
+  for (std::uint64_t p = page_of(b.ptr); p <= page_of(b.end() - 1); ++p) {
+    const std::uint64_t a = page_addr(p);
+    if (a < b.ptr || a + kCachetPage > b.end()) continue;  // shared with a neighbour
+    if (a >= ex_lo && a < ex_hi) continue;                  // the new block's pages
+    pages.push_back(p);
+  }
+  return pages;
+}
+
+Bytes CachetPolicy::count_whole_free_pages(std::uint64_t ex_lo, std::uint64_t ex_hi) const {
+  Bytes n = 0;
+  for (const auto& [ptr, b] : blocks_)
+    if (b.mapped_free()) n += whole_free_pages(b, ex_lo, ex_hi).size();
+  return n;
+}
+
+// R6: up to `pages` whole free pages: blocks by their count, largest first (ties: lowest
+// address); from each its highest pages, one unmap call per block.
+void CachetPolicy::unmap_whole_free_pages(Bytes pages, std::uint64_t ex_lo, std::uint64_t ex_hi) {
+  if (pages == 0 || reservation_size_ == 0) return;
+  std::vector<std::pair<std::uint64_t, std::vector<std::uint64_t>>> blocks;  // (block, its pages)
+  for (const auto& [ptr, b] : blocks_)
+    if (b.mapped_free())
+      if (auto w = whole_free_pages(b, ex_lo, ex_hi); !w.empty()) blocks.emplace_back(ptr, std::move(w));
+  std::stable_sort(blocks.begin(), blocks.end(),
+                   [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
+  Bytes done = 0;
+  for (const auto& [ptr, w] : blocks) {
+    if (done == pages) break;
+    const Bytes take = std::min<Bytes>(w.size(), pages - done);
+    const std::uint64_t first = w[w.size() - take];
+    const std::uint64_t last = w.back();
+    if (last - first + 1 != take) throw std::logic_error("cachet model: a block's whole free pages are not one range");
+    const std::uint64_t lo = page_addr(first), hi = page_addr(last) + kCachetPage;
+    const std::int64_t runs = mapped_runs();
+    source_.unmap(lo, hi - lo);
+    ++stats_.num_device_free;
+    DeviceStats::for_all_and(stats_.reserved_bytes, StatType::LargePool,
+                             [n = static_cast<std::int64_t>(hi - lo)](Stat& s) { s.decrease(n); });
+    for (std::uint64_t p = first; p <= last; ++p) mapped_pages_.erase(p);
+    apply_run_change(runs);
+    record(TraceAction::SegmentUnmap, lo, hi - lo, blocks_.at(ptr).stream);
+    Block& gone = carve(ptr, lo, hi - lo);
+    gone.mapped = false;
+    gone.stream = 0;
+    merge(lo);
+    done += take;
+  }
+}
+
+// R5: map [lo, hi) (unmapped pages of one unmapped block) as a free block of `stream`, merged
+// with the stream's free neighbours. false: the device refused.
+bool CachetPolicy::map_pages(std::uint64_t lo, std::uint64_t hi, StreamId stream) {
+  auto it = std::prev(blocks_.upper_bound(lo));
+  if (!it->second.unmapped() || it->second.end() < hi) throw std::logic_error("cachet model: mapping pages that are not unmapped");
+  const std::int64_t runs = mapped_runs();
+  if (!source_.map(lo, hi - lo)) return false;
+  ++stats_.num_device_alloc;
+  DeviceStats::for_all_and(stats_.reserved_bytes, StatType::LargePool,
+                           [n = static_cast<std::int64_t>(hi - lo)](Stat& s) { s.increase(n); });
+  for (std::uint64_t p = page_of(lo); p < page_of(hi); ++p) mapped_pages_.insert(p);
+  apply_run_change(runs);
+  record(TraceAction::SegmentMap, lo, hi - lo, stream);
+  Block& fresh = carve(it->first, lo, hi - lo);
+  fresh.mapped = true;
+  fresh.stream = stream;
+  merge(lo);
+  return true;
+}
+
+// Segments are maximal runs of mapped pages.
+std::int64_t CachetPolicy::mapped_runs() const {
+  std::int64_t runs = 0;
+  for (std::uint64_t p : mapped_pages_)
+    if (p == 0 || !mapped_pages_.count(p - 1)) ++runs;
+  return runs;
+}
+
+void CachetPolicy::apply_run_change(std::int64_t before) {
+  const std::int64_t d = mapped_runs() - before;
+  DeviceStats::for_all_and(stats_.segment, StatType::LargePool, [d](Stat& s) {
+    if (d > 0) s.increase(d);
+    if (d < 0) s.decrease(-d);
+  });
+}
+
+}  // namespace cachet::model

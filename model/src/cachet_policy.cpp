@@ -69,7 +69,7 @@ std::uint64_t CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
   b.requested = orig_size;
   b.stream = stream;
   b.uses.clear();
-  peak_touched_ = std::max<Bytes>(peak_touched_, touched_pages().size());
+  peak_touched_ = std::max<Bytes>(peak_touched_, touched_pages());
 
   const StatType pool = pool_of(size);
   both(stats_.allocation, pool, 1);

@@ -20,8 +20,12 @@ void CachetPolicy::check_invariants() const {
     if (ptr != b.ptr || ptr != expect) fail("blocks do not tile the reservation" + at);
     expect = b.end();
     if (b.size == 0 || b.size % kCachetBlockAlign != 0 || b.ptr % kCachetBlockAlign != 0) fail("size or alignment" + at);
-    for (std::uint64_t p = page_of(b.ptr); p <= page_of(b.end() - 1); ++p)
-      if (mapped_pages_.count(p) != (b.mapped ? 1u : 0u)) fail("page mapping disagrees with the block" + at);
+    if (b.mapped) {
+      for (std::uint64_t p = page_of(b.ptr); p <= page_of(b.end() - 1); ++p)
+        if (!mapped_pages_.count(p)) fail("a mapped block on an unmapped page" + at);
+    } else if (auto m = mapped_pages_.lower_bound(page_of(b.ptr)); m != mapped_pages_.end() && *m <= page_of(b.end() - 1)) {
+      fail("a mapped page inside an unmapped block" + at);
+    }
     if (b.unmapped()) {
       if ((b.ptr - base_) % kCachetPage != 0 || b.size % kCachetPage != 0) fail("unmapped block not page aligned" + at);
       if (prev != nullptr && prev->unmapped()) fail("adjacent unmapped blocks" + at);
@@ -64,12 +68,10 @@ void CachetPolicy::check_invariants() const {
     fail("reserved_bytes is not the mapped bytes");
   if (stats_.segment[0].current != mapped_runs() || stats_.segment[2].current != mapped_runs())
     fail("segment is not the number of runs of mapped pages");
-  if (touched_pages().size() > peak_touched_) fail("touched pages above their high-water mark");
+  if (touched_pages() > peak_touched_) fail("touched pages above their high-water mark");
   // [P1]: mapped pages <= budget(T) + free pages split between free blocks of different streams.
   {
-    const std::set<std::uint64_t> touched = touched_pages();
-    Bytes idle = 0;
-    for (std::uint64_t p : mapped_pages_) idle += touched.count(p) ? 0 : 1;
+    const Bytes idle = mapped_pages_.size() - touched_pages();  // live blocks touch mapped pages only
     const Bytes whole = count_whole_free_pages(0, 0);
     const Bytes split = idle - whole;
     const Bytes budget = peak_touched_ + peak_touched_ / kCachetSlack;

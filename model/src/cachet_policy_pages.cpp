@@ -23,11 +23,19 @@ void CachetPolicy::ensure_reserved() {
   blocks_[base_] = u;
 }
 
-std::set<std::uint64_t> CachetPolicy::touched_pages() const {
-  std::set<std::uint64_t> pages;
+Bytes CachetPolicy::touched_pages(std::uint64_t lo, std::uint64_t hi) const {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;  // [first, last] page of each
   for (const auto& [ptr, b] : blocks_)
-    if (b.live())
-      for (std::uint64_t p = page_of(b.ptr); p <= page_of(b.end() - 1); ++p) pages.insert(p);
+    if (b.live()) spans.emplace_back(page_of(b.ptr), page_of(b.end() - 1));
+  if (hi > lo) spans.emplace_back(page_of(lo), page_of(hi - 1));
+  std::sort(spans.begin(), spans.end());
+  Bytes pages = 0;
+  std::uint64_t next = 0;  // the first page not counted yet
+  for (const auto& [first, last] : spans) {
+    const std::uint64_t from = std::max(first, next);
+    if (last + 1 > from) pages += last + 1 - from;
+    next = std::max(next, last + 1);
+  }
   return pages;
 }
 

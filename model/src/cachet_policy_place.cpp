@@ -86,9 +86,7 @@ std::optional<std::uint64_t> CachetPolicy::try_place(StreamId stream, Bytes size
   const std::uint64_t ex_hi = ceil_to(base_, p->at + size);
 
   // R4: T counts the new block's pages.
-  std::set<std::uint64_t> touched = touched_pages();
-  for (std::uint64_t a = ex_lo; a < ex_hi; a += kCachetPage) touched.insert(page_of(a));
-  const Bytes t = std::max<Bytes>(peak_touched_, touched.size());
+  const Bytes t = std::max<Bytes>(peak_touched_, touched_pages(ex_lo, ex_hi));
   const Bytes budget = t + t / kCachetSlack;
   const Bytes after = mapped_pages_.size() + p->new_pages;
   Bytes excess = after > budget ? after - budget : 0;

@@ -113,7 +113,8 @@ class CachetPolicy {
   const Block* block_after(std::uint64_t ptr) const;
   // cachet_policy_pages.cpp: pages, the budget (R4), map and unmap (R5, R6).
   void ensure_reserved();
-  std::set<std::uint64_t> touched_pages() const;  // page indices touched by live blocks
+  // Pages touched by live blocks or by [lo, hi) (R4's touched, counting a new block).
+  Bytes touched_pages(std::uint64_t lo = 0, std::uint64_t hi = 0) const;
   std::uint64_t page_of(std::uint64_t addr) const { return (addr - base_) / kCachetPage; }
   std::uint64_t page_addr(std::uint64_t page) const { return base_ + page * kCachetPage; }
   std::vector<std::uint64_t> whole_free_pages(const Block& b, std::uint64_t ex_lo, std::uint64_t ex_hi) const;

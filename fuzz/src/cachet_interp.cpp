@@ -1,0 +1,393 @@
+// The fuzz_cachet_policy interpreter (cachet_interp.h; format in fuzz/README.md).
+#include "cachet_interp.h"
+
+#include CACHET_FDP_HEADER
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "cachet/config.h"
+#include "cachet/errors.h"
+#include "cachet/gpu/allocator.h"
+#include "cachet/gpu/host_backend.h"
+#include "cachet/gpu/policy_cachet.h"
+
+namespace cachet::fuzz {
+namespace {
+
+constexpr Bytes kPage = gpu::kCachetPageSize;
+constexpr int kMaxOps = 600;
+
+struct Mix {
+  std::uint64_t cases = 0, ops = 0, allocs = 0, ooms = 0, frees = 0, recorded_frees = 0, completes = 0,
+                empty_caches = 0, fractions = 0, skipped_fractions = 0, capped_cases = 0;
+};
+Mix g_mix;
+
+Bytes align_up(Bytes n, Bytes a) { return (n + a - 1) / a * a; }
+
+// Sizes near the boundaries that matter to the policy: 512 B rounding, the 1 MiB small limit,
+// 2 MiB pages, PyTorch's 10 MiB / 20 MiB segment sizes.
+const Bytes kBoundaries[] = {1,
+                             511,
+                             512,
+                             513,
+                             4096,
+                             kSmallSize - 512,
+                             kSmallSize - 1,
+                             kSmallSize,
+                             kSmallSize + 1,
+                             kSmallSize + 512,
+                             kPage - 512,
+                             kPage - 1,
+                             kPage,
+                             kPage + 1,
+                             kPage + 512,
+                             2 * kPage - 512,
+                             2 * kPage,
+                             3 * kPage + 1,
+                             10 * MiB,
+                             10 * MiB + 1,
+                             20 * MiB,
+                             64 * MiB,
+                             128 * MiB - 512,
+                             256 * MiB};
+
+Bytes pick_size(FuzzedDataProvider& in, unsigned cls) {
+  switch (cls) {
+    case 0: return kBoundaries[in.ConsumeIntegralInRange<std::size_t>(0, std::size(kBoundaries) - 1)];
+    case 1: return in.ConsumeIntegralInRange<Bytes>(1, 512);
+    case 2:
+    case 3: return in.ConsumeIntegralInRange<Bytes>(513, kSmallSize);
+    case 4: return in.ConsumeIntegralInRange<Bytes>(kSmallSize + 1, 16 * MiB);
+    case 5: return in.ConsumeIntegralInRange<Bytes>(16 * MiB, 256 * MiB);
+    case 6: {  // k pages, +- up to 512 B
+      const Bytes k = in.ConsumeIntegralInRange<Bytes>(1, 32);
+      const int d = in.ConsumeIntegralInRange<int>(-512, 512);
+      return static_cast<Bytes>(static_cast<std::int64_t>(k * kPage) + d);
+    }
+    default: return in.ConsumeIntegralInRange<Bytes>(1, 4 * kPage);
+  }
+}
+
+const double kFractions[] = {0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0};
+const Bytes kCapacities[] = {256 * MiB, 1 * GiB, 4 * GiB, 64 * MiB};
+
+struct Failure {
+  std::string what;
+};
+
+class Run {
+ public:
+  const std::string& ops() const { return ops_log_; }
+
+  std::string go(const std::uint8_t* data, std::size_t size) {
+    FuzzedDataProvider in(data, size);
+    const std::uint8_t c = in.ConsumeIntegral<std::uint8_t>();
+    capacity_ = kCapacities[c & 3];
+    nstreams_ = 1 + ((c >> 2) & 3) % 3;
+    const bool capped = (c & 0x80) != 0;
+    const double fraction = kFractions[1 + ((c >> 4) & 7) % 7];  // never 0 at the start
+    gpu::HostOptions o;
+    o.capacity = capacity_;
+    res_lo_ = o.first_address + (Bytes{1} << 44);  // HostSim's first reservation
+    res_hi_ = res_lo_ + align_up(std::max(capacity_, kPage) * gpu::kCachetReserveFactor, kPage);
+    Config cfg;
+    cfg.policy = Policy::Cachet;
+    cfg.validate = true;
+    ops_log_ = "# policy:cachet, validate; capacity " + std::to_string(capacity_) + ", " + std::to_string(nstreams_) +
+               " streams\n";
+    ++g_mix.cases;
+    try {
+      a_ = std::make_unique<CachingAllocator>(gpu::make_host_memory(o, &sim_), cfg);
+      a_->set_trace(true);
+      if (capped) {
+        ++g_mix.capped_cases;
+        log("fraction " + std::to_string(fraction));
+        a_->set_memory_fraction(fraction);
+        cap_ = static_cast<Bytes>(fraction * static_cast<double>(capacity_));
+      }
+      for (int n = 0; n < kMaxOps && in.remaining_bytes() > 0; ++n) {
+        ++g_mix.ops;
+        step(in);
+        check();
+      }
+      // Teardown: everything freed, every event completed, empty_cache gives every page back.
+      for (auto& [p, l] : live_) a_->free(reinterpret_cast<void*>(p));
+      live_.clear();
+      sim_->complete_all_events();
+      a_->empty_cache();
+      if (a_->stats().reserved_bytes[0].current != 0 || sim_->used() != 0)
+        throw Failure{"teardown: reserved " + std::to_string(a_->stats().reserved_bytes[0].current) +
+                      " B, device used " + std::to_string(sim_->used()) + " B after freeing all and empty_cache"};
+      a_.reset();
+      if (sim_->used() != 0) throw Failure{"destructor left device memory mapped"};
+    } catch (const Failure& f) {
+      return report(f.what);
+    } catch (const InvariantViolation& e) {
+      return report(std::string("invariant: ") + e.what());
+    } catch (const std::exception& e) {
+      return report(std::string("unexpected exception: ") + e.what());
+    }
+    return {};
+  }
+
+ private:
+  struct Live {
+    Bytes size = 0;  // requested
+    StreamId stream = 0;
+  };
+  struct Pending {
+    Bytes size = 0;  // rounded
+    std::set<StreamId> left;
+  };
+
+  void log(const std::string& s) { ops_log_ += s + "\n"; }
+
+  std::string report(const std::string& what) const {
+    return "fuzz_cachet_policy: " + what + "\n" + ops_log_;
+  }
+
+  // The live handle at index i of the address-ordered live blocks.
+  std::map<std::uint64_t, Live>::iterator nth_live(FuzzedDataProvider& in) {
+    auto it = live_.begin();
+    std::advance(it, in.ConsumeIntegralInRange<std::size_t>(0, live_.size() - 1));
+    return it;
+  }
+
+  void step(FuzzedDataProvider& in) {
+    const std::uint8_t sel = in.ConsumeIntegral<std::uint8_t>();
+    if (sel < 120 || live_.empty()) {
+      const StreamId s = 1 + sel % nstreams_;
+      const Bytes size = pick_size(in, (sel >> 2) & 7);
+      alloc(size, s);
+    } else if (sel < 190) {
+      auto it = nth_live(in);
+      log("free " + std::to_string(it->first - res_lo_));
+      const auto p = it->first;
+      live_.erase(it);
+      ++g_mix.frees;
+      a_->free(reinterpret_cast<void*>(p));
+    } else if (sel < 205) {
+      // record_stream on one or two use streams, then free: pending until their events complete.
+      auto it = nth_live(in);
+      const auto p = it->first;
+      const Live l = it->second;
+      Pending pd{align_up(l.size, gpu::kCachetAlign), {}};
+      const int uses = 1 + (sel & 1);
+      for (int i = 0; i < uses; ++i) {
+        const StreamId u = in.ConsumeIntegralInRange<StreamId>(1, 5);
+        log("record " + std::to_string(p - res_lo_) + " s" + std::to_string(u));
+        a_->record_stream(reinterpret_cast<void*>(p), u);
+        if (u != l.stream) pd.left.insert(u);
+      }
+      log("free " + std::to_string(p - res_lo_));
+      live_.erase(it);
+      ++g_mix.recorded_frees;
+      a_->free(reinterpret_cast<void*>(p));
+      if (!pd.left.empty()) pending_[p] = pd;
+    } else if (sel < 228) {
+      const StreamId u = 1 + sel % 5;
+      log("complete s" + std::to_string(u));
+      ++g_mix.completes;
+      sim_->complete_events(u);
+      for (auto& [p, pd] : pending_) pd.left.erase(u);
+      std::erase_if(pending_, [](const auto& kv) { return kv.second.left.empty(); });
+    } else if (sel < 240) {
+      log("empty_cache");
+      ++g_mix.empty_caches;
+      a_->empty_cache();
+      pending_.clear();  // R9 waits for every pending event
+    } else {
+      const double f = kFractions[sel % 8];
+      const auto cap = static_cast<Bytes>(f * static_cast<double>(capacity_));
+      // Known gap (fuzz/README.md): a cap below the mapped bytes makes the next operation's
+      // invariants fail ([C-6] reserved <= cap) although live pages cannot be unmapped. So a
+      // lower cap comes after an empty_cache, and not at all when the live pages exceed it.
+      if (f < 1.0 && cap < static_cast<Bytes>(a_->stats().reserved_bytes[0].current)) {
+        log("empty_cache");
+        a_->empty_cache();
+        pending_.clear();
+        if (cap < static_cast<Bytes>(a_->stats().reserved_bytes[0].current)) {
+          log("# fraction " + std::to_string(f) + " skipped: the live pages exceed that cap");
+          ++g_mix.skipped_fractions;
+          return;
+        }
+      }
+      log("fraction " + std::to_string(f));
+      ++g_mix.fractions;
+      a_->set_memory_fraction(f);
+      cap_ = f < 1.0 ? std::optional<Bytes>(static_cast<Bytes>(f * static_cast<double>(capacity_))) : std::nullopt;
+      // A cap set below what is mapped cannot take effect at once (live pages stay mapped):
+      // reserved must not grow above what it was then.
+      cap_floor_ = static_cast<Bytes>(a_->stats().reserved_bytes[0].current);
+    }
+  }
+
+  void alloc(Bytes size, StreamId s) {
+    log("alloc " + std::to_string(size) + " s" + std::to_string(s));
+    const auto syncs = a_->stats().num_sync_all_streams;
+    const auto maps = a_->stats().num_device_alloc;
+    const Snapshot before = a_->snapshot();
+    void* vp = nullptr;
+    try {
+      vp = a_->allocate(size, s);
+    } catch (const OutOfMemory&) {
+      ++g_mix.ooms;
+      ++ooms_;
+      log("# OutOfMemory");
+    }
+    if (a_->stats().num_sync_all_streams != syncs) pending_.clear();  // R7 waited for every event
+    if (vp == nullptr) return;
+    ++g_mix.allocs;
+    const auto p = reinterpret_cast<std::uintptr_t>(vp);
+    const Bytes n = align_up(size, gpu::kCachetAlign);
+    log("# -> " + std::to_string(p - res_lo_));
+    if (p % 512 != 0) throw Failure{"pointer not 512-aligned"};
+    if (p < res_lo_ || p + n > res_hi_) throw Failure{"block outside the reservation"};
+    auto overlaps = [p, n](const auto& m) {
+      auto it = m.upper_bound(p);
+      if (it != m.end() && it->first < p + n) return true;
+      if (it != m.begin()) {
+        --it;
+        const Bytes sz = [&] {
+          if constexpr (std::is_same_v<std::decay_t<decltype(it->second)>, Live>)
+            return align_up(it->second.size, gpu::kCachetAlign);
+          else
+            return it->second.size;
+        }();
+        if (it->first + sz > p) return true;
+      }
+      return false;
+    };
+    if (overlaps(live_)) throw Failure{"new block overlaps a live block"};
+    if (overlaps(pending_)) throw Failure{"new block overlaps a block whose stream-use events have not completed"};
+    live_[p] = Live{size, s};
+    // R2: a hot-path allocation (no map call) is carved from one free block: at its high end
+    // when small (<= 1 MiB), at its low end when large.
+    if (a_->stats().num_device_alloc == maps) {
+      for (const auto& seg : before)
+        for (const auto& b : seg.blocks)
+          if (b.state == BlockState::Inactive && b.address <= p && p + n <= b.address + b.size &&
+              (n <= kSmallSize ? p + n != b.address + b.size : p != b.address))
+            throw Failure{"R2: hot-path block at " + std::to_string(p - b.address) + " B into its free block of " +
+                          std::to_string(b.size) + " B, not at its " + (n <= kSmallSize ? "high" : "low") + " end"};
+    }
+  }
+
+  // [P2], from the trace: no allocation gets memory another stream freed, unless unmapped since.
+  void check_trace() {
+    for (const TraceEvent& e : a_->trace()) {
+      const Bytes n = align_up(e.size, gpu::kCachetAlign);
+      if (e.action == TraceAction::Alloc) {
+        for (auto& [s, rg] : dirty_)
+          if (s != e.stream && overlaps_range(rg, e.addr, e.addr + n))
+            throw Failure{"P2: stream " + std::to_string(e.stream) + " got memory stream " + std::to_string(s) +
+                          " freed, not unmapped since"};
+        remove_range(dirty_[e.stream], e.addr, e.addr + n);
+      } else if (e.action == TraceAction::FreeCompleted) {
+        remove_range(dirty_[e.stream], e.addr, e.addr + n);
+        dirty_[e.stream][e.addr] = e.addr + n;
+      } else if (e.action == TraceAction::SegmentUnmap) {
+        for (auto& [s, rg] : dirty_) remove_range(rg, e.addr, e.addr + e.size);
+      }
+    }
+    a_->clear_trace();
+  }
+
+  using RangeMap = std::map<std::uint64_t, std::uint64_t>;  // disjoint [lo, hi)
+  static bool overlaps_range(const RangeMap& m, std::uint64_t lo, std::uint64_t hi) {
+    auto it = m.lower_bound(lo);
+    if (it != m.begin()) --it;
+    for (; it != m.end() && it->first < hi; ++it)
+      if (it->second > lo) return true;
+    return false;
+  }
+  static void remove_range(RangeMap& m, std::uint64_t lo, std::uint64_t hi) {
+    auto it = m.lower_bound(lo);
+    if (it != m.begin()) --it;
+    while (it != m.end() && it->first < hi) {
+      const auto [a, b] = *it;
+      if (b <= lo) {
+        ++it;
+        continue;
+      }
+      it = m.erase(it);
+      if (a < lo) m[a] = lo;
+      if (b > hi) m[hi] = b;
+    }
+  }
+
+  void check() {
+    check_trace();
+    const DeviceStats st = a_->stats();
+    const auto reserved = st.reserved_bytes[0].current;
+    const auto allocated = st.allocated_bytes[0].current;
+    std::int64_t live_bytes = 0, live_req = 0;
+    for (const auto& [p, l] : live_) {
+      live_bytes += static_cast<std::int64_t>(align_up(l.size, gpu::kCachetAlign));
+      live_req += static_cast<std::int64_t>(l.size);
+    }
+    if (allocated != live_bytes)
+      throw Failure{"allocated_bytes " + std::to_string(allocated) + " != live blocks " + std::to_string(live_bytes)};
+    if (allocated > reserved || st.active_bytes[0].current < allocated ||
+        st.requested_bytes[0].current < live_req || st.allocation[0].current != static_cast<std::int64_t>(live_.size()))
+      throw Failure{"stats inconsistent: allocated " + std::to_string(allocated) + ", reserved " + std::to_string(reserved) +
+                    ", active " + std::to_string(st.active_bytes[0].current) + ", allocations " +
+                    std::to_string(st.allocation[0].current) + " (live " + std::to_string(live_.size()) + ")"};
+    if (reserved < 0 || reserved % static_cast<std::int64_t>(kPage) != 0 ||
+        static_cast<Bytes>(reserved) != sim_->used())
+      throw Failure{"reserved " + std::to_string(reserved) + " != device used " + std::to_string(sim_->used())};
+    if (cap_ && static_cast<Bytes>(reserved) > std::max(*cap_, cap_floor_))
+      throw Failure{"reserved " + std::to_string(reserved) + " above the cap " + std::to_string(*cap_)};
+    if (st.num_ooms != ooms_) throw Failure{"num_ooms " + std::to_string(st.num_ooms) + ", seen " + std::to_string(ooms_)};
+  }
+
+  Bytes capacity_ = 0;
+  StreamId nstreams_ = 1;
+  std::optional<Bytes> cap_;
+  Bytes cap_floor_ = 0;  // reserved when the cap was last set
+  gpu::DevicePtr res_lo_ = 0, res_hi_ = 0;
+  std::shared_ptr<gpu::HostSim> sim_;
+  std::unique_ptr<CachingAllocator> a_;
+  std::map<std::uint64_t, Live> live_;
+  std::map<std::uint64_t, Pending> pending_;
+  std::map<StreamId, RangeMap> dirty_;  // memory each stream freed, not unmapped since
+  std::int64_t ooms_ = 0;
+  std::string ops_log_;
+};
+
+}  // namespace
+
+std::string run_cachet_bytes(const std::uint8_t* data, std::size_t size, std::string* ops) {
+  Run r;
+  std::string out = r.go(data, size);
+  if (ops != nullptr) *ops = r.ops();
+  return out;
+}
+
+std::string show_cachet_mix() {
+  const Mix& m = g_mix;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "fuzz_cachet_policy mix: %llu cases (%llu capped), %llu ops: %llu allocs returned memory, %llu OOMs, "
+                "%llu frees, %llu record+free, %llu event completions, %llu empty_cache, %llu fraction changes (%llu skipped: cap below the live pages)",
+                static_cast<unsigned long long>(m.cases), static_cast<unsigned long long>(m.capped_cases),
+                static_cast<unsigned long long>(m.ops), static_cast<unsigned long long>(m.allocs),
+                static_cast<unsigned long long>(m.ooms), static_cast<unsigned long long>(m.frees),
+                static_cast<unsigned long long>(m.recorded_frees), static_cast<unsigned long long>(m.completes),
+                static_cast<unsigned long long>(m.empty_caches), static_cast<unsigned long long>(m.fractions),
+                static_cast<unsigned long long>(m.skipped_fractions));
+  return buf;
+}
+
+}  // namespace cachet::fuzz

@@ -567,5 +567,33 @@ TEST(Lockstep, LoweredCapBelowMapped) {
   GTEST_SKIP() << "spec gap (P3 vs set_memory_fraction; reported): both sides break P3 the same way:\n" << f->what;
 }
 
+// R7 retries R3 only: after the retry's event wait frees [1 MiB, 2 MiB) (pages 0 and 1 full,
+// cap two pages), that free block of stream 0 holds the 1 MiB request but lies beside no
+// unmapped block, so no window finds it and the allocation fails. P4 ("a request that fits a
+// mapped free block of its stream is served from it") says otherwise; P3 does not (no window
+// fits). Both sides follow R7 and agree; the header should say whether the retry runs R2 again.
+TEST(Lockstep, RetryDoesNotRunBestFit) {
+  Case c;
+  c.capacity = 1 * GiB;
+  c.fraction = 4.0 / 1024.0;  // cap: two pages
+  c.ops = {{'a', 0, 1 * MiB, 0}, {'a', 1, 1 * MiB, 0}, {'a', 2, 1 * MiB, 0}, {'a', 3, 1 * MiB, 0},
+           {'r', 1, 0, 1},       {'f', 1},             {'a', 4, 1 * MiB, 0}};
+  const Options opt = lockstep_options();
+  EXPECT_FALSE(run_case(c, opt).has_value());
+  model::SyntheticSegmentSource src(1 * GiB);
+  Config config;
+  config.policy = Policy::Cachet;
+  model::CachetPolicy m(config, src);
+  m.set_memory_fraction(4.0 / 1024.0);
+  std::vector<std::uint64_t> p;
+  for (int i = 0; i < 4; ++i) p.push_back(m.malloc(1 * MiB, 0));
+  m.record_stream(p[1], 1);
+  m.free(p[1]);
+  EXPECT_THROW(m.malloc(1 * MiB, 0), OutOfMemory);
+  EXPECT_EQ(m.stats().num_sync_all_streams, 1);
+  EXPECT_EQ(m.stats().num_ooms, 1);
+  EXPECT_EQ(m.malloc(1 * MiB, 0), p[1]);  // the next allocation's R2 finds it
+}
+
 }  // namespace
 }  // namespace cachet::test

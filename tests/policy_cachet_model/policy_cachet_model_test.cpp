@@ -432,8 +432,8 @@ TEST(Lockstep, RandomSequences) {
   Options opt = lockstep_options();
   opt.coverage = &cov;
   const auto t0 = std::chrono::steady_clock::now();
-  std::uint64_t ops = 0, failures = 0;
-  for (std::uint64_t seed = first; seed < first + cases; ++seed) {
+  std::uint64_t ops = 0, failures = 0, ran = 0;
+  for (std::uint64_t seed = first; seed < first + cases; ++seed, ++ran) {
     const Case c = random_case(seed, n_ops);
     ops += c.ops.size();
     if (auto f = run_case(c, opt)) {
@@ -446,7 +446,7 @@ TEST(Lockstep, RandomSequences) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("lockstep: %llu sequences, %llu ops, %.2f s; model totals: %lld allocations, %lld OOMs, %lld retries, "
               "%lld maps, %lld unmaps, %lld event syncs\n",
-              static_cast<unsigned long long>(cases), static_cast<unsigned long long>(ops), s,
+              static_cast<unsigned long long>(ran), static_cast<unsigned long long>(ops), s,
               static_cast<long long>(cov.allocs), static_cast<long long>(cov.ooms), static_cast<long long>(cov.retries),
               static_cast<long long>(cov.maps), static_cast<long long>(cov.unmaps), static_cast<long long>(cov.syncs));
   if (failures == 0 && cases >= 100) {  // the generator still reaches every rule

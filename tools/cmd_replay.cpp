@@ -3,7 +3,8 @@
 // or an oracle recording) through cachet's production allocator under each configuration and
 // reports peak allocated, peak reserved, fragmentation, OOMs, retries, device calls.
 // Without --conf: the configuration recorded in the trace. Exit 2 on unreadable input or an
-// invalid configuration.
+// invalid configuration. policy:cachet replays with synthetic addresses unless --addresses
+// recorded is given (said in the result's "note").
 #if __has_include("cachet/replay/replay.h")
 #include <fmt/format.h>
 
@@ -72,6 +73,11 @@ int run_replay(const Args& a) {
   }
   for (auto& j : jobs)
     if (a.policy == "cachet") j.config.policy = Policy::Cachet;
+  // The recorded segment addresses (and the snapshot's end state) are the PyTorch policy's: a
+  // configuration with policy:cachet (--policy cachet, or --conf policy:cachet) is never "the
+  // recorded one", so it replays with synthetic addresses unless --addresses recorded is given.
+  for (auto& j : jobs)
+    if (j.config.policy == Policy::Cachet) j.recorded = false;
 
   std::vector<ReplayResult> results;
   Progress progress("replaying");
@@ -86,6 +92,9 @@ int run_replay(const Args& a) {
       };
     try {
       results.push_back(cachet::replay::replay(lt.trace, jobs[i].config, o));
+      ReplayResult& r = results.back();
+      if (jobs[i].config.policy == Policy::Cachet && a.addresses.empty() && r.note.empty())
+        r.note = "policy:cachet: synthetic addresses (the recorded ones are the PyTorch policy's)";
     } catch (const std::exception& e) {
       std::fprintf(stderr, "cachet replay: configuration '%s' cannot be replayed: %s\n",
                    to_string(jobs[i].config).c_str(), e.what());

@@ -1,7 +1,9 @@
 // `cachet tune TRACE [--cap BYTES] [--threads N] [--json]`: replays the trace under a space of
 // configurations (max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold
-// with a cap, expandable_segments, large_segment_size_mb) on worker threads and recommends the
-// string with the lowest peak reserved and no new OOMs, with its gain over the recorded one.
+// with a cap, expandable_segments, large_segment_size_mb; and cachet's own policy once,
+// policy:cachet) on worker threads and recommends the string with the lowest peak reserved and
+// no new OOMs, with its gain over the recorded one. policy:cachet is recommended as
+// CACHET_ALLOC_CONF (PyTorch rejects the key in PYTORCH_CUDA_ALLOC_CONF).
 #if __has_include("cachet/replay/replay.h")
 #include <fmt/format.h>
 
@@ -92,13 +94,20 @@ int run_tune(const Args& a) {
   std::vector<const ReplayResult*> rows;
   for (std::size_t k = 0; k < order.size() && k < a.top; ++k) rows.push_back(&tr.results[order[k]]);
   out += results_table(rows);
+  // The cachet policy's row, when the ranking above did not show it.
+  for (std::size_t k = a.top; k < order.size(); ++k)
+    if (tr.results[order[k]].config.policy == Policy::Cachet) {
+      out += fmt::format("\ncachet policy (rank {} of {}):\n", k + 1, order.size());
+      out += results_table({&tr.results[order[k]]});
+    }
   if (found) {
     const ReplayResult& b = tr.results[tr.best];
     const std::int64_t gain = tr.baseline.peak_reserved() - b.peak_reserved();
     out += fmt::format(
-        "\nrecommended: PYTORCH_CUDA_ALLOC_CONF=\"{}\"\n  peak reserved {} instead of {}: {} less ({:.1f}%), "
+        "\nrecommended: {}=\"{}\"\n  peak reserved {} instead of {}: {} less ({:.1f}%), "
         "reserved/allocated {:.3f} instead of {:.3f}, OOMs {} (recorded configuration: {})\n",
-        b.conf, human_bytes(b.peak_reserved()), human_bytes(tr.baseline.peak_reserved()), human_bytes(gain),
+        b.config.policy == Policy::Cachet ? "CACHET_ALLOC_CONF" : "PYTORCH_CUDA_ALLOC_CONF", b.conf,
+        human_bytes(b.peak_reserved()), human_bytes(tr.baseline.peak_reserved()), human_bytes(gain),
         tr.baseline.peak_reserved() ? 100.0 * static_cast<double>(gain) / static_cast<double>(tr.baseline.peak_reserved()) : 0.0,
         b.fragmentation(), tr.baseline.fragmentation(), b.stats.num_ooms, tr.baseline.stats.num_ooms);
   } else {

@@ -115,6 +115,47 @@ TEST(ReplayCli, TuneRecommends) {
   EXPECT_NE(o.out.find("garbage_collection_threshold"), std::string::npos);
 }
 
+// The number after `"key": ` in the JSON object that starts at `from` (-1 when none).
+long long json_number(const std::string& s, std::size_t from, const std::string& key) {
+  const std::size_t end = s.find("\"final_stats\"", from);
+  const std::size_t at = s.find("\"" + key + "\": ", from);
+  if (at == std::string::npos || at > end) return -1;
+  return std::stoll(s.substr(at + key.size() + 4));
+}
+
+// tune considers policy:cachet once, and its row is exactly what `replay --policy cachet` gives.
+TEST(ReplayCli, TuneHasTheCachetPolicyRowEqualToReplay) {
+  const std::string trace = kData + "workloads/resnet50_train.trace.json.gz";
+  Out t = run("tune " + trace + " --json");
+  ASSERT_EQ(t.rc, 0) << t.err;
+  const std::string row = "{\"conf\": \"policy:cachet\"";
+  const std::size_t at = t.out.find(row);
+  ASSERT_NE(at, std::string::npos) << t.out.substr(0, 2000);
+  EXPECT_EQ(t.out.find(row, at + 1), std::string::npos) << "policy:cachet twice";
+  const long long tuned = json_number(t.out, at, "peak_reserved");
+  ASSERT_GT(tuned, 0);
+  EXPECT_EQ(json_number(t.out, at, "num_ooms"), 0);
+
+  Out r = run("replay " + trace + " --policy cachet --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::size_t rat = r.out.find(row);
+  ASSERT_NE(rat, std::string::npos) << r.out.substr(0, 2000);
+  EXPECT_EQ(json_number(r.out, rat, "peak_reserved"), tuned);
+  EXPECT_EQ(json_number(r.out, rat, "peak_requested"), json_number(t.out, at, "peak_requested"));
+  // Recorded addresses are the PyTorch policy's: synthetic by default, and said so.
+  EXPECT_NE(r.out.find("\"addresses\": \"synthetic\""), std::string::npos);
+  EXPECT_NE(r.out.find("policy:cachet: synthetic addresses"), std::string::npos) << r.out.substr(0, 2000);
+  // --conf policy:cachet is the same configuration.
+  Out c = run("replay " + trace + " --conf policy:cachet --json");
+  ASSERT_EQ(c.rc, 0) << c.err;
+  EXPECT_EQ(json_number(c.out, c.out.find(row), "peak_reserved"), tuned);
+
+  // The table shows the row (in the ranking, or after it) with its conf text.
+  Out tt = run("tune " + trace + " --top 1");
+  ASSERT_EQ(tt.rc, 0) << tt.err;
+  EXPECT_NE(tt.out.find("policy:cachet"), std::string::npos) << tt.out;
+}
+
 TEST(ReplayCli, SummaryAtTheEndAndAtThePeak) {
   Out o = run("summary " + kData + "workloads/gpt2_train.trace.json.gz");
   ASSERT_EQ(o.rc, 0) << o.err;

@@ -124,6 +124,52 @@ TEST(Replay, TuneWithCapSearchesGarbageCollection) {
                            [](const TuneCandidate& c) { return c.config.garbage_collection_threshold > 0; }));
 }
 
+TEST(Replay, TuneSpaceHasTheCachetPolicyOnce) {
+  for (bool cap : {false, true})
+    for (const char* base_text : {"", "expandable_segments:True,max_split_size_mb:128", "roundup_power2_divisions:4"}) {
+      const Config base = parse_config(base_text, ConfigSource::PyTorch).config;
+      const auto space = tune_space(base, cap);
+      const auto n = std::count_if(space.begin(), space.end(),
+                                   [](const TuneCandidate& c) { return c.config.policy == Policy::Cachet; });
+      EXPECT_EQ(n, 1) << base_text << " cap " << cap;
+      const auto it = std::find_if(space.begin(), space.end(),
+                                   [](const TuneCandidate& c) { return c.config.policy == Policy::Cachet; });
+      ASSERT_NE(it, space.end());
+      // The PyTorch policy's keys are left out: it reads as CACHET_ALLOC_CONF would set it.
+      EXPECT_EQ(it->conf, "policy:cachet") << base_text;
+      EXPECT_EQ(it->config, parse_config("policy:cachet", ConfigSource::Cachet).config);
+    }
+}
+
+// The cachet policy's tune result is a plain replay of policy:cachet, and wins when it reserves least.
+TEST(Replay, TuneReplaysTheCachetPolicy) {
+  LoadedTrace lt = load_trace(kData + "workloads/resnet50_train.trace.json.gz");
+  const auto space = tune_space(lt.run.config, false);
+  const ReplayOptions o = recorded_options(lt, AddressMode::Synthetic);
+  TuneResult tr = tune(lt.trace, lt.run.config, space, o, 2);
+  std::size_t k = space.size();
+  for (std::size_t i = 0; i < space.size(); ++i)
+    if (space[i].config.policy == Policy::Cachet) k = i;
+  ASSERT_LT(k, space.size());
+  EXPECT_EQ(tr.results[k].conf, "policy:cachet");
+  Config c = lt.run.config;
+  c.policy = Policy::Cachet;
+  const ReplayResult direct = cachet::replay::replay(lt.trace, c, o);
+  EXPECT_EQ(tr.results[k].peak_reserved(), direct.peak_reserved());
+  // The selection rule: the lowest peak reserved without new OOMs, whatever the policy.
+  std::int64_t best = tr.baseline.peak_reserved();
+  for (const auto& r : tr.results)
+    if (r.stats.num_ooms <= tr.baseline.stats.num_ooms && r.failed_allocs <= tr.baseline.failed_allocs)
+      best = std::min(best, r.peak_reserved());
+  ASSERT_NE(tr.best, static_cast<std::size_t>(-1));
+  EXPECT_EQ(tr.results[tr.best].peak_reserved(), best);
+  if (tr.results[k].stats.num_ooms <= tr.baseline.stats.num_ooms && tr.results[k].failed_allocs == 0 &&
+      tr.results[k].peak_reserved() == best &&
+      std::count_if(tr.results.begin(), tr.results.end(), [&](const ReplayResult& r) { return r.peak_reserved() == best; }) == 1) {
+    EXPECT_EQ(tr.best, k);
+  }
+}
+
 TEST(Replay, ParseBytes) {
   EXPECT_EQ(parse_bytes("1024"), 1024u);
   EXPECT_EQ(parse_bytes("80GiB"), 80 * GiB);

@@ -49,6 +49,22 @@ std::vector<TuneCandidate> tune_space(const Config& base, bool with_cap) {
       // a key this build does not know: leave the candidate out
     }
   }
+  // The cachet policy (policy:cachet, CACHET_ALLOC_CONF only), once: it has no segments, no
+  // split limit and no rounding beyond 512 B, so the PyTorch policy's keys (expandable_segments,
+  // max_split_size_mb, roundup_power2_divisions, large_segment_size_mb,
+  // max_non_split_rounding_mb, garbage_collection_threshold) are left out, not crossed with it.
+  {
+    Config c = base;
+    const Config d{};
+    c.max_split_size = d.max_split_size;
+    c.max_non_split_rounding = d.max_non_split_rounding;
+    c.large_segment_size = d.large_segment_size;
+    c.roundup_power2_divisions = d.roundup_power2_divisions;
+    c.garbage_collection_threshold = d.garbage_collection_threshold;
+    c.expandable_segments = d.expandable_segments;
+    c.policy = Policy::Cachet;
+    out.push_back({to_string(c), c});
+  }
   // Drop duplicates (a base that already sets a key may make two strings equal).
   std::vector<TuneCandidate> unique;
   for (auto& c : out)

@@ -159,12 +159,13 @@ ReplayOptions recorded_options(const LoadedTrace& lt, AddressMode addresses);
 // --- tune ---
 
 struct TuneCandidate {
-  std::string conf;  // PyTorch syntax
+  std::string conf;  // to_string(config): PyTorch syntax, "policy:cachet" (CACHET_ALLOC_CONF) for the cachet policy
   Config config;
 };
 
 // The configurations tune searches (max_split_size_mb, roundup_power2_divisions,
-// garbage_collection_threshold when a cap is set, expandable_segments, large_segment_size_mb).
+// garbage_collection_threshold when a cap is set, expandable_segments, large_segment_size_mb),
+// and the cachet policy once (policy:cachet, last; the PyTorch policy's keys left out).
 std::vector<TuneCandidate> tune_space(const Config& base, bool with_cap);
 
 struct TuneResult {

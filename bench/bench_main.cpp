@@ -16,7 +16,9 @@
 // Counters are in nanoseconds: Counter(ops * 1e-9, kIsRate | kInvert) is seconds * 1e9 / ops,
 // with seconds the real time (UseRealTime; with threads, the threads' mean wall time, and the
 // ops summed over threads: the aggregate figure). bench/report.py turns --benchmark_out JSON
-// into a markdown table with the ratios cachet/PyTorch and cachet/cudaMallocAsync.
+// into a markdown table with the ratios cachet/PyTorch and cachet/cudaMallocAsync, and a second
+// one with the host backend's two policies side by side (Host: policy:pytorch,
+// HostCachetPolicy: policy:cachet; same patterns, same sequences, same run).
 //
 // Trace benchmarks (trace_bench.cpp) register themselves under "Trace/".
 #include <benchmark/benchmark.h>
@@ -49,7 +51,8 @@ constexpr PeerEntry kPeers[] = {
     {"Cachet", cachet_cuda_peer},
     {"PyTorch", torch_peer},
     {"CudaMallocAsync", cuda_malloc_async_peer},
-    {"Host", host_peer},
+    {"Host", host_peer},                           // host backend, policy:pytorch
+    {"HostCachetPolicy", host_cachet_policy_peer},  // host backend, policy:cachet
 };
 
 // The peer, or nullptr after SkipWithError (the loop then does not run).

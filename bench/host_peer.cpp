@@ -1,5 +1,5 @@
-// bench/host_peer.cpp: cachet on the host simulation backend, and the stubs of the peers that
-// were not built.
+// bench/host_peer.cpp: cachet on the host simulation backend (policy:pytorch, the default
+// Config, and policy:cachet), and the stubs of the peers that were not built.
 #include <exception>
 #include <memory>
 
@@ -12,7 +12,7 @@ namespace {
 
 class HostPeer final : public Peer {
  public:
-  HostPeer() : a_(gpu::make_host_memory(gpu::HostOptions{}), Config{}) {}
+  explicit HostPeer(const Config& config) : a_(gpu::make_host_memory(gpu::HostOptions{}), config) {}
   void* alloc(std::size_t n) override { return a_.allocate(n, 0); }
   void free(void* p) override { a_.free(p); }
   void trim() override { a_.empty_cache(); }
@@ -24,7 +24,16 @@ class HostPeer final : public Peer {
 }  // namespace
 
 Peer* host_peer(std::string* why) {
-  static const Made made = make_peer([] { return new HostPeer(); });
+  static const Made made = make_peer([] { return new HostPeer(Config{}); });
+  return made.get(why);
+}
+
+Peer* host_cachet_policy_peer(std::string* why) {
+  static const Made made = make_peer([] {
+    Config c;
+    c.policy = Policy::Cachet;
+    return new HostPeer(c);
+  });
   return made.get(why);
 }
 

@@ -1,6 +1,8 @@
 // bench/peers.h: the allocators the benchmarks compare, behind one small interface.
 //
-//   Host             cachet::CachingAllocator on the host simulation backend (always built)
+//   Host             cachet::CachingAllocator on the host simulation backend, policy:pytorch
+//                    (the default Config; always built)
+//   HostCachetPolicy the same with policy:cachet (Config::policy = Policy::Cachet; always built)
 //   Cachet           cachet::CachingAllocator on the CUDA runtime backend (CACHET_HAVE_CUDA)
 //   CudaMallocAsync  cudaMallocAsync/cudaFreeAsync on the device's default pool with an
 //                    unlimited release threshold (CACHET_HAVE_CUDA)
@@ -52,6 +54,7 @@ Made make_peer(F make) {
 
 // The peer, or nullptr with *why set (no device, not built, init failed).
 Peer* host_peer(std::string* why);
+Peer* host_cachet_policy_peer(std::string* why);  // host backend, policy:cachet
 Peer* cachet_cuda_peer(std::string* why);      // cuda_peers.cpp, or a stub without CUDA
 Peer* cuda_malloc_async_peer(std::string* why);
 Peer* torch_peer(std::string* why);            // torch_peer.cpp, or a stub without torch

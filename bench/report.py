@@ -6,15 +6,20 @@
 Rows are patterns, columns the peers found (Cachet, PyTorch, CudaMallocAsync, Host), figures
 in ns per pair or per op (the benchmarks' ns_per_pair / ns_per_op counters), then the ratios
 cachet/PyTorch and cachet/cudaMallocAsync (below 1: cachet is faster). --peer-table adds the
-oracle's recorded peer latencies (H200, /work/shared/oracle/README.md) for comparison. The
-trace benchmarks (Trace/...) follow in a second table with their targets. Standard library
-only (python3 on the GPU machine has nothing beyond torch).
+oracle's recorded peer latencies (H200, /work/shared/oracle/README.md) for comparison. When
+the run has both host-backend peers, a second table puts the two policies side by side: Host
+(policy:pytorch) and HostCachetPolicy (policy:cachet), with cachet/pytorch (target: <= 1.2,
+"hot path within 1.2x of the pytorch policy"). The trace benchmarks (Trace/...) follow with
+their targets. Standard library only (python3 on the GPU machine has nothing beyond torch).
 """
 import json
 import re
 import sys
 
 PEERS = ["Cachet", "PyTorch", "CudaMallocAsync", "Host"]
+# The host backend under each policy: (peer for policy:pytorch, peer for policy:cachet).
+POLICY_PEERS = ("Host", "HostCachetPolicy")
+POLICY_TARGET = 1.2  # cachet policy / pytorch policy on the hot path
 PATTERNS = [  # (pattern name in the benchmark, label, counter)
     ("pair/512B", "same-size pair, 512 B", "ns_per_pair"),
     ("pair/1MiB", "same-size pair, 1 MiB", "ns_per_pair"),
@@ -51,6 +56,27 @@ def fmt(v):
 
 def ratio(a, b):
     return "—" if a is None or b is None or b == 0 else "{:.2f}".format(a / b)
+
+
+def policy_table(figures):
+    """The host backend's two policies side by side, or [] when the run lacks one of them."""
+    py, ca = POLICY_PEERS
+    if not any(k[0] == py for k in figures) or not any(k[0] == ca for k in figures):
+        return []
+    out = ["", "Host backend, policy:pytorch (%s) vs policy:cachet (%s):" % POLICY_PEERS, "",
+           "| pattern | pytorch policy ns | cachet policy ns | cachet/pytorch |", "|---|---|---|---|"]
+    met = total = 0
+    for pattern, label, _ in PATTERNS:
+        a, b = figures.get((py, pattern)), figures.get((ca, pattern))
+        if a is None and b is None:
+            continue
+        out.append("| %s | %s | %s | %s |" % (label, fmt(a), fmt(b), ratio(b, a)))
+        if a and b is not None:
+            total += 1
+            met += b / a <= POLICY_TARGET
+    out.append("")
+    out.append("cachet/pytorch <= %.1f on %d of %d patterns" % (POLICY_TARGET, met, total))
+    return out
 
 
 def main(argv):
@@ -106,6 +132,7 @@ def main(argv):
             o = ORACLE.get(pattern, (None, None))
             row += [fmt(o[0]), fmt(o[1]), ratio(c, o[0])]
         out.append("| " + " | ".join(row) + " |")
+    out += policy_table(figures)
     if errors:
         out.append("")
         out.append("Skipped or failed:")

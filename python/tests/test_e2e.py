@@ -11,6 +11,13 @@ before the first CUDA allocation). Deterministic settings: torch.use_determinist
 CUBLAS_WORKSPACE_CONFIG=:4096:8, fixed seeds, the same data. Both runs get the same
 configuration string in PYTORCH_CUDA_ALLOC_CONF ($CACHET_E2E_CONF, default: none).
 
+A third run, for GPT-2 (CACHET_E2E_POLICY_MODELS, default gpt2), uses the plug-in with
+CACHET_ALLOC_CONF=policy:cachet (cachet's low-waste policy on the CUDA VMM backend; the
+variable wins over PYTORCH_CUDA_ALLOC_CONF, so $CACHET_E2E_CONF does not apply to it), again in
+its own process. It must report the policy in the plug-in's settings ("canonical" contains
+policy:cachet), give the native run's losses bit for bit, and waste = peak reserved / peak
+requested (the plug-in's reserved_bytes.all.peak / requested_bytes.all.peak) <= 1.05.
+
 Checks, per model:
   losses     identical step by step (bit for bit)
   peak       cachet's reserved_bytes.all.peak <= native max_memory_reserved()
@@ -18,10 +25,14 @@ Checks, per model:
              spreads (spread = max - min of steps 5..20)
   viz        python -m torch.cuda._memory_viz stats|trace reads cachet's dumped snapshot
   replay     `cachet replay SNAPSHOT --json` reaches the reserved peak cachet reported
+  policy     (third run) losses identical to native, waste <= 1.05, the policy really selected
 
 Environment: CACHET_TORCH_LIB (the plug-in), CACHET_BIN (the cachet command), CACHET_E2E_CONF,
-CACHET_E2E_MODELS (comma list, default gpt2,resnet50), CACHET_E2E_OUT (write the results as JSON
-there), CACHET_E2E_KEEP (a folder to keep the snapshots in).
+CACHET_E2E_MODELS (comma list, default gpt2,resnet50), CACHET_E2E_POLICY_MODELS (the models
+that also get the policy:cachet run, default gpt2; "" = none), CACHET_E2E_OUT (write the results
+as JSON there: per model, and "cachet_policy": {"model", "peak_reserved", "peak_requested",
+"waste", "losses_identical", ...} for the first model with the policy:cachet run),
+CACHET_E2E_KEEP (a folder to keep the snapshots in).
 """
 import argparse
 import importlib.util
@@ -38,6 +49,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYDIR = os.path.dirname(HERE)
 STEPS = 20
 TIMED = slice(4, 20)  # steps 5..20
+POLICY_CONF = "policy:cachet"  # CACHET_ALLOC_CONF of the third run
+MAX_POLICY_WASTE = 1.05        # peak reserved / peak requested, policy:cachet run
 
 
 # ---------------------------------------------------------------- worker (one training run)
@@ -120,9 +133,13 @@ def worker(a):
         st = cachet_torch.memory_stats(0)
         result["peak_reserved"] = st["reserved_bytes.all.peak"]
         result["peak_allocated"] = st["allocated_bytes.all.peak"]
+        result["peak_requested"] = st["requested_bytes.all.peak"]
         result["num_alloc_retries"] = st["num_alloc_retries"]
+        result["num_device_alloc"] = st["num_device_alloc"]
+        result["num_device_free"] = st["num_device_free"]
         result["wired_callbacks"] = cachet_torch.wired_callbacks()
         result["settings"] = cachet_torch.settings()["canonical"]
+        result["settings_variable"] = cachet_torch.settings()["variable"]
         if a.snapshot:
             cachet_torch.dump_snapshot(a.snapshot)
         try:
@@ -133,7 +150,9 @@ def worker(a):
     else:
         result["peak_reserved"] = torch.cuda.max_memory_reserved(dev)
         result["peak_allocated"] = torch.cuda.max_memory_allocated(dev)
-        result["num_alloc_retries"] = torch.cuda.memory_stats(dev)["num_alloc_retries"]
+        native_stats = torch.cuda.memory_stats(dev)
+        result["peak_requested"] = native_stats.get("requested_bytes.all.peak", 0)
+        result["num_alloc_retries"] = native_stats["num_alloc_retries"]
     with open(a.out, "w") as f:
         json.dump(result, f)
     return 0
@@ -194,6 +213,52 @@ def spread(xs):
     return max(xs) - min(xs)
 
 
+def waste(run):
+    """peak reserved / peak requested of a run (None when nothing was requested)."""
+    req = run.get("peak_requested") or 0
+    return run["peak_reserved"] / req if req > 0 else None
+
+
+def policy_check(m, n, p):
+    """The policy:cachet run `p` of model `m` against the native run `n`: (result dict, failures)."""
+    fails = []
+    same = n["losses"] == p["losses"]
+    first_diff = next((i + 1 for i, (x, y) in enumerate(zip(n["losses"], p["losses"])) if x != y), None)
+    w = waste(p)
+    tp = p["step_seconds"][TIMED]
+    res = {
+        "model": m,
+        "conf": POLICY_CONF,
+        "settings": p.get("settings"),
+        "settings_variable": p.get("settings_variable"),
+        "peak_reserved": p["peak_reserved"],
+        "peak_requested": p["peak_requested"],
+        "peak_allocated": p["peak_allocated"],
+        "waste": w,
+        "max_waste": MAX_POLICY_WASTE,
+        "losses_identical": same,
+        "first_differing_step": first_diff,
+        "final_loss": p["loss_values"][-1],
+        "num_alloc_retries": p["num_alloc_retries"],
+        "num_device_alloc": p.get("num_device_alloc"),
+        "num_device_free": p.get("num_device_free"),
+        "median_step_s": statistics.median(tp),
+        "spread_step_s": spread(tp),
+        "native": {"peak_reserved": n["peak_reserved"], "peak_requested": n["peak_requested"], "waste": waste(n)},
+    }
+    if "policy:cachet" not in (p.get("settings") or ""):
+        fails.append(f"{m}/cachet_policy: the plug-in's configuration is {p.get('settings')!r} "
+                     f"(from {p.get('settings_variable')!r}), not policy:cachet")
+    if not same:
+        fails.append(f"{m}/cachet_policy: losses differ from step {first_diff} "
+                     f"(native {n['loss_values'][first_diff - 1]!r}, "
+                     f"policy:cachet {p['loss_values'][first_diff - 1]!r})")
+    if w is None or w > MAX_POLICY_WASTE:
+        fails.append(f"{m}/cachet_policy: waste {w} (peak reserved {p['peak_reserved']} / peak requested "
+                     f"{p['peak_requested']}) > {MAX_POLICY_WASTE}")
+    return res, fails
+
+
 def main():
     try:
         import torch
@@ -227,6 +292,11 @@ def main():
     env.setdefault("HF_HUB_OFFLINE", "1")
     if conf:
         env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    # The third run: the plug-in with cachet's policy (CACHET_ALLOC_CONF wins over the others).
+    policy_env = dict(env)
+    policy_env["CACHET_ALLOC_CONF"] = POLICY_CONF
+    policy_models = [m for m in os.environ.get("CACHET_E2E_POLICY_MODELS", "gpt2").split(",")
+                     if m and m in models]
     cachet_bin = os.environ.get("CACHET_BIN", "")
     tmp = tempfile.mkdtemp(prefix="cachet-e2e-")
     keep = os.environ.get("CACHET_E2E_KEEP")
@@ -237,14 +307,16 @@ def main():
     runs = {}
     failures = []
     for m in models:
-        for alloc in ("native", "cachet"):
+        kinds = ["native", "cachet"] + (["cachet_policy"] if m in policy_models else [])
+        for alloc in kinds:
             out = os.path.join(tmp, f"{m}-{alloc}.json")
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", m,
-                   "--allocator", alloc, "--out", out, "--lib", lib]
+                   "--allocator", "cachet" if alloc == "cachet_policy" else alloc, "--out", out, "--lib", lib]
             if alloc == "cachet":
                 cmd += ["--snapshot", os.path.join(tmp, f"{m}-cachet.pickle")]
             t0 = time.time()
-            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+            r = subprocess.run(cmd, env=policy_env if alloc == "cachet_policy" else env,
+                               capture_output=True, text=True, timeout=600)
             wall = time.time() - t0
             if r.returncode != 0 or not os.path.exists(out):
                 failures.append(f"{m}/{alloc}: the run failed (rc {r.returncode})")
@@ -260,9 +332,15 @@ def main():
     rows = []
     for m in models:
         n, c = runs.get((m, "native")), runs.get((m, "cachet"))
+        p = runs.get((m, "cachet_policy"))
+        if n and p:  # the policy:cachet run needs only the native one (a failed run is already a failure)
+            pres, fails = policy_check(m, n, p)
+            failures += fails
+            results.setdefault("cachet_policy", pres)
+            results["models"].setdefault(m, {})["cachet_policy"] = pres
         if not n or not c:
             continue
-        res = {}
+        res = results["models"].get(m, {})
         same = n["losses"] == c["losses"]
         first_diff = next((i + 1 for i, (x, y) in enumerate(zip(n["losses"], c["losses"])) if x != y), None)
         res["losses_identical"] = same
@@ -270,6 +348,7 @@ def main():
         res["final_loss"] = {"native": n["loss_values"][-1], "cachet": c["loss_values"][-1]}
         res["peak_reserved"] = {"native": n["peak_reserved"], "cachet": c["peak_reserved"]}
         res["peak_allocated"] = {"native": n["peak_allocated"], "cachet": c["peak_allocated"]}
+        res["peak_requested"] = {"native": n["peak_requested"], "cachet": c["peak_requested"]}
         res["num_alloc_retries"] = {"native": n["num_alloc_retries"], "cachet": c["num_alloc_retries"]}
         tn, tc = n["step_seconds"][TIMED], c["step_seconds"][TIMED]
         med_n, med_c = statistics.median(tn), statistics.median(tc)
@@ -313,12 +392,26 @@ def main():
     for row in rows:
         print(row)
     for m, res in results["models"].items():
+        pc = res.get("cachet_policy")
+        if pc:
+            print(f"  {m}: {POLICY_CONF}: losses {'identical' if pc['losses_identical'] else 'DIFFER'}, "
+                  f"peak reserved {pc['peak_reserved']}, peak requested {pc['peak_requested']}, "
+                  f"waste {pc['waste'] if pc['waste'] is None else round(pc['waste'], 4)} (<= {MAX_POLICY_WASTE}; "
+                  f"native {pc['native']['waste'] if pc['native']['waste'] is None else round(pc['native']['waste'], 4)}), "
+                  f"median step {pc['median_step_s'] * 1e3:.2f} ms, settings {pc['settings']!r}")
+    for m, res in results["models"].items():
+        if "replay_detail" not in res:  # the plug-in's pytorch-policy run failed
+            continue
         print(f"  {m}: replay: {res['replay_detail']}")
         print(f"  {m}: peak allocated native {res['peak_allocated']['native']} cachet "
               f"{res['peak_allocated']['cachet']}; callbacks wired: {res['wired_callbacks']}; "
               f"torch.cuda.memory_stats() with the plug-in: {res['torch_memory_stats_with_plugin']}")
         if res["determinism_warnings"]:
             print(f"  {m}: determinism warnings: {res['determinism_warnings']}")
+    if "cachet_policy" not in results:
+        wanted_policy = [m for m in os.environ.get("CACHET_E2E_POLICY_MODELS", "gpt2").split(",") if m]
+        results["cachet_policy"] = {"skipped": (f"no {POLICY_CONF} run completed (models asked: {wanted_policy}, "
+                                                f"run: {policy_models})")}
     results["failures"] = failures
     results["passed"] = not failures
     out_path = os.environ.get("CACHET_E2E_OUT")

@@ -44,5 +44,6 @@ inline constexpr int kMutantCachetSlackEighth = 19;   // R4: alloc_slow's budget
 inline constexpr int kMutantCachetUnmapKeepsReserved = 20;  // unmap_range does not lower reserved_bytes
 inline constexpr int kMutantCachetIgnoreCap = 21;     // alloc_slow ignores the memory cap
 inline constexpr int kMutantCachetPendingIgnoresEvents = 22;  // process_events frees pending blocks at once
+inline constexpr int kMutantCachetRetrySkipsBestFit = 23;  // R7: the retry goes to the windows without R2
 
 }  // namespace cachet::gpu::detail

@@ -20,9 +20,15 @@ namespace {
 
 constexpr Bytes kPage = kCachetPageSize;
 
-constexpr Bytes align_up(Bytes n, Bytes a) { return (n + a - 1) / a * a; }
-constexpr DevicePtr page_floor(DevicePtr p) { return p / kPage * kPage; }
-constexpr DevicePtr page_ceil(DevicePtr p) { return align_up(p, kPage); }
+constexpr Bytes align_up(Bytes n, Bytes a) {
+  return (n + a - 1) / a * a;
+}
+constexpr DevicePtr page_floor(DevicePtr p) {
+  return p / kPage * kPage;
+}
+constexpr DevicePtr page_ceil(DevicePtr p) {
+  return align_up(p, kPage);
+}
 
 std::string hex(std::uint64_t v) {
   char buf[32];
@@ -37,19 +43,25 @@ std::string device_error(const char* call, Bytes n, DeviceIndex device, const St
   return m;
 }
 
-StatType pool_of(Bytes size) { return size <= kSmallSize ? StatType::SmallPool : StatType::LargePool; }
+StatType pool_of(Bytes size) {
+  return size <= kSmallSize ? StatType::SmallPool : StatType::LargePool;
+}
 
 template <class F>
 void all_and(StatArray& a, StatType pool, F&& f) {
   DeviceStats::for_all_and(a, pool, std::forward<F>(f));
 }
 
-bool mapped_block(const CBlock* b) { return b != nullptr && b->mapped; }
+bool mapped_block(const CBlock* b) {
+  return b != nullptr && b->mapped;
+}
 
 // [P1] The pages the policy may keep mapped, given the high-water mark of pages touched by live
 // blocks: that mark plus 1/kCachetSlackDivisor of it (rounded down), so that a training step
 // that moves a few pages finds them still mapped in the next step.
-Bytes budget_pages(Bytes peak_touched) { return peak_touched + peak_touched / kCachetSlackDivisor; }
+Bytes budget_pages(Bytes peak_touched) {
+  return peak_touched + peak_touched / kCachetSlackDivisor;
+}
 
 }  // namespace
 
@@ -57,15 +69,18 @@ CachetPolicy::CachetPolicy(std::unique_ptr<DeviceMemory> memory, const Config& c
     : mem_(std::move(memory)), caps_(mem_->caps()), device_(mem_->device()), config_(config) {
   if (!caps_.reserve_va)
     throw UsageError(
-        "policy:cachet needs a backend that can reserve and map address space (CUDA VMM or the host "
+        "policy:cachet needs a backend that can reserve and map address space (CUDA VMM or the "
+        "host "
         "simulation); this backend cannot. Use policy:pytorch or another backend.");
   if (caps_.granularity == 0 || kPage % caps_.granularity != 0)
-    throw UsageError("policy:cachet maps 2 MiB pages; this backend's granularity does not divide 2 MiB");
+    throw UsageError(
+        "policy:cachet maps 2 MiB pages; this backend's granularity does not divide 2 MiB");
   auto info = mem_->mem_get_info();
   if (!info.is_ok()) throw DeviceError(device_error("cudaMemGetInfo", 0, device_, info.status));
   total_memory_ = info.value.total;
   stats_.max_split_size = config_.max_split_size_stat();
-  if (config_.per_process_memory_fraction) set_memory_fraction(*config_.per_process_memory_fraction);
+  if (config_.per_process_memory_fraction)
+    set_memory_fraction(*config_.per_process_memory_fraction);
 }
 
 CachetPolicy::~CachetPolicy() {
@@ -100,7 +115,9 @@ CBlock* CachetPolicy::make_block() {
   return b;
 }
 
-void CachetPolicy::release_block(CBlock* b) { spare_.push_back(b); }
+void CachetPolicy::release_block(CBlock* b) {
+  spare_.push_back(b);
+}
 
 void CachetPolicy::record(TraceAction a, std::uint64_t addr, Bytes size, StreamId stream) {
   if (!trace_on_) return;
@@ -139,18 +156,8 @@ DevicePtr CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
   if (!events_.empty()) process_events();
   const Bytes size = align_up(orig_size, kCachetAlign);
 
-  CBlock* b = nullptr;
-  auto it = free_.lower_bound(CSizeKey{stream, size, 0}, CSizeOrder{});
-  if (it != free_.end() && it->stream == stream) {  // hot path: best fit in this stream's mapped free blocks
-    CBlock* f = &*it;
-    // Size-class-aware split: small requests take the high end of the block, large ones the low
-    // end, so that small and large blocks collect at opposite ends of free stretches.
-    const DevicePtr at = size <= kSmallSize && !mutant(kMutantCachetLowEndSmall) ? f->end() - size : f->ptr;
-    free_.erase(free_.iterator_to(*f));
-    b = carve(f, at, size);
-  } else {
-    b = alloc_slow(stream, size);
-  }
+  CBlock* b = take_best_fit(stream, size);  // hot path (R2)
+  if (b == nullptr) b = alloc_slow(stream, size);
   b->state = CBlock::State::Allocated;
   b->requested = orig_size;
   b->stream = stream;
@@ -167,6 +174,18 @@ DevicePtr CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
   all_and(stats_.requested_bytes, pool, [req](Stat& s) { s.increase(req); });
   record(TraceAction::Alloc, b->ptr, orig_size, stream);
   return b->ptr;
+}
+
+CBlock* CachetPolicy::take_best_fit(StreamId stream, Bytes size) {
+  auto it = free_.lower_bound(CSizeKey{stream, size, 0}, CSizeOrder{});
+  if (it == free_.end() || it->stream != stream) return nullptr;
+  CBlock* f = &*it;
+  // Size-class-aware split: small requests take the high end of the block, large ones the low
+  // end, so that small and large blocks collect at opposite ends of free stretches.
+  const DevicePtr at =
+      size <= kSmallSize && !mutant(kMutantCachetLowEndSmall) ? f->end() - size : f->ptr;
+  free_.erase(free_.iterator_to(*f));
+  return carve(f, at, size);
 }
 
 CBlock* CachetPolicy::carve(CBlock* f, DevicePtr at, Bytes size) {
@@ -201,8 +220,12 @@ CBlock* CachetPolicy::carve(CBlock* f, DevicePtr at, Bytes size) {
 CachetPolicy::Placement CachetPolicy::find_placement(StreamId stream, Bytes size) const {
   Placement best;
   for (const CBlock& u : unmapped_) {
-    const CBlock* l = u.prev != nullptr && u.prev->is_mapped_free() && u.prev->stream == stream ? u.prev : nullptr;
-    const CBlock* r = u.next != nullptr && u.next->is_mapped_free() && u.next->stream == stream ? u.next : nullptr;
+    const CBlock* l = u.prev != nullptr && u.prev->is_mapped_free() && u.prev->stream == stream
+                          ? u.prev
+                          : nullptr;
+    const CBlock* r = u.next != nullptr && u.next->is_mapped_free() && u.next->stream == stream
+                          ? u.next
+                          : nullptr;
     const DevicePtr ws = l ? l->ptr : u.ptr;
     const DevicePtr we = r ? r->end() : u.end();
     if (we - ws < size) continue;
@@ -252,8 +275,10 @@ Bytes CachetPolicy::unmap_free_pages(Bytes pages, DevicePtr ex_lo, DevicePtr ex_
     if (hi <= lo) continue;
     // A free block never straddles the excluded range (that range is one placement's window).
     if (lo < ex_hi && hi > ex_lo) {
-      if (hi > ex_hi) lo = ex_hi;
-      else hi = std::min(hi, ex_lo);
+      if (hi > ex_hi)
+        lo = ex_hi;
+      else
+        hi = std::min(hi, ex_lo);
       if (hi <= lo) continue;
     }
     cands.push_back({&b, lo, hi});
@@ -275,8 +300,10 @@ Bytes CachetPolicy::unmap_free_pages(Bytes pages, DevicePtr ex_lo, DevicePtr ex_
 
 void CachetPolicy::run_delta(bool left_mapped, bool right_mapped, bool mapping) {
   int d = 0;
-  if (left_mapped && right_mapped) d = mapping ? -1 : 1;
-  else if (!left_mapped && !right_mapped) d = mapping ? 1 : -1;
+  if (left_mapped && right_mapped)
+    d = mapping ? -1 : 1;
+  else if (!left_mapped && !right_mapped)
+    d = mapping ? 1 : -1;
   if (d > 0) all_and(stats_.segment, StatType::LargePool, [](Stat& s) { s.increase(1); });
   if (d < 0) all_and(stats_.segment, StatType::LargePool, [](Stat& s) { s.decrease(1); });
 }
@@ -301,7 +328,8 @@ void CachetPolicy::unmap_range(CBlock* b, DevicePtr lo, DevicePtr hi) {
   merge_free(mid);
 }
 
-Status CachetPolicy::map_range(CBlock* u, DevicePtr lo, DevicePtr hi, StreamId stream, CBlock** merged) {
+Status CachetPolicy::map_range(CBlock* u, DevicePtr lo, DevicePtr hi, StreamId stream,
+                               CBlock** merged) {
   Status st = mem_->map(lo, hi - lo);
   if (!st.is_ok()) return st;
   ++stats_.num_device_alloc;
@@ -349,8 +377,10 @@ CBlock* CachetPolicy::merge_free(CBlock* b) {
            (!b->mapped || mutant(kMutantCachetMergeAcrossStreams) || o->stream == b->stream);
   };
   auto erase = [this](CBlock* o) {
-    if (o->mapped) free_.erase(free_.iterator_to(*o));
-    else unmapped_.erase(unmapped_.iterator_to(*o));
+    if (o->mapped)
+      free_.erase(free_.iterator_to(*o));
+    else
+      unmapped_.erase(unmapped_.iterator_to(*o));
   };
   if (CBlock* p = b->prev; joinable(p)) {
     erase(p);
@@ -367,8 +397,10 @@ CBlock* CachetPolicy::merge_free(CBlock* b) {
     if (n->next) n->next->prev = b;
     release_block(n);
   }
-  if (b->mapped) free_.insert(*b);
-  else unmapped_.insert(*b);
+  if (b->mapped)
+    free_.insert(*b);
+  else
+    unmapped_.insert(*b);
   return b;
 }
 
@@ -426,10 +458,13 @@ CBlock* CachetPolicy::alloc_slow(StreamId stream, Bytes size) {
       if (!st.is_oom()) throw DeviceError(device_error("cuMemMap", hi - lo, device_, st));
     }
     if (retried) throw_oom(size);
-    // Give every whole free page back and try once more.
+    // R7: once: wait for pending events; a block that freed may hold the request (R2); else
+    // give every whole free page back and try the windows once more.
     retried = true;
     ++stats_.num_alloc_retries;
     if (!events_.empty()) synchronize_events();
+    if (!mutant(kMutantCachetRetrySkipsBestFit))
+      if (CBlock* b = take_best_fit(stream, size)) return b;
     unmap_free_pages(static_cast<Bytes>(-1) / kPage, 0, 0);
   }
 }
@@ -457,7 +492,8 @@ void CachetPolicy::free(DevicePtr ptr) {
   if (ptr == 0) return;
   CBlock* b = find_active(ptr, "free");
   if (b->state != CBlock::State::Allocated)
-    throw UsageError("free(" + hex(ptr) + "): double free: the block is already freed and waits for its stream uses");
+    throw UsageError("free(" + hex(ptr) +
+                     "): double free: the block is already freed and waits for its stream uses");
   const StatType pool = pool_of(b->size);
   const auto n = static_cast<std::int64_t>(b->size);
   all_and(stats_.allocation, pool, [](Stat& s) { s.decrease(1); });
@@ -465,6 +501,7 @@ void CachetPolicy::free(DevicePtr ptr) {
   record(TraceAction::FreeRequested, b->ptr, b->requested, b->stream);
   if (b->stream_uses.empty()) {
     free_block(b);
+    if (allowed_max_) trim_to_cap();
     return;
   }
   b->state = CBlock::State::Pending;
@@ -534,6 +571,7 @@ void CachetPolicy::process_events() {
     if (--b->event_count == 0) free_block(b);
   }
   events_.resize(keep);
+  if (allowed_max_) trim_to_cap();
 }
 
 void CachetPolicy::synchronize_events() {
@@ -546,6 +584,14 @@ void CachetPolicy::synchronize_events() {
     event_pool_.push_back(e);
     if (--b->event_count == 0) free_block(b);
   }
+  if (allowed_max_) trim_to_cap();
+}
+
+void CachetPolicy::trim_to_cap() {
+  if (!allowed_max_ || base_ == 0 || mutant(kMutantCachetIgnoreCap)) return;
+  const Bytes cap_pages = *allowed_max_ / kPage;
+  const Bytes pages = mapped_ / kPage;
+  if (pages > cap_pages) unmap_free_pages(pages - cap_pages, 0, 0);
 }
 
 void CachetPolicy::empty_cache() {
@@ -557,13 +603,18 @@ void CachetPolicy::empty_cache() {
 
 void CachetPolicy::set_memory_fraction(double fraction) {
   if (!(fraction >= 0.0 && fraction <= 1.0))
-    throw UsageError("invalid fraction: " + std::to_string(fraction) + ". Please set within [0, 1].");
-  if (fraction < 1.0) allowed_max_ = static_cast<Bytes>(fraction * static_cast<double>(total_memory_));
-  else allowed_max_.reset();
+    throw UsageError("invalid fraction: " + std::to_string(fraction) +
+                     ". Please set within [0, 1].");
+  if (fraction < 1.0)
+    allowed_max_ = static_cast<Bytes>(fraction * static_cast<double>(total_memory_));
+  else
+    allowed_max_.reset();
+  trim_to_cap();  // R7: a lowered cap unmaps whole free pages down to it
 }
 
 double CachetPolicy::memory_fraction() const {
-  return allowed_max_ ? static_cast<double>(*allowed_max_) / static_cast<double>(total_memory_) : 1.0;
+  return allowed_max_ ? static_cast<double>(*allowed_max_) / static_cast<double>(total_memory_)
+                      : 1.0;
 }
 
 void CachetPolicy::apply_config(const Config& c) {
@@ -615,15 +666,18 @@ CBlock* CachetPolicy::find_active(DevicePtr ptr, const char* op) const {
     for (const CBlock* c = head_; c != nullptr; c = c->next) {
       if (ptr < c->ptr || ptr >= c->end()) continue;
       if (ptr == c->ptr)
-        throw UsageError(what + "double free or never allocated: " + hex(ptr) +
-                         " is a free block of this allocator; free each pointer allocate() returned once");
-      throw UsageError(what + "interior pointer: " + hex(ptr) + " is " + std::to_string(ptr - c->ptr) +
-                       " bytes into the block at " + hex(c->ptr) + " (" + std::to_string(c->size) +
+        throw UsageError(
+            what + "double free or never allocated: " + hex(ptr) +
+            " is a free block of this allocator; free each pointer allocate() returned once");
+      throw UsageError(what + "interior pointer: " + hex(ptr) + " is " +
+                       std::to_string(ptr - c->ptr) + " bytes into the block at " + hex(c->ptr) +
+                       " (" + std::to_string(c->size) +
                        " bytes); pass the pointer allocate() returned");
     }
   }
-  throw UsageError(what + "unknown pointer: " + hex(ptr) + " was not returned by this allocator (device " +
-                   std::to_string(device_) + "); pass a pointer allocate() returned");
+  throw UsageError(what + "unknown pointer: " + hex(ptr) +
+                   " was not returned by this allocator (device " + std::to_string(device_) +
+                   "); pass a pointer allocate() returned");
 }
 
 // Only a block's first and last pages can be shared with other live blocks: an interior page
@@ -643,8 +697,10 @@ void CachetPolicy::touch(const CBlock* b, bool live) {
   if (last != first) {
     end_page(last);
     const Bytes interior = last - first - 1;
-    if (live) touched_pages_ += interior;
-    else touched_pages_ -= interior;
+    if (live)
+      touched_pages_ += interior;
+    else
+      touched_pages_ -= interior;
   }
 }
 
@@ -688,7 +744,8 @@ std::vector<std::string> CachetPolicy::invariants() const {
     if (b->ptr != expect) fail("[C-1] gap or overlap at " + hex(expect) + at);
     if (b->prev != prev) fail("[C-1] prev link broken" + at);
     expect = b->end();
-    if (b->size == 0 || b->size % kCachetAlign != 0 || b->ptr % kCachetAlign != 0) fail("[C-2] size/alignment" + at);
+    if (b->size == 0 || b->size % kCachetAlign != 0 || b->ptr % kCachetAlign != 0)
+      fail("[C-2] size/alignment" + at);
     if (b->mapped) {
       mapped += b->size;
       if (prev == nullptr || !prev->mapped) ++runs;
@@ -697,8 +754,10 @@ std::vector<std::string> CachetPolicy::invariants() const {
       if (b->event_count != 0) fail("[C-4] free block with events" + at);
       if (!b->mapped) {
         ++n_unmapped;
-        if (b->ptr % kPage != 0 || b->size % kPage != 0) fail("[C-3] unmapped block not page aligned" + at);
-        if (b->next != nullptr && b->next->is_unmapped()) fail("[C-3] adjacent unmapped blocks" + at);
+        if (b->ptr % kPage != 0 || b->size % kPage != 0)
+          fail("[C-3] unmapped block not page aligned" + at);
+        if (b->next != nullptr && b->next->is_unmapped())
+          fail("[C-3] adjacent unmapped blocks" + at);
         if (auto u = unmapped_.find(b->ptr, CAddrOrder{}); u == unmapped_.end() || &*u != b)
           fail("[C-4] unmapped block not in unmapped_" + at);
       } else {
@@ -708,14 +767,17 @@ std::vector<std::string> CachetPolicy::invariants() const {
         auto it = free_.find(CSizeKey{b->stream, b->size, b->ptr}, CSizeOrder{});
         if (it == free_.end() || &*it != b) fail("[C-4] free block not in free_" + at);
         // A mapped free block touches only mapped pages: its neighbours on shared pages are mapped.
-        if (b->ptr % kPage != 0 && b->prev != nullptr && !b->prev->mapped) fail("[C-3] free block on an unmapped page" + at);
+        if (b->ptr % kPage != 0 && b->prev != nullptr && !b->prev->mapped)
+          fail("[C-3] free block on an unmapped page" + at);
       }
     } else {
       ++n_active;
       if (!b->mapped) fail("[C-3] active block not mapped" + at);
       if (active_.find(b->ptr) != b) fail("[C-4] active block not in active_" + at);
-      if (b->size != align_up(b->requested, kCachetAlign)) fail("[C-2] size is not the rounded request" + at);
-      if ((b->state == CBlock::State::Pending) != (b->event_count > 0)) fail("[C-4] pending/event_count mismatch" + at);
+      if (b->size != align_up(b->requested, kCachetAlign))
+        fail("[C-2] size is not the rounded request" + at);
+      if ((b->state == CBlock::State::Pending) != (b->event_count > 0))
+        fail("[C-4] pending/event_count mismatch" + at);
       n_events += static_cast<std::size_t>(b->event_count);
       const StatType pool = pool_of(b->size);
       const auto n = static_cast<std::int64_t>(b->size);
@@ -729,17 +791,21 @@ std::vector<std::string> CachetPolicy::invariants() const {
       }
     }
   }
-  if (base_ != 0 && expect != base_ + va_size_) fail("[C-1] blocks end at " + hex(expect) + ", not at the reservation's end");
-  if (n_free != free_.size()) fail("[C-4] free_ holds " + std::to_string(free_.size()) + " blocks, " + std::to_string(n_free) + " expected");
+  if (base_ != 0 && expect != base_ + va_size_)
+    fail("[C-1] blocks end at " + hex(expect) + ", not at the reservation's end");
+  if (n_free != free_.size())
+    fail("[C-4] free_ holds " + std::to_string(free_.size()) + " blocks, " +
+         std::to_string(n_free) + " expected");
   if (n_unmapped != unmapped_.size()) fail("[C-4] unmapped_ size mismatch");
   if (n_active != active_.size()) fail("[C-4] active_ size mismatch");
   if (n_events != events_.size()) fail("[C-4] event count mismatch");
-  if (mapped != mapped_) fail("[C-5] mapped bytes " + std::to_string(mapped) + " != " + std::to_string(mapped_));
+  if (mapped != mapped_)
+    fail("[C-5] mapped bytes " + std::to_string(mapped) + " != " + std::to_string(mapped_));
   auto cmp = [&](const char* name, const StatArray& got, const StatArray& want) {
     for (int i = 0; i < kNumStatTypes; ++i)
       if (got[i].current != want[i].current)
-        fail(std::string("[C-5] ") + name + "[" + std::to_string(i) + "] = " + std::to_string(got[i].current) +
-             ", recount " + std::to_string(want[i].current));
+        fail(std::string("[C-5] ") + name + "[" + std::to_string(i) + "] = " +
+             std::to_string(got[i].current) + ", recount " + std::to_string(want[i].current));
   };
   cmp("allocation", stats_.allocation, re.allocation);
   cmp("active", stats_.active, re.active);
@@ -747,12 +813,15 @@ std::vector<std::string> CachetPolicy::invariants() const {
   cmp("active_bytes", stats_.active_bytes, re.active_bytes);
   cmp("requested_bytes", stats_.requested_bytes, re.requested_bytes);
   if (stats_.reserved_bytes[0].current != static_cast<std::int64_t>(mapped) ||
-      stats_.reserved_bytes[2].current != static_cast<std::int64_t>(mapped) || stats_.reserved_bytes[1].current != 0)
+      stats_.reserved_bytes[2].current != static_cast<std::int64_t>(mapped) ||
+      stats_.reserved_bytes[1].current != 0)
     fail("[C-5] reserved_bytes != mapped bytes " + std::to_string(mapped));
   if (stats_.segment[0].current != runs || stats_.segment[2].current != runs)
-    fail("[C-5] segment = " + std::to_string(stats_.segment[0].current) + ", runs of mapped pages " + std::to_string(runs));
+    fail("[C-5] segment = " + std::to_string(stats_.segment[0].current) +
+         ", runs of mapped pages " + std::to_string(runs));
   if (touched_bytes() != touched_pages_ * kPage)
-    fail("[C-7] touched pages " + std::to_string(touched_pages_) + ", recount " + std::to_string(touched_bytes() / kPage));
+    fail("[C-7] touched pages " + std::to_string(touched_pages_) + ", recount " +
+         std::to_string(touched_bytes() / kPage));
   {
     // Counts are kept for the first and last page of each live block (touch()).
     std::vector<std::uint32_t> live(page_live_.size(), 0);
@@ -772,9 +841,14 @@ std::vector<std::string> CachetPolicy::invariants() const {
     if (mapped / kPage > budget_pages(peak_touched_pages_) + split)
       fail("[P1] " + std::to_string(mapped / kPage) + " pages mapped, budget " +
            std::to_string(budget_pages(peak_touched_pages_)) + " (touched high-water mark " +
-           std::to_string(peak_touched_pages_) + ") + " + std::to_string(split) + " split free pages");
+           std::to_string(peak_touched_pages_) + ") + " + std::to_string(split) +
+           " split free pages");
   }
-  if (allowed_max_ && mapped > *allowed_max_) fail("[C-6] reserved " + std::to_string(mapped) + " > cap " + std::to_string(*allowed_max_));
+  // [C-6] = [P3]: reserved <= the cap, or (the cap was lowered below the live blocks' pages) no
+  // whole free page left to unmap.
+  if (allowed_max_ && mapped > *allowed_max_ && whole_free_pages(0, 0) > 0)
+    fail("[C-6] reserved " + std::to_string(mapped) + " > cap " + std::to_string(*allowed_max_) +
+         " with " + std::to_string(whole_free_pages(0, 0)) + " whole free pages still mapped");
   return v;
 }
 

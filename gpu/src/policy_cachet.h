@@ -75,9 +75,15 @@ struct CSizeOrder {
     if (az != bz) return az < bz;
     return ap < bp;
   }
-  bool operator()(const CBlock& a, const CBlock& b) const { return less(a.stream, a.size, a.ptr, b.stream, b.size, b.ptr); }
-  bool operator()(const CBlock& a, const CSizeKey& b) const { return less(a.stream, a.size, a.ptr, b.stream, b.size, b.ptr); }
-  bool operator()(const CSizeKey& a, const CBlock& b) const { return less(a.stream, a.size, a.ptr, b.stream, b.size, b.ptr); }
+  bool operator()(const CBlock& a, const CBlock& b) const {
+    return less(a.stream, a.size, a.ptr, b.stream, b.size, b.ptr);
+  }
+  bool operator()(const CBlock& a, const CSizeKey& b) const {
+    return less(a.stream, a.size, a.ptr, b.stream, b.size, b.ptr);
+  }
+  bool operator()(const CSizeKey& a, const CBlock& b) const {
+    return less(a.stream, a.size, a.ptr, b.stream, b.size, b.ptr);
+  }
 };
 struct CAddrOrder {
   bool operator()(const CBlock& a, const CBlock& b) const { return a.ptr < b.ptr; }
@@ -122,6 +128,10 @@ class CachetPolicy {
 
   void ensure_reserved();
   CBlock* alloc_slow(StreamId stream, Bytes size);
+  // R2: the best fit among `stream`'s mapped free blocks, carved; nullptr when none holds `size`.
+  CBlock* take_best_fit(StreamId stream, Bytes size);
+  // R7: while mapped bytes are above the cap, unmap whole free pages down to it (R6 order).
+  void trim_to_cap();
   Placement find_placement(StreamId stream, Bytes size) const;
   // Unmaps up to `pages` whole free pages outside [ex_lo, ex_hi); returns how many it unmapped.
   Bytes unmap_free_pages(Bytes pages, DevicePtr ex_lo, DevicePtr ex_hi);
@@ -160,8 +170,9 @@ class CachetPolicy {
   Bytes mapped_ = 0;
   // Per page of the reservation: how many live (allocated or pending) blocks touch it.
   std::vector<std::uint32_t> page_live_;
-  Bytes touched_pages_ = 0;       // pages with page_live_ > 0
-  Bytes peak_touched_pages_ = 0;  // high-water mark of touched_pages_ ([P1]; not reset by reset_peak_stats)
+  Bytes touched_pages_ = 0;  // pages with page_live_ > 0
+  Bytes peak_touched_pages_ =
+      0;  // high-water mark of touched_pages_ ([P1]; not reset by reset_peak_stats)
   CBlock* head_ = nullptr;
   CFreeSet free_;
   CUnmappedSet unmapped_;

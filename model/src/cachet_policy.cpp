@@ -1,42 +1,55 @@
 // The cachet policy model: construction, the allocate entry point (R2 hot path or the slow
 // path), stats, the memory cap (R7) and the snapshot. Rules: cachet/model/cachet_policy.h.
+#include "cachet/model/cachet_policy.h"
+
 #include <algorithm>
 #include <string>
 
 #include "cachet/errors.h"
-#include "cachet/model/cachet_policy.h"
 #include "cachet/summary.h"
 
 namespace cachet::model {
 
 namespace {
 
-StatType pool_of(Bytes size) { return size <= kSmallSize ? StatType::SmallPool : StatType::LargePool; }
+StatType pool_of(Bytes size) {
+  return size <= kSmallSize ? StatType::SmallPool : StatType::LargePool;
+}
 
 void both(StatArray& a, StatType pool, std::int64_t delta) {
   DeviceStats::for_all_and(a, pool, [delta](Stat& s) {
-    if (delta >= 0) s.increase(delta);
-    else s.decrease(-delta);
+    if (delta >= 0)
+      s.increase(delta);
+    else
+      s.decrease(-delta);
   });
 }
 
 }  // namespace
 
 CachetPolicy::CachetPolicy(const Config& config, SegmentSource& source, DeviceIndex device)
-    : CachetPolicy(config, source, device, Options{}) {}
-
-CachetPolicy::CachetPolicy(const Config& config, SegmentSource& source, DeviceIndex device, Options options)
-    : config_(config), source_(source), device_(device), options_(options) {
+    : config_(config), source_(source), device_(device) {
   stats_.max_split_size = config_.max_split_size_stat();
-  if (config_.per_process_memory_fraction) set_memory_fraction(*config_.per_process_memory_fraction);
+  if (config_.per_process_memory_fraction)
+    set_memory_fraction(*config_.per_process_memory_fraction);
 }
 
 void CachetPolicy::set_memory_fraction(double fraction) {
   if (!(fraction >= 0.0 && fraction <= 1.0))
-    throw UsageError("invalid fraction: " + std::to_string(fraction) + ". Please set within [0, 1].");
+    throw UsageError("invalid fraction: " + std::to_string(fraction) +
+                     ". Please set within [0, 1].");
   // As PyTorch computes the cap: fraction x total memory, truncated; 1.0 means no cap.
   allowed_max_.reset();
-  if (fraction < 1.0) allowed_max_ = static_cast<Bytes>(fraction * static_cast<double>(source_.total_memory()));
+  if (fraction < 1.0)
+    allowed_max_ = static_cast<Bytes>(fraction * static_cast<double>(source_.total_memory()));
+  trim_to_cap();  // R7: a lowered cap unmaps whole free pages down to it
+}
+
+void CachetPolicy::trim_to_cap() {
+  if (!allowed_max_ || reservation_size_ == 0) return;
+  const Bytes cap_pages = *allowed_max_ / kCachetPage;
+  if (mapped_pages_.size() > cap_pages)
+    unmap_whole_free_pages(mapped_pages_.size() - cap_pages, 0, 0);
 }
 
 double CachetPolicy::memory_fraction() const {
@@ -56,14 +69,10 @@ std::uint64_t CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
   const Bytes size = (orig_size + kCachetBlockAlign - 1) / kCachetBlockAlign * kCachetBlockAlign;
 
   std::uint64_t ptr = 0;
-  if (auto fit = best_fit(stream, size)) {
-    // R2: small requests take the high end of the best fit, large ones the low end.
-    const Block& f = blocks_.at(*fit);
-    const std::uint64_t at = size <= kSmallSize ? f.end() - size : f.ptr;
-    ptr = carve(*fit, at, size).ptr;
-  } else {
+  if (auto fit = take_best_fit(stream, size))
+    ptr = *fit;  // R2
+  else
     ptr = allocate_slow(stream, size);
-  }
   Block& b = blocks_.at(ptr);
   b.state = State::Allocated;
   b.requested = orig_size;
@@ -100,9 +109,11 @@ std::uint64_t CachetPolicy::allocate_slow(StreamId stream, Bytes size) {
       record(TraceAction::Oom, f.device_free, size, 0);
       throw OutOfMemory(oom_message(f));
     }
-    // R7: once per allocation: wait for pending events, unmap every whole free page, retry R3.
+    // R7: once per allocation: wait for pending events; R2 again (the wait may have freed a
+    // block that holds the request); else unmap every whole free page and retry R3.
     ++stats_.num_alloc_retries;
     if (!events_.empty()) synchronize_events();
+    if (auto fit = take_best_fit(stream, size)) return *fit;
     unmap_whole_free_pages(~Bytes{0}, 0, 0);
   }
 }

@@ -20,7 +20,9 @@ std::string hex(std::uint64_t v) {
   return buf;
 }
 
-StatType pool_of(Bytes size) { return size <= kSmallSize ? StatType::SmallPool : StatType::LargePool; }
+StatType pool_of(Bytes size) {
+  return size <= kSmallSize ? StatType::SmallPool : StatType::LargePool;
+}
 
 void drop(StatArray& a, StatType pool, std::int64_t n) {
   DeviceStats::for_all_and(a, pool, [n](Stat& s) { s.decrease(n); });
@@ -45,6 +47,7 @@ void CachetPolicy::free(std::uint64_t ptr) {
   record(TraceAction::FreeRequested, ptr, b.requested, b.stream);
   if (b.uses.empty()) {
     free_completed(b);
+    trim_to_cap();  // R7: only acts while mapped bytes are above a lowered cap
     return;
   }
   b.state = State::Pending;
@@ -67,11 +70,14 @@ void CachetPolicy::free_completed(Block& b) {
 
 void CachetPolicy::record_stream(std::uint64_t ptr, StreamId stream) {
   Block& b = live_block(ptr, "record_stream");
-  if (b.state != State::Allocated) throw UsageError("record_stream(" + hex(ptr) + "): the block was already freed");
+  if (b.state != State::Allocated)
+    throw UsageError("record_stream(" + hex(ptr) + "): the block was already freed");
   if (stream != b.stream) b.uses.insert(stream);
 }
 
-void CachetPolicy::complete_events(StreamId stream) { completed_[stream] = recorded_[stream]; }
+void CachetPolicy::complete_events(StreamId stream) {
+  completed_[stream] = recorded_[stream];
+}
 
 void CachetPolicy::complete_all_events() {
   for (const auto& [stream, n] : recorded_) completed_[stream] = n;
@@ -88,6 +94,7 @@ void CachetPolicy::process_events() {
     events_.erase(ptr);
     free_completed(blocks_.at(ptr));
   }
+  trim_to_cap();
 }
 
 // Wait for every pending event (num_sync_all_streams counts the waits).

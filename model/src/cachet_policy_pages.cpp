@@ -15,7 +15,8 @@ void CachetPolicy::ensure_reserved() {
   const Bytes total = std::max<Bytes>(source_.total_memory(), kCachetPage);
   reservation_size_ = (total * kCachetReserveTimes + kCachetPage - 1) / kCachetPage * kCachetPage;
   base_ = source_.reserve(reservation_size_);
-  if (base_ % kCachetPage != 0) throw std::logic_error("cachet model: reservation is not page aligned");
+  if (base_ % kCachetPage != 0)
+    throw std::logic_error("cachet model: reservation is not page aligned");
   Block u;
   u.ptr = base_;
   u.size = reservation_size_;
@@ -46,7 +47,7 @@ std::vector<std::uint64_t> CachetPolicy::whole_free_pages(const Block& b, std::u
   for (std::uint64_t p = page_of(b.ptr); p <= page_of(b.end() - 1); ++p) {
     const std::uint64_t a = page_addr(p);
     if (a < b.ptr || a + kCachetPage > b.end()) continue;  // shared with a neighbour
-    if (a >= ex_lo && a < ex_hi) continue;                  // the new block's pages
+    if (a >= ex_lo && a < ex_hi) continue;                 // the new block's pages
     pages.push_back(p);
   }
   return pages;
@@ -66,7 +67,8 @@ void CachetPolicy::unmap_whole_free_pages(Bytes pages, std::uint64_t ex_lo, std:
   std::vector<std::pair<std::uint64_t, std::vector<std::uint64_t>>> blocks;  // (block, its pages)
   for (const auto& [ptr, b] : blocks_)
     if (b.mapped_free())
-      if (auto w = whole_free_pages(b, ex_lo, ex_hi); !w.empty()) blocks.emplace_back(ptr, std::move(w));
+      if (auto w = whole_free_pages(b, ex_lo, ex_hi); !w.empty())
+        blocks.emplace_back(ptr, std::move(w));
   std::stable_sort(blocks.begin(), blocks.end(),
                    [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
   Bytes done = 0;
@@ -75,7 +77,8 @@ void CachetPolicy::unmap_whole_free_pages(Bytes pages, std::uint64_t ex_lo, std:
     const Bytes take = std::min<Bytes>(w.size(), pages - done);
     const std::uint64_t first = w[w.size() - take];
     const std::uint64_t last = w.back();
-    if (last - first + 1 != take) throw std::logic_error("cachet model: a block's whole free pages are not one range");
+    if (last - first + 1 != take)
+      throw std::logic_error("cachet model: a block's whole free pages are not one range");
     const std::uint64_t lo = page_addr(first), hi = page_addr(last) + kCachetPage;
     const std::int64_t runs = mapped_runs();
     source_.unmap(lo, hi - lo);
@@ -97,7 +100,8 @@ void CachetPolicy::unmap_whole_free_pages(Bytes pages, std::uint64_t ex_lo, std:
 // with the stream's free neighbours. false: the device refused.
 bool CachetPolicy::map_pages(std::uint64_t lo, std::uint64_t hi, StreamId stream) {
   auto it = std::prev(blocks_.upper_bound(lo));
-  if (!it->second.unmapped() || it->second.end() < hi) throw std::logic_error("cachet model: mapping pages that are not unmapped");
+  if (!it->second.unmapped() || it->second.end() < hi)
+    throw std::logic_error("cachet model: mapping pages that are not unmapped");
   const std::int64_t runs = mapped_runs();
   if (!source_.map(lo, hi - lo)) return false;
   ++stats_.num_device_alloc;

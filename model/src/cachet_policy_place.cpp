@@ -11,7 +11,9 @@ namespace cachet::model {
 
 namespace {
 
-std::uint64_t floor_to(std::uint64_t base, std::uint64_t a) { return base + (a - base) / kCachetPage * kCachetPage; }
+std::uint64_t floor_to(std::uint64_t base, std::uint64_t a) {
+  return base + (a - base) / kCachetPage * kCachetPage;
+}
 std::uint64_t ceil_to(std::uint64_t base, std::uint64_t a) {
   return base + (a - base + kCachetPage - 1) / kCachetPage * kCachetPage;
 }
@@ -46,12 +48,25 @@ std::optional<std::uint64_t> CachetPolicy::best_fit(StreamId stream, Bytes size)
   return best->ptr;
 }
 
+std::optional<std::uint64_t> CachetPolicy::take_best_fit(StreamId stream, Bytes size) {
+  const auto fit = best_fit(stream, size);
+  if (!fit) return std::nullopt;
+  // R2: small requests take the high end of the best fit, large ones the low end.
+  const Block& f = blocks_.at(*fit);
+  const std::uint64_t at = size <= kSmallSize ? f.end() - size : f.ptr;
+  return carve(*fit, at, size).ptr;
+}
+
 // R3: windows around unmapped blocks, in address order; the first candidate with the fewest
 // new pages; the scan stops at a 1-page candidate.
-std::optional<CachetPolicy::Placement> CachetPolicy::find_window(StreamId stream, Bytes size) const {
+std::optional<CachetPolicy::Placement> CachetPolicy::find_window(StreamId stream,
+                                                                 Bytes size) const {
   std::optional<Placement> best;
   auto consider = [&](std::uint64_t at, Bytes pages) {
-    if (pages == 0 && !options_.zero_page_candidates) return false;
+    // A 0-page candidate would lie inside one mapped free block of `stream`, which R2 (run
+    // before every R3, also on R7's retry) would have taken: there is none.
+    if (pages == 0)
+      throw std::logic_error("cachet model: a window candidate with no new page (R2 missed it)");
     if (!best || pages < best->new_pages) best = Placement{at, pages};
     return best->new_pages <= 1;  // nothing can beat it: stop
   };
@@ -111,7 +126,8 @@ std::optional<std::uint64_t> CachetPolicy::try_place(StreamId stream, Bytes size
     hi = a + kCachetPage;
     ++count;
   }
-  if (count != p->new_pages) throw std::logic_error("cachet model: new pages differ from the window's count");
+  if (count != p->new_pages)
+    throw std::logic_error("cachet model: new pages differ from the window's count");
   if (count > 0 && !map_pages(lo, hi, stream)) return std::nullopt;
 
   // The placement now lies in one mapped free block of `stream`: carve it there.
@@ -126,7 +142,8 @@ std::optional<std::uint64_t> CachetPolicy::try_place(StreamId stream, Bytes size
 // outer pieces keep its state, mapping and stream. Returns the middle piece.
 CachetPolicy::Block& CachetPolicy::carve(std::uint64_t free_ptr, std::uint64_t at, Bytes size) {
   Block whole = blocks_.at(free_ptr);
-  if (at < whole.ptr || at + size > whole.end()) throw std::logic_error("cachet model: carve outside the block");
+  if (at < whole.ptr || at + size > whole.end())
+    throw std::logic_error("cachet model: carve outside the block");
   blocks_.erase(free_ptr);
   auto piece = [&](std::uint64_t lo, std::uint64_t hi) -> Block& {
     Block b = whole;
@@ -142,7 +159,8 @@ CachetPolicy::Block& CachetPolicy::carve(std::uint64_t free_ptr, std::uint64_t a
 // R1: a free block joins its free neighbours: mapped ones of the same stream, or unmapped ones.
 std::uint64_t CachetPolicy::merge(std::uint64_t ptr) {
   auto joins = [](const Block& a, const Block* o) {
-    return o != nullptr && o->state == State::Free && o->mapped == a.mapped && (!a.mapped || o->stream == a.stream);
+    return o != nullptr && o->state == State::Free && o->mapped == a.mapped &&
+           (!a.mapped || o->stream == a.stream);
   };
   if (Block* after = block_after(ptr); joins(blocks_.at(ptr), after)) {
     blocks_.at(ptr).size += after->size;

@@ -57,7 +57,9 @@ class Spy final : public gpu::DeviceMemory {
   gpu::Result<gpu::MemInfo> mem_get_info() override { return in_->mem_get_info(); }
   bool stream_valid(StreamId s) override { return in_->stream_valid(s); }
   gpu::Result<gpu::EventHandle> event_create() override { return in_->event_create(); }
-  gpu::Status event_record(gpu::EventHandle e, StreamId s) override { return in_->event_record(e, s); }
+  gpu::Status event_record(gpu::EventHandle e, StreamId s) override {
+    return in_->event_record(e, s);
+  }
   gpu::Result<bool> event_query(gpu::EventHandle e) override { return in_->event_query(e); }
   gpu::Status event_synchronize(gpu::EventHandle e) override { return in_->event_synchronize(e); }
   void event_destroy(gpu::EventHandle e) override { in_->event_destroy(e); }
@@ -87,9 +89,14 @@ class Spy final : public gpu::DeviceMemory {
 // capacity rule (a mapping that would pass it fails), and the same call log.
 class Mirror final : public model::SegmentSource {
  public:
-  Mirror(Bytes capacity, const std::uint64_t* gpu_base) : capacity_(capacity), gpu_base_(gpu_base) {}
-  std::optional<std::uint64_t> allocate(Bytes) override { throw std::logic_error("policy:cachet never cudaMallocs"); }
-  void free(std::uint64_t, Bytes) override { throw std::logic_error("policy:cachet never cudaFrees"); }
+  Mirror(Bytes capacity, const std::uint64_t* gpu_base)
+      : capacity_(capacity), gpu_base_(gpu_base) {}
+  std::optional<std::uint64_t> allocate(Bytes) override {
+    throw std::logic_error("policy:cachet never cudaMallocs");
+  }
+  void free(std::uint64_t, Bytes) override {
+    throw std::logic_error("policy:cachet never cudaFrees");
+  }
   std::uint64_t reserve(Bytes) override { return *gpu_base_ != 0 ? *gpu_base_ : 0x300000000; }
   void release_reservation(std::uint64_t, Bytes) override {}
   bool map(std::uint64_t addr, Bytes size) override {
@@ -128,12 +135,23 @@ std::string to_text(const Op& o) {
   std::ostringstream s;
   s << o.kind;
   switch (o.kind) {
-    case 'a': s << ' ' << o.id << ' ' << o.size << ' ' << o.stream; break;
-    case 'f': s << ' ' << o.id; break;
-    case 'r': s << ' ' << o.id << ' ' << o.stream; break;
-    case 'c': s << ' ' << o.stream; break;
-    case 'F': s << ' ' << o.size; break;
-    default: break;
+    case 'a':
+      s << ' ' << o.id << ' ' << o.size << ' ' << o.stream;
+      break;
+    case 'f':
+      s << ' ' << o.id;
+      break;
+    case 'r':
+      s << ' ' << o.id << ' ' << o.stream;
+      break;
+    case 'c':
+      s << ' ' << o.stream;
+      break;
+    case 'F':
+      s << ' ' << o.size;
+      break;
+    default:
+      break;
   }
   return s.str();
 }
@@ -156,7 +174,8 @@ Case parse_case(std::istream& in) {
   Case c;
   std::string word;
   while (in >> word) {
-    if (word == "capacity") in >> c.capacity;
+    if (word == "capacity")
+      in >> c.capacity;
     else if (word == "fraction") {
       double f;
       in >> f;
@@ -164,12 +183,23 @@ Case parse_case(std::istream& in) {
     } else {
       Op o{word[0]};
       switch (o.kind) {
-        case 'a': in >> o.id >> o.size >> o.stream; break;
-        case 'f': in >> o.id; break;
-        case 'r': in >> o.id >> o.stream; break;
-        case 'c': in >> o.stream; break;
-        case 'F': in >> o.size; break;
-        default: break;
+        case 'a':
+          in >> o.id >> o.size >> o.stream;
+          break;
+        case 'f':
+          in >> o.id;
+          break;
+        case 'r':
+          in >> o.id >> o.stream;
+          break;
+        case 'c':
+          in >> o.stream;
+          break;
+        case 'F':
+          in >> o.size;
+          break;
+        default:
+          break;
       }
       c.ops.push_back(o);
     }
@@ -184,7 +214,8 @@ std::string diff_stats(const DeviceStats& g, const DeviceStats& m) {
   auto gf = flatten(g), mf = flatten(m);
   for (std::size_t i = 0; i < gf.size() && i < mf.size(); ++i)
     if (gf[i] != mf[i])
-      out += "  stat " + gf[i].first + ": gpu " + std::to_string(gf[i].second) + ", model " + std::to_string(mf[i].second) + "\n";
+      out += "  stat " + gf[i].first + ": gpu " + std::to_string(gf[i].second) + ", model " +
+             std::to_string(mf[i].second) + "\n";
   return out;
 }
 
@@ -208,7 +239,8 @@ std::string diff_snapshots(const Snapshot& g, const Snapshot& m, std::uint64_t b
 
 std::string calls_text(const std::vector<Call>& v, std::size_t from, std::uint64_t base) {
   std::ostringstream o;
-  for (std::size_t i = from; i < v.size(); ++i) o << " " << v[i].kind << "(+" << v[i].addr - base << "," << v[i].size << ")";
+  for (std::size_t i = from; i < v.size(); ++i)
+    o << " " << v[i].kind << "(+" << v[i].addr - base << "," << v[i].size << ")";
   return o.str();
 }
 
@@ -225,7 +257,6 @@ struct Coverage {
 struct Options {
   Coverage* coverage = nullptr;
   std::size_t snapshot_every = 1;  // compare snapshots after every n-th op (and after the last)
-  model::CachetPolicy::Options model;
 };
 
 std::optional<Failure> run_case(const Case& c, const Options& opt) {
@@ -236,9 +267,10 @@ std::optional<Failure> run_case(const Case& c, const Options& opt) {
   ho.capacity = c.capacity;
   Config config;
   config.policy = Policy::Cachet;
-  CachingAllocator g(std::make_unique<Spy>(gpu::make_host_memory(ho, &sim), &gpu_calls, &gpu_base), config);
+  CachingAllocator g(std::make_unique<Spy>(gpu::make_host_memory(ho, &sim), &gpu_calls, &gpu_base),
+                     config);
   Mirror mirror(c.capacity, &gpu_base);
-  model::CachetPolicy m(config, mirror, 0, opt.model);
+  model::CachetPolicy m(config, mirror, 0);
   if (c.fraction) {
     g.set_memory_fraction(*c.fraction);
     m.set_memory_fraction(*c.fraction);
@@ -265,7 +297,8 @@ std::optional<Failure> run_case(const Case& c, const Options& opt) {
         auto show = [&](const std::optional<std::uint64_t>& p, const std::string& err) {
           return p ? "+" + std::to_string(*p - gpu_base) : err;
         };
-        if (gp != mp || gerr != merr) bad += "  allocate: gpu " + show(gp, gerr) + ", model " + show(mp, merr) + "\n";
+        if (gp != mp || gerr != merr)
+          bad += "  allocate: gpu " + show(gp, gerr) + ", model " + show(mp, merr) + "\n";
         if (gp && mp && *gp == *mp && *gp != 0) live[o.id] = *gp;
         break;
       }
@@ -300,12 +333,14 @@ std::optional<Failure> run_case(const Case& c, const Options& opt) {
         g.set_memory_fraction(static_cast<double>(o.size) / 1e6);
         m.set_memory_fraction(static_cast<double>(o.size) / 1e6);
         break;
-      default: break;
+      default:
+        break;
     }
     bad += diff_stats(g.stats(), m.stats());
     if (gpu_calls != mirror.calls)
-      bad += "  device calls since the previous op:\n    gpu  " + calls_text(gpu_calls, calls_before, gpu_base) +
-             "\n    model" + calls_text(mirror.calls, calls_before, gpu_base) + "\n";
+      bad += "  device calls since the previous op:\n    gpu  " +
+             calls_text(gpu_calls, calls_before, gpu_base) + "\n    model" +
+             calls_text(mirror.calls, calls_before, gpu_base) + "\n";
     calls_before = std::min(gpu_calls.size(), mirror.calls.size());
     for (const std::string& v : g.invariants()) bad += "  gpu invariant: " + v + "\n";
     try {
@@ -349,8 +384,9 @@ std::string report(const std::string& origin, const Case& c, const Failure& f, c
   const Case small = shrink(cut, opt);
   const auto sf = run_case(small, opt);
   return origin + ", op " + std::to_string(f.op) + " (" + to_text(c.ops[f.op]) + "):\n" + f.what +
-         "shrunk to " + std::to_string(small.ops.size()) + " ops (save as a file, run with CACHET_LOCKSTEP_OPS=file):\n" +
-         to_text(small) + (sf ? "which fails with:\n" + sf->what : "");
+         "shrunk to " + std::to_string(small.ops.size()) +
+         " ops (save as a file, run with CACHET_LOCKSTEP_OPS=file):\n" + to_text(small) +
+         (sf ? "which fails with:\n" + sf->what : "");
 }
 
 // ------------------------------------------------------------------ random cases
@@ -359,7 +395,9 @@ Bytes random_size(std::mt19937_64& rng) {
   static const Bytes kEdges[] = {512, 1 * MiB, 2 * MiB, 4 * MiB, 10 * MiB, 20 * MiB};
   std::uniform_int_distribution<int> pick(0, 9);
   switch (pick(rng)) {
-    case 0: case 1: case 2: {  // within 1 KiB of a boundary (512 B, 1 MiB, 2 MiB, ...)
+    case 0:
+    case 1:
+    case 2: {  // within 1 KiB of a boundary (512 B, 1 MiB, 2 MiB, ...)
       const Bytes e = kEdges[std::uniform_int_distribution<int>(0, 5)(rng)];
       const auto d = std::uniform_int_distribution<std::int64_t>(-1024, 1024)(rng);
       const auto v = static_cast<std::int64_t>(e) + d;
@@ -381,11 +419,15 @@ Case random_case(std::uint64_t seed, int n_ops) {
   Case c;
   const int streams = std::uniform_int_distribution<int>(1, 3)(rng);
   const int shape = std::uniform_int_distribution<int>(0, 9)(rng);
-  if (shape <= 1) c.capacity = 256 * MiB + std::uniform_int_distribution<Bytes>(0, 64)(rng) * 2 * MiB;  // device refuses
-  if (shape >= 7) c.fraction = std::uniform_real_distribution<double>(0.02, 0.3)(rng);        // a cap
+  if (shape <= 1)
+    c.capacity =
+        256 * MiB + std::uniform_int_distribution<Bytes>(0, 64)(rng) * 2 * MiB;  // device refuses
+  if (shape >= 7) c.fraction = std::uniform_real_distribution<double>(0.02, 0.3)(rng);  // a cap
   std::vector<std::uint64_t> ids;  // allocated and not freed (on the generator's side)
   std::uint64_t next_id = 0;
-  auto stream = [&] { return static_cast<StreamId>(std::uniform_int_distribution<int>(0, streams - 1)(rng)); };
+  auto stream = [&] {
+    return static_cast<StreamId>(std::uniform_int_distribution<int>(0, streams - 1)(rng));
+  };
   for (int i = 0; i < n_ops; ++i) {
     const int r = std::uniform_int_distribution<int>(0, 99)(rng);
     // Keep the live set moderate: free more when many blocks are live.
@@ -404,8 +446,10 @@ Case random_case(std::uint64_t seed, int n_ops) {
       c.ops.push_back({'c', 0, 0, stream()});
     } else if (r < 98) {
       c.ops.push_back({'C'});
-    } else {
+    } else if (r < 99 || !c.fraction) {
       c.ops.push_back({'e'});
+    } else {  // a new cap, often below the mapped bytes (R7's trim)
+      c.ops.push_back({'F', 0, std::uniform_int_distribution<Bytes>(10'000, 300'000)(rng)});
     }
   }
   return c;
@@ -416,13 +460,9 @@ std::uint64_t env_u64(const char* name, std::uint64_t fallback) {
   return v ? std::strtoull(v, nullptr, 0) : fallback;
 }
 
-// The options the lockstep runs with: the model reads R3 as gpu/ does for the one known
-// disagreement (ZeroPageWindowOnRetry below), so that the random runs look for new ones.
-// CACHET_LOCKSTEP_LITERAL_R3=1 runs the spec-literal model instead.
+// The options the lockstep runs with.
 Options lockstep_options() {
-  Options o;
-  o.model.zero_page_candidates = env_u64("CACHET_LOCKSTEP_LITERAL_R3", 0) != 0;
-  return o;
+  return Options{};
 }
 
 TEST(Lockstep, RandomSequences) {
@@ -438,18 +478,21 @@ TEST(Lockstep, RandomSequences) {
     const Case c = random_case(seed, n_ops);
     ops += c.ops.size();
     if (auto f = run_case(c, opt)) {
-      ADD_FAILURE() << report("seed " + std::to_string(seed) + " (CACHET_LOCKSTEP_SEED=" + std::to_string(seed) +
-                                  " CACHET_LOCKSTEP_CASES=1)",
+      ADD_FAILURE() << report("seed " + std::to_string(seed) + " (CACHET_LOCKSTEP_SEED=" +
+                                  std::to_string(seed) + " CACHET_LOCKSTEP_CASES=1)",
                               c, *f, opt);
       if (++failures == 3) break;
     }
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("lockstep: %llu sequences, %llu ops, %.2f s; model totals: %lld allocations, %lld OOMs, %lld retries, "
-              "%lld maps, %lld unmaps, %lld event syncs\n",
-              static_cast<unsigned long long>(ran), static_cast<unsigned long long>(ops), s,
-              static_cast<long long>(cov.allocs), static_cast<long long>(cov.ooms), static_cast<long long>(cov.retries),
-              static_cast<long long>(cov.maps), static_cast<long long>(cov.unmaps), static_cast<long long>(cov.syncs));
+  std::printf(
+      "lockstep: %llu sequences, %llu ops, %.2f s; model totals: %lld allocations, %lld OOMs, %lld "
+      "retries, "
+      "%lld maps, %lld unmaps, %lld event syncs\n",
+      static_cast<unsigned long long>(ran), static_cast<unsigned long long>(ops), s,
+      static_cast<long long>(cov.allocs), static_cast<long long>(cov.ooms),
+      static_cast<long long>(cov.retries), static_cast<long long>(cov.maps),
+      static_cast<long long>(cov.unmaps), static_cast<long long>(cov.syncs));
   if (failures == 0 && cases >= 100) {  // the generator still reaches every rule
     EXPECT_GT(cov.ooms, 0);
     EXPECT_GT(cov.retries, cov.ooms);
@@ -468,26 +511,32 @@ TEST(Lockstep, OracleOpLists) {
   std::sort(files.begin(), files.end());
   ASSERT_FALSE(files.empty());
   Options opt = lockstep_options();
-  opt.snapshot_every = 64;  // every op's pointer, stats, calls and invariants; snapshots every 64 ops
+  opt.snapshot_every =
+      64;  // every op's pointer, stats, calls and invariants; snapshots every 64 ops
   for (const std::string& path : files) {
     Case base;
     for (const io::Op& o : io::read_ops(path)) {
-      if (o.kind == io::Op::Kind::Alloc) base.ops.push_back({'a', o.id, o.size, o.stream});
-      else if (o.kind == io::Op::Kind::Free) base.ops.push_back({'f', o.id});
-      else base.ops.push_back({'e'});
+      if (o.kind == io::Op::Kind::Alloc)
+        base.ops.push_back({'a', o.id, o.size, o.stream});
+      else if (o.kind == io::Op::Kind::Free)
+        base.ops.push_back({'f', o.id});
+      else
+        base.ops.push_back({'e'});
     }
     struct Variant {
       const char* name;
       Bytes capacity;
       std::optional<double> fraction;
     };
-    for (const Variant& v : {Variant{"80 GiB", 80 * GiB, std::nullopt}, Variant{"1 GiB", 1 * GiB, std::nullopt},
-                             Variant{"8 GiB, fraction 0.05", 8 * GiB, 0.05}}) {
+    for (const Variant& v :
+         {Variant{"80 GiB", 80 * GiB, std::nullopt}, Variant{"1 GiB", 1 * GiB, std::nullopt},
+          Variant{"8 GiB, fraction 0.05", 8 * GiB, 0.05}}) {
       Case c = base;
       c.capacity = v.capacity;
       c.fraction = v.fraction;
       if (auto f = run_case(c, opt))
-        ADD_FAILURE() << report(std::filesystem::path(path).filename().string() + " on " + v.name, c, *f, opt);
+        ADD_FAILURE() << report(std::filesystem::path(path).filename().string() + " on " + v.name,
+                                c, *f, opt);
     }
   }
 }
@@ -508,79 +557,65 @@ TEST(Lockstep, HandWritten) {
   const Options opt = lockstep_options();
   // Pending blocks, a second stream, then empty_cache.
   Case c;
-  c.ops = {{'a', 0, 1 * MiB, 0}, {'a', 1, 1 * MiB, 0}, {'r', 1, 0, 1}, {'f', 1},     {'a', 2, 3 * MiB, 1},
-           {'c', 0, 0, 1},       {'a', 3, 512, 0},     {'f', 0},       {'a', 4, 5 * MiB, 0}, {'e'},
-           {'f', 2},             {'f', 3},             {'f', 4},       {'e'}};
+  c.ops = {{'a', 0, 1 * MiB, 0},
+           {'a', 1, 1 * MiB, 0},
+           {'r', 1, 0, 1},
+           {'f', 1},
+           {'a', 2, 3 * MiB, 1},
+           {'c', 0, 0, 1},
+           {'a', 3, 512, 0},
+           {'f', 0},
+           {'a', 4, 5 * MiB, 0},
+           {'e'},
+           {'f', 2},
+           {'f', 3},
+           {'f', 4},
+           {'e'}};
   if (auto f = run_case(c, opt)) ADD_FAILURE() << report("hand-written", c, *f, opt);
 }
 
-// R3 read literally against gpu/: on R7's retry, after the pending block [1 MiB, 2 MiB) was
-// freed, the window [1 MiB, end) has a left-aligned candidate at 1 MiB with 0 new pages (the
-// stream's free block alone holds the request). The header says the candidate with the fewest
-// new pages wins, and P3/P4 say a request that fits a mapped free block of its stream is served
-// (no device call; an allocation fails only when no window fits under the cap). gpu/ skips
-// 0-page candidates (find_placement: `k > 0 &&`) and throws OutOfMemory.
-TEST(Lockstep, ZeroPageWindowOnRetry) {
+// R7's retry runs R2 again after the event wait. Cap one page: a = [0, 1 MiB) and b =
+// [1 MiB, 2 MiB) fill it; b is freed with a use on stream 1 (pending). The next 1 MiB request
+// finds no free block (R2) and no window under the cap (R3 needs page 1), so it retries: the wait
+// frees b, and R2 hands b's bytes back with no device call.
+TEST(Lockstep, RetryRunsBestFitAfterTheWait) {
   Case c;
   c.capacity = 1 * GiB;
   c.fraction = 2.0 / 1024.0;  // cap: one page
-  c.ops = {{'a', 0, 1 * MiB, 0}, {'a', 1, 1 * MiB, 0}, {'r', 1, 0, 1}, {'f', 1}, {'a', 2, 1 * MiB, 0}};
-  // The model, spec-literal: the third allocation gets [1 MiB, 2 MiB) with no device call.
-  {
-    model::SyntheticSegmentSource src(1 * GiB);
-    Config config;
-    config.policy = Policy::Cachet;
-    model::CachetPolicy m(config, src);
-    m.set_memory_fraction(2.0 / 1024.0);
-    const auto a = m.malloc(1 * MiB, 0);
-    const auto b = m.malloc(1 * MiB, 0);
-    m.record_stream(b, 1);
-    m.free(b);
-    EXPECT_EQ(m.malloc(1 * MiB, 0), a + 1 * MiB);
-    EXPECT_EQ(m.stats().num_ooms, 0);
-    EXPECT_EQ(m.stats().num_alloc_retries, 1);
-    EXPECT_EQ(m.stats().num_device_alloc, 1);
-    m.check_invariants();
-  }
-  Options literal;
-  literal.model.zero_page_candidates = true;
-  const auto f = run_case(c, literal);
-  ASSERT_TRUE(f.has_value());  // remove this and the skip once gpu/ serves the request
-  GTEST_SKIP() << "known gpu/ vs spec disagreement (R3 0-page candidate on R7's retry; reported):\n" << f->what;
+  c.ops = {
+      {'a', 0, 1 * MiB, 0}, {'a', 1, 1 * MiB, 0}, {'r', 1, 0, 1}, {'f', 1}, {'a', 2, 1 * MiB, 0}};
+  if (auto f = run_case(c, lockstep_options()))
+    ADD_FAILURE() << report("hand-written", c, *f, lockstep_options());
+  model::SyntheticSegmentSource src(1 * GiB);
+  Config config;
+  config.policy = Policy::Cachet;
+  model::CachetPolicy m(config, src);
+  m.set_memory_fraction(2.0 / 1024.0);
+  const auto a = m.malloc(1 * MiB, 0);
+  const auto b = m.malloc(1 * MiB, 0);
+  EXPECT_EQ(b, a + 1 * MiB);  // small: the high end of the page's free rest
+  m.record_stream(b, 1);
+  m.free(b);
+  EXPECT_EQ(m.malloc(1 * MiB, 0), b);
+  EXPECT_EQ(m.stats().num_ooms, 0);
+  EXPECT_EQ(m.stats().num_alloc_retries, 1);
+  EXPECT_EQ(m.stats().num_sync_all_streams, 1);
+  EXPECT_EQ(m.stats().num_device_alloc, 1);
+  EXPECT_EQ(m.stats().num_device_free, 0);
+  m.check_invariants();
 }
 
-// P3 says reserved <= the cap "at all times", but set_memory_fraction() below the mapped bytes
-// unmaps nothing (R7 acts only inside an allocation): both sides agree on every pointer, stat
-// and call, and both report the broken promise (gpu: [C-6], model: [P3]). With cachet_validate
-// the next operation after such a call throws. The header should either say P3 holds from the
-// next allocation that maps pages, or have set_memory_fraction unmap whole free pages.
-TEST(Lockstep, LoweredCapBelowMapped) {
-  Case c;
-  c.capacity = 1 * GiB;
-  c.ops = {{'a', 0, 10 * MiB, 0}, {'a', 1, 10 * MiB, 0}, {'f', 0}, {'F', 0, 10000, 0}};  // cap 10 MiB < 20 MiB mapped
-  Options opt = lockstep_options();
-  const auto f = run_case(c, opt);
-  ASSERT_TRUE(f.has_value());
-  EXPECT_NE(f->what.find("[C-6]"), std::string::npos) << f->what;
-  EXPECT_NE(f->what.find("[P3]"), std::string::npos) << f->what;
-  EXPECT_EQ(f->what.find("allocate:"), std::string::npos) << f->what;
-  EXPECT_EQ(f->what.find("stat "), std::string::npos) << f->what;
-  GTEST_SKIP() << "spec gap (P3 vs set_memory_fraction; reported): both sides break P3 the same way:\n" << f->what;
-}
-
-// R7 retries R3 only: after the retry's event wait frees [1 MiB, 2 MiB) (pages 0 and 1 full,
-// cap two pages), that free block of stream 0 holds the 1 MiB request but lies beside no
-// unmapped block, so no window finds it and the allocation fails. P4 ("a request that fits a
-// mapped free block of its stream is served from it") says otherwise; P3 does not (no window
-// fits). Both sides follow R7 and agree; the header should say whether the retry runs R2 again.
-TEST(Lockstep, RetryDoesNotRunBestFit) {
+// The same with the freed block away from any unmapped block: cap two pages, four 1 MiB blocks
+// fill pages 0 and 1, the second is freed with a use on stream 1. The retry's R2 returns it.
+TEST(Lockstep, RetryRunsBestFitInsideMappedPages) {
   Case c;
   c.capacity = 1 * GiB;
   c.fraction = 4.0 / 1024.0;  // cap: two pages
-  c.ops = {{'a', 0, 1 * MiB, 0}, {'a', 1, 1 * MiB, 0}, {'a', 2, 1 * MiB, 0}, {'a', 3, 1 * MiB, 0},
-           {'r', 1, 0, 1},       {'f', 1},             {'a', 4, 1 * MiB, 0}};
-  const Options opt = lockstep_options();
-  EXPECT_FALSE(run_case(c, opt).has_value());
+  c.ops = {{'a', 0, 1 * MiB, 0}, {'a', 1, 1 * MiB, 0}, {'a', 2, 1 * MiB, 0},
+           {'a', 3, 1 * MiB, 0}, {'r', 1, 0, 1},       {'f', 1},
+           {'a', 4, 1 * MiB, 0}};
+  if (auto f = run_case(c, lockstep_options()))
+    ADD_FAILURE() << report("hand-written", c, *f, lockstep_options());
   model::SyntheticSegmentSource src(1 * GiB);
   Config config;
   config.policy = Policy::Cachet;
@@ -588,12 +623,49 @@ TEST(Lockstep, RetryDoesNotRunBestFit) {
   m.set_memory_fraction(4.0 / 1024.0);
   std::vector<std::uint64_t> p;
   for (int i = 0; i < 4; ++i) p.push_back(m.malloc(1 * MiB, 0));
+  EXPECT_EQ(p[3], p[0] + 3 * MiB);
   m.record_stream(p[1], 1);
   m.free(p[1]);
-  EXPECT_THROW(m.malloc(1 * MiB, 0), OutOfMemory);
+  EXPECT_EQ(m.malloc(1 * MiB, 0), p[1]);
+  EXPECT_EQ(m.stats().num_ooms, 0);
+  EXPECT_EQ(m.stats().num_alloc_retries, 1);
   EXPECT_EQ(m.stats().num_sync_all_streams, 1);
-  EXPECT_EQ(m.stats().num_ooms, 1);
-  EXPECT_EQ(m.malloc(1 * MiB, 0), p[1]);  // the next allocation's R2 finds it
+  EXPECT_EQ(m.stats().num_device_alloc, 2);
+  m.check_invariants();
+}
+
+// A cap lowered below the mapped bytes unmaps whole free pages down to it (R7), at once when
+// there are free pages, else at the free() that makes them. Two 10 MiB blocks map pages 0-9.
+TEST(Lockstep, LoweredCapTrimsToTheCap) {
+  Case c;
+  c.capacity = 1 * GiB;
+  // Fraction 0.0085 of 1 GiB: cap 9,126,805 B, 4 whole pages.
+  c.ops = {{'a', 0, 10 * MiB, 0}, {'a', 1, 10 * MiB, 0}, {'F', 0, 8500, 0}, {'f', 0}, {'f', 1},
+           {'a', 2, 6 * MiB, 0}};
+  if (auto f = run_case(c, lockstep_options()))
+    ADD_FAILURE() << report("hand-written", c, *f, lockstep_options());
+  model::SyntheticSegmentSource src(1 * GiB);
+  Config config;
+  config.policy = Policy::Cachet;
+  model::CachetPolicy m(config, src);
+  const auto a = m.malloc(10 * MiB, 0);
+  const auto b = m.malloc(10 * MiB, 0);
+  EXPECT_EQ(m.mapped_bytes(), 20 * MiB);
+  m.set_memory_fraction(0.0085);  // below the live blocks' 10 pages: nothing to unmap yet
+  EXPECT_EQ(m.mapped_bytes(), 20 * MiB);
+  EXPECT_EQ(m.stats().num_device_free, 0);
+  m.check_invariants();  // [P3] allows it: no whole free page is mapped
+  m.free(a);             // pages 0-4 whole free, 6 over the cap: all 5 unmapped, in one call
+  EXPECT_EQ(m.mapped_bytes(), 10 * MiB);
+  EXPECT_EQ(m.stats().num_device_free, 1);
+  m.check_invariants();  // still above the cap, with no whole free page
+  m.free(b);             // pages 5-9 whole free, 1 over the cap: the highest one (page 9) unmapped
+  EXPECT_EQ(m.mapped_bytes(), 8 * MiB);
+  EXPECT_EQ(m.stats().num_device_free, 2);
+  EXPECT_EQ(m.stats().reserved_bytes[0].current, static_cast<std::int64_t>(8 * MiB));
+  m.check_invariants();
+  EXPECT_EQ(m.malloc(6 * MiB, 0), b);  // R2: the mapped free block [b, b + 8 MiB) holds it
+  EXPECT_EQ(m.stats().num_ooms, 0);
 }
 
 }  // namespace

@@ -47,11 +47,15 @@
 //      the new block's pages [page_floor(at), page_ceil(at + size)). Blocks are taken by their
 //      number of whole free pages, largest first (ties: lowest address); from each, the highest
 //      pages, one unmap call per block; the unmapped range becomes an unmapped block.
-//   R7 Cap (set_memory_fraction, per_process_memory_fraction): mapped bytes never exceed the
-//      cap: pages over the cap are unmapped first as in R6; if there are not enough, or no window
-//      fits, or the device refuses: once per allocation, wait for pending events
-//      (num_sync_all_streams), unmap every whole free page (num_alloc_retries) and retry R3;
-//      then OutOfMemory (num_ooms).
+//   R7 Cap (set_memory_fraction, per_process_memory_fraction) and retry. An allocation maps
+//      pages over the cap only after unmapping as many whole free pages (R6); if there are not
+//      enough, or no window fits, or the device refuses: once per allocation, count
+//      num_alloc_retries, wait for pending events (num_sync_all_streams), run R2 again (a block
+//      the wait freed may hold the request: served with no device call), else unmap every whole
+//      free page and retry R3; then OutOfMemory (num_ooms). Lowering the cap below the mapped
+//      bytes unmaps whole free pages (R6 order) down to the cap, as many as there are; while
+//      mapped bytes stay above the cap, every free(), event completion and empty_cache() ends
+//      the same way (trim to the cap).
 //   R8 Free. free(p) without stream uses: the block becomes mapped free of its allocation
 //      stream and merges with that stream's free neighbours. With stream uses, it is pending
 //      until an event recorded on each use stream at free() has completed (checked at the next
@@ -77,8 +81,11 @@
 //   [P2] a block freed on stream s without stream uses is handed to stream s only, until the
 //        page holding it is unmapped; a block with stream uses is handed to nobody until the
 //        events recorded at its free() have completed.
-//   [P3] reserved <= the memory cap at all times; an allocation fails only when no window fits
-//        with its new pages under the cap after every whole free page was unmapped.
+//   [P3] reserved <= the memory cap after every operation, except after the cap was lowered
+//        below the pages live blocks touch: then no whole free page stays mapped while
+//        reserved is above the cap. An allocation fails only when, after waiting for pending
+//        events, no mapped free block of its stream holds it and no window fits with its new
+//        pages under the cap once every whole free page was unmapped.
 //   [P4] a request that fits a mapped free block of its stream is served from it with no device
 //        call.
 //

@@ -25,32 +25,23 @@
 #include <vector>
 
 #include "cachet/config.h"
+#include "cachet/model/segment_source.h"
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
 #include "cachet/trace.h"
 #include "cachet/types.h"
-#include "cachet/model/segment_source.h"
 
 namespace cachet::model {
 
 // The policy's constants (the header's kCachet*; repeated here: model/ never includes gpu/).
-inline constexpr Bytes kCachetPage = 2 * MiB;       // mapping granularity
-inline constexpr Bytes kCachetBlockAlign = 512;     // block sizes and addresses (R1)
-inline constexpr Bytes kCachetSlack = 64;           // budget(T) = T + floor(T / 64) (R4)
-inline constexpr Bytes kCachetReserveTimes = 2;     // reservation = 2 x total memory (R1)
+inline constexpr Bytes kCachetPage = 2 * MiB;    // mapping granularity
+inline constexpr Bytes kCachetBlockAlign = 512;  // block sizes and addresses (R1)
+inline constexpr Bytes kCachetSlack = 64;        // budget(T) = T + floor(T / 64) (R4)
+inline constexpr Bytes kCachetReserveTimes = 2;  // reservation = 2 x total memory (R1)
 
 class CachetPolicy {
  public:
-  struct Options {
-    // R3 read literally: a window candidate that needs no new page (the window's mapped free
-    // neighbour alone holds the request; only possible on R7's retry, after pending blocks were
-    // freed) is a candidate with 0 pages and wins. false: such candidates are skipped, as
-    // gpu/ does today (see tests/policy_cachet_model, ZeroPageWindowOnRetry).
-    bool zero_page_candidates = true;
-  };
-
   CachetPolicy(const Config& config, SegmentSource& source, DeviceIndex device = 0);
-  CachetPolicy(const Config& config, SegmentSource& source, DeviceIndex device, Options options);
   CachetPolicy(const CachetPolicy&) = delete;
   CachetPolicy& operator=(const CachetPolicy&) = delete;
 
@@ -84,10 +75,10 @@ class CachetPolicy {
     std::uint64_t ptr = 0;
     Bytes size = 0;
     State state = State::Free;
-    bool mapped = false;       // false: an unmapped block (free, page aligned, no stream)
-    StreamId stream = 0;       // allocation stream; the owning stream of a mapped free block
-    Bytes requested = 0;       // live blocks: the caller's size
-    std::set<StreamId> uses;   // record_stream() since allocation
+    bool mapped = false;      // false: an unmapped block (free, page aligned, no stream)
+    StreamId stream = 0;      // allocation stream; the owning stream of a mapped free block
+    Bytes requested = 0;      // live blocks: the caller's size
+    std::set<StreamId> uses;  // record_stream() since allocation
     std::uint64_t end() const { return ptr + size; }
     bool live() const { return state != State::Free; }
     bool mapped_free() const { return state == State::Free && mapped; }
@@ -102,6 +93,8 @@ class CachetPolicy {
 
   // cachet_policy_place.cpp: R2, R3, R5 and the carving of blocks.
   std::optional<std::uint64_t> best_fit(StreamId stream, Bytes size) const;
+  // R2 applied: the best fit carved at its high end (small) or low end (large); nullopt: none.
+  std::optional<std::uint64_t> take_best_fit(StreamId stream, Bytes size);
   std::optional<Placement> find_window(StreamId stream, Bytes size) const;
   std::uint64_t allocate_slow(StreamId stream, Bytes size);
   std::optional<std::uint64_t> try_place(StreamId stream, Bytes size);  // nullopt: R7 failure
@@ -117,9 +110,12 @@ class CachetPolicy {
   Bytes touched_pages(std::uint64_t lo = 0, std::uint64_t hi = 0) const;
   std::uint64_t page_of(std::uint64_t addr) const { return (addr - base_) / kCachetPage; }
   std::uint64_t page_addr(std::uint64_t page) const { return base_ + page * kCachetPage; }
-  std::vector<std::uint64_t> whole_free_pages(const Block& b, std::uint64_t ex_lo, std::uint64_t ex_hi) const;
+  std::vector<std::uint64_t> whole_free_pages(const Block& b, std::uint64_t ex_lo,
+                                              std::uint64_t ex_hi) const;
   Bytes count_whole_free_pages(std::uint64_t ex_lo, std::uint64_t ex_hi) const;
   void unmap_whole_free_pages(Bytes pages, std::uint64_t ex_lo, std::uint64_t ex_hi);
+  // R7: while mapped bytes are above the cap, unmap whole free pages (R6 order) down to it.
+  void trim_to_cap();
   bool map_pages(std::uint64_t lo, std::uint64_t hi, StreamId stream);
   std::int64_t mapped_runs() const;
   void apply_run_change(std::int64_t before);
@@ -135,7 +131,6 @@ class CachetPolicy {
   Config config_;
   SegmentSource& source_;
   DeviceIndex device_;
-  Options options_;
   DeviceStats stats_;
   std::optional<Bytes> allowed_max_;
   std::uint64_t base_ = 0;

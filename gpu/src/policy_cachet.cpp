@@ -262,13 +262,9 @@ Bytes CachetPolicy::whole_free_pages(DevicePtr ex_lo, DevicePtr ex_hi) const {
   return pages;
 }
 
-Bytes CachetPolicy::unmap_free_pages(Bytes pages, DevicePtr ex_lo, DevicePtr ex_hi) {
-  if (pages == 0) return 0;
-  struct Cand {
-    CBlock* b;
-    DevicePtr lo, hi;
-  };
-  std::vector<Cand> cands;
+Bytes CachetPolicy::collect_free_pages(DevicePtr ex_lo, DevicePtr ex_hi) {
+  cands_.clear();
+  Bytes pages = 0;
   for (CBlock& b : free_) {
     DevicePtr lo = page_ceil(b.ptr);
     DevicePtr hi = page_floor(b.end());
@@ -281,21 +277,37 @@ Bytes CachetPolicy::unmap_free_pages(Bytes pages, DevicePtr ex_lo, DevicePtr ex_
         hi = std::min(hi, ex_lo);
       if (hi <= lo) continue;
     }
-    cands.push_back({&b, lo, hi});
+    cands_.push_back({&b, lo, hi});
+    pages += (hi - lo) / kPage;
   }
-  // Largest runs first: fewest unmap calls.
-  std::sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
-    return a.hi - a.lo != b.hi - b.lo ? a.hi - a.lo > b.hi - b.lo : a.lo < b.lo;
-  });
+  return pages;
+}
+
+Bytes CachetPolicy::unmap_collected(Bytes pages) {
+  // R6 order: most whole free pages first (fewest unmap calls), ties by the lowest address; a
+  // heap, since usually one or two blocks are taken.
+  auto lower = [](const FreeRun& a, const FreeRun& b) {
+    return a.hi - a.lo != b.hi - b.lo ? a.hi - a.lo < b.hi - b.lo : a.lo > b.lo;
+  };
+  std::make_heap(cands_.begin(), cands_.end(), lower);
   Bytes done = 0;
-  for (const Cand& c : cands) {
-    if (done == pages) break;
+  while (done < pages && !cands_.empty()) {
+    std::pop_heap(cands_.begin(), cands_.end(), lower);
+    const FreeRun c = cands_.back();
+    cands_.pop_back();
     const Bytes take = std::min((c.hi - c.lo) / kPage, pages - done);
     free_.erase(free_.iterator_to(*c.b));
     unmap_range(c.b, c.hi - take * kPage, c.hi);
     done += take;
   }
+  cands_.clear();
   return done;
+}
+
+Bytes CachetPolicy::unmap_free_pages(Bytes pages, DevicePtr ex_lo, DevicePtr ex_hi) {
+  if (pages == 0) return 0;
+  collect_free_pages(ex_lo, ex_hi);
+  return unmap_collected(pages);
 }
 
 void CachetPolicy::run_delta(bool left_mapped, bool right_mapped, bool mapping) {
@@ -421,18 +433,15 @@ CBlock* CachetPolicy::alloc_slow(StreamId stream, Bytes size) {
       const Bytes t = std::max(peak_touched_pages_, touched_after);
       const Bytes budget = mutant(kMutantCachetSlackEighth) ? t + t / 8 : budget_pages(t);
       Bytes need = after > budget ? after - budget : 0;
-      if (allowed_max_ && !mutant(kMutantCachetIgnoreCap)) {
-        const Bytes cap_pages = *allowed_max_ / kPage;
-        if (after > cap_pages) need = std::max(need, after - cap_pages);
-        const Bytes avail = need > 0 ? whole_free_pages(ex_lo, ex_hi) : 0;
-        if (after > cap_pages && after - cap_pages > avail) fits = false;
-        give_back = std::min(need, avail);
-      } else {
-        give_back = need > 0 ? std::min(need, whole_free_pages(ex_lo, ex_hi)) : 0;
-      }
+      const bool capped = allowed_max_ && !mutant(kMutantCachetIgnoreCap);
+      const Bytes cap_pages = capped ? *allowed_max_ / kPage : 0;
+      if (capped && after > cap_pages) need = std::max(need, after - cap_pages);
+      const Bytes avail = need > 0 ? collect_free_pages(ex_lo, ex_hi) : 0;
+      if (capped && after > cap_pages && after - cap_pages > avail) fits = false;
+      give_back = std::min(need, avail);
     }
     if (fits) {
-      unmap_free_pages(give_back, ex_lo, ex_hi);
+      if (give_back > 0) unmap_collected(give_back);
       // The new block's range now lies in one unmapped block plus, at its ends, mapped free
       // blocks of `stream`: map the unmapped part.
       auto it = unmapped_.upper_bound(p.at, CAddrOrder{});

@@ -135,6 +135,10 @@ class CachetPolicy {
   Placement find_placement(StreamId stream, Bytes size) const;
   // Unmaps up to `pages` whole free pages outside [ex_lo, ex_hi); returns how many it unmapped.
   Bytes unmap_free_pages(Bytes pages, DevicePtr ex_lo, DevicePtr ex_hi);
+  // R6 in two steps: collect the whole free pages of every mapped free block outside
+  // [ex_lo, ex_hi) into cands_ (returns their count), then unmap `pages` of them in R6's order.
+  Bytes collect_free_pages(DevicePtr ex_lo, DevicePtr ex_hi);
+  Bytes unmap_collected(Bytes pages);
   Bytes whole_free_pages(DevicePtr ex_lo, DevicePtr ex_hi) const;
   void unmap_range(CBlock* b, DevicePtr lo, DevicePtr hi);  // b mapped free, not in free_
   // Maps [lo, hi) of unmapped u as a free block of `stream`, merged with its neighbours (*merged).
@@ -181,6 +185,12 @@ class CachetPolicy {
   std::vector<EventHandle> event_pool_;
   std::vector<std::unique_ptr<CBlock>> storage_;
   std::vector<CBlock*> spare_;
+  // Scratch for R6: a mapped free block and the whole free pages [lo, hi) it may give back.
+  struct FreeRun {
+    CBlock* b;
+    DevicePtr lo, hi;
+  };
+  std::vector<FreeRun> cands_;
   mutable KnownStreams known_streams_;  // known_streams.h
   bool trace_on_ = false;
   std::vector<TraceEvent> trace_;

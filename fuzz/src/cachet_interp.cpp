@@ -225,6 +225,7 @@ class Run {
     log("alloc " + std::to_string(size) + " s" + std::to_string(s));
     const auto syncs = a_->stats().num_sync_all_streams;
     const auto maps = a_->stats().num_device_alloc;
+    const auto unmaps = a_->stats().num_device_free;
     const Snapshot before = a_->snapshot();
     void* vp = nullptr;
     try {
@@ -260,9 +261,10 @@ class Run {
     if (overlaps(live_)) throw Failure{"new block overlaps a live block"};
     if (overlaps(pending_)) throw Failure{"new block overlaps a block whose stream-use events have not completed"};
     live_[p] = Live{size, s};
-    // R2: a hot-path allocation (no map call) is carved from one free block: at its high end
-    // when small (<= 1 MiB), at its low end when large.
-    if (a_->stats().num_device_alloc == maps) {
+    // R2: a hot-path allocation (no map or unmap call: R7's trim after an event completion can
+    // unmap pages before R2 runs) is carved from one free block: at its high end when small
+    // (<= 1 MiB), at its low end when large.
+    if (a_->stats().num_device_alloc == maps && a_->stats().num_device_free == unmaps) {
       for (const auto& seg : before)
         for (const auto& b : seg.blocks)
           if (b.state == BlockState::Inactive && b.address <= p && p + n <= b.address + b.size &&

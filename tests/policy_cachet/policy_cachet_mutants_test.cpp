@@ -211,6 +211,7 @@ Fired run(std::uint64_t seed, bool capped, int ops) {
         const StreamId s = uniform(1, 3);
         const Snapshot before = a->snapshot();
         const auto maps_before = a->stats().num_device_alloc;
+        const auto unmaps_before = a->stats().num_device_free;
         const auto syncs_before = a->stats().num_sync_all_streams;
         void* p = nullptr;
         try {
@@ -239,7 +240,9 @@ Fired run(std::uint64_t seed, bool capped, int ops) {
             fire("no-overlap", at("allocation overlaps a live block"));
           live_ranges.add(lo, hi);
           live.push_back({p, size});
-          if (a->stats().num_device_alloc == maps_before) {  // R2's hot path
+          if (a->stats().num_device_alloc == maps_before &&
+              a->stats().num_device_free ==
+                  unmaps_before) {  // R2's hot path, nothing unmapped first
             for (const auto& seg : before)
               for (const auto& b : seg.blocks)
                 if (b.state == BlockState::Inactive && b.address <= lo &&

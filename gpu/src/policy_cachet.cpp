@@ -182,10 +182,27 @@ CBlock* CachetPolicy::take_best_fit(StreamId stream, Bytes size) {
   CBlock* f = &*it;
   // Size-class-aware split: small requests take the high end of the block, large ones the low
   // end, so that small and large blocks collect at opposite ends of free stretches.
-  const DevicePtr at =
-      size <= kSmallSize && !mutant(kMutantCachetLowEndSmall) ? f->end() - size : f->ptr;
-  free_.erase(free_.iterator_to(*f));
-  return carve(f, at, size);
+  const bool high = size <= kSmallSize && !mutant(kMutantCachetLowEndSmall);
+  if (high && f->size > size) {
+    // f keeps its low part and, when its predecessor in the size order is still smaller, its
+    // place in free_ (a shrunk key that keeps the order needs no re-insertion).
+    CBlock* m = make_block();
+    m->ptr = f->end() - size;
+    m->size = size;
+    m->stream = f->stream;
+    m->prev = f;
+    m->next = f->next;
+    if (f->next) f->next->prev = m;
+    f->next = m;
+    f->size -= size;
+    if (it != free_.begin() && !CSizeOrder{}(*std::prev(it), *f)) {
+      free_.erase(it);
+      free_.insert(*f);
+    }
+    return m;
+  }
+  free_.erase(it);
+  return carve(f, high ? f->end() - size : f->ptr, size);
 }
 
 CBlock* CachetPolicy::carve(CBlock* f, DevicePtr at, Bytes size) {
@@ -394,20 +411,28 @@ CBlock* CachetPolicy::merge_free(CBlock* b) {
     else
       unmapped_.erase(unmapped_.iterator_to(*o));
   };
-  if (CBlock* p = b->prev; joinable(p)) {
-    erase(p);
-    p->size += b->size;
-    p->next = b->next;
-    if (b->next) b->next->prev = p;
-    release_block(b);
-    b = p;
-  }
   if (CBlock* n = b->next; joinable(n)) {
     erase(n);
     b->size += n->size;
     b->next = n->next;
     if (n->next) n->next->prev = b;
     release_block(n);
+  }
+  if (CBlock* p = b->prev; joinable(p)) {
+    // p grows in place: its place in unmapped_ (address order) holds; in free_ (size order) it
+    // holds while its successor is still larger, else p is re-inserted.
+    p->size += b->size;
+    p->next = b->next;
+    if (b->next) b->next->prev = p;
+    release_block(b);
+    if (p->mapped) {
+      auto it = free_.iterator_to(*p);
+      if (auto nx = std::next(it); nx != free_.end() && !CSizeOrder{}(*p, *nx)) {
+        free_.erase(it);
+        free_.insert(*p);
+      }
+    }
+    return p;
   }
   if (b->mapped)
     free_.insert(*b);
@@ -746,6 +771,13 @@ std::vector<std::string> CachetPolicy::invariants() const {
   Bytes mapped = 0;
   std::size_t n_free = 0, n_unmapped = 0, n_active = 0, n_events = 0;
   std::int64_t runs = 0;
+  // [C-4] the trees are in their order (blocks grow and shrink in place when the order holds).
+  for (auto it = free_.begin(); it != free_.end() && std::next(it) != free_.end(); ++it)
+    if (!CSizeOrder{}(*it, *std::next(it)))
+      fail("[C-4] free_ out of size order at block " + hex(it->ptr));
+  for (auto it = unmapped_.begin(); it != unmapped_.end() && std::next(it) != unmapped_.end(); ++it)
+    if (!(it->ptr < std::next(it)->ptr))
+      fail("[C-4] unmapped_ out of address order at block " + hex(it->ptr));
   DevicePtr expect = base_;
   const CBlock* prev = nullptr;
   for (const CBlock* b = head_; b != nullptr; prev = b, b = b->next) {

@@ -183,17 +183,30 @@ CBlock* CachetPolicy::take_best_fit(StreamId stream, Bytes size) {
   // Size-class-aware split: small requests take the high end of the block, large ones the low
   // end, so that small and large blocks collect at opposite ends of free stretches.
   const bool high = size <= kSmallSize && !mutant(kMutantCachetLowEndSmall);
-  if (high && f->size > size) {
-    // f keeps its low part and, when its predecessor in the size order is still smaller, its
-    // place in free_ (a shrunk key that keeps the order needs no re-insertion).
+  if (f->size > size) {
+    // The new block m is carved at its end of f; f keeps the rest and, when its predecessor in
+    // the size order is still smaller, its place in free_ (a shrunk key that keeps the order
+    // needs no re-insertion).
     CBlock* m = make_block();
-    m->ptr = f->end() - size;
     m->size = size;
     m->stream = f->stream;
-    m->prev = f;
-    m->next = f->next;
-    if (f->next) f->next->prev = m;
-    f->next = m;
+    if (high) {
+      m->ptr = f->end() - size;
+      m->prev = f;
+      m->next = f->next;
+      if (f->next) f->next->prev = m;
+      f->next = m;
+    } else {
+      m->ptr = f->ptr;
+      m->prev = f->prev;
+      m->next = f;
+      if (f->prev)
+        f->prev->next = m;
+      else
+        head_ = m;
+      f->prev = m;
+      f->ptr += size;
+    }
     f->size -= size;
     if (it != free_.begin() && !CSizeOrder{}(*std::prev(it), *f)) {
       free_.erase(it);

@@ -106,12 +106,24 @@ CachetPolicy::~CachetPolicy() {
 
 CBlock* CachetPolicy::make_block() {
   if (spare_.empty()) {
-    storage_.push_back(std::make_unique<CBlock>());
-    return storage_.back().get();
+    storage_.push_back(std::make_unique<CBlock[]>(kChunk));
+    CBlock* chunk = storage_.back().get();
+    for (std::size_t i = kChunk; i-- > 1;) spare_.push_back(&chunk[i]);
+    return &chunk[0];
   }
   CBlock* b = spare_.back();
   spare_.pop_back();
-  *b = CBlock{};
+  // As a new CBlock, without rebuilding its hook and stream_uses (released blocks are unlinked).
+  b->ptr = 0;
+  b->size = 0;
+  b->requested = 0;
+  b->stream = 0;
+  b->prev = nullptr;
+  b->next = nullptr;
+  b->event_count = 0;
+  b->state = CBlock::State::Free;
+  b->mapped = true;
+  b->stream_uses.clear();
   return b;
 }
 
@@ -295,7 +307,14 @@ Bytes CachetPolicy::whole_free_pages(DevicePtr ex_lo, DevicePtr ex_hi) const {
 Bytes CachetPolicy::collect_free_pages(DevicePtr ex_lo, DevicePtr ex_hi) {
   cands_.clear();
   Bytes pages = 0;
-  for (CBlock& b : free_) {
+  // Only blocks of at least a page can hold a whole page: per stream, from its first such block.
+  for (auto it = free_.lower_bound(CSizeKey{0, kPage, 0}, CSizeOrder{}); it != free_.end();) {
+    CBlock& b = *it;
+    if (b.size < kPage) {  // a smaller block of the next stream: skip to its first page-sized one
+      it = free_.lower_bound(CSizeKey{b.stream, kPage, 0}, CSizeOrder{});
+      continue;
+    }
+    ++it;
     DevicePtr lo = page_ceil(b.ptr);
     DevicePtr hi = page_floor(b.end());
     if (hi <= lo) continue;
@@ -730,26 +749,6 @@ CBlock* CachetPolicy::find_active(DevicePtr ptr, const char* op) const {
 // Only a block's first and last pages can be shared with other live blocks: an interior page
 // lies inside the block, so no other live block touches it and its count is not kept (it is
 // never asked for: untouched_pages() is only asked about pages that hold a free byte).
-void CachetPolicy::touch(const CBlock* b, bool live) {
-  const std::size_t first = (b->ptr - base_) / kPage;
-  const std::size_t last = (b->end() - 1 - base_) / kPage;
-  auto end_page = [this, live](std::size_t i) {
-    if (live) {
-      if (page_live_[i]++ == 0) ++touched_pages_;
-    } else {
-      if (--page_live_[i] == 0) --touched_pages_;
-    }
-  };
-  end_page(first);
-  if (last != first) {
-    end_page(last);
-    const Bytes interior = last - first - 1;
-    if (live)
-      touched_pages_ += interior;
-    else
-      touched_pages_ -= interior;
-  }
-}
 
 // Pages of [lo, hi) that no live block touches. [lo, hi) is free, so only its first and last
 // pages can be touched (by the live blocks beside it).

@@ -155,7 +155,7 @@ class CachetPolicy {
   void run_delta(bool left_mapped, bool right_mapped, bool mapping);
   Bytes touched_bytes() const;  // recount from the blocks, for invariants()
   // Adds (live) or removes b's pages from the live-page counts.
-  void touch(const CBlock* b, bool live);
+  void touch(const CBlock* b, bool live);  // inline, below the class
   // Pages of [lo, hi) that no live block touches yet.
   Bytes untouched_pages(DevicePtr lo, DevicePtr hi) const;
   CBlock* make_block();
@@ -183,7 +183,9 @@ class CachetPolicy {
   PtrMap<CBlock> active_;
   std::vector<std::pair<EventHandle, CBlock*>> events_;
   std::vector<EventHandle> event_pool_;
-  std::vector<std::unique_ptr<CBlock>> storage_;
+  // Blocks live in chunks of kChunk (locality for the trees' walks); released ones in spare_.
+  static constexpr std::size_t kChunk = 256;
+  std::vector<std::unique_ptr<CBlock[]>> storage_;
   std::vector<CBlock*> spare_;
   // Scratch for R6: a mapped free block and the whole free pages [lo, hi) it may give back.
   struct FreeRun {
@@ -195,5 +197,26 @@ class CachetPolicy {
   bool trace_on_ = false;
   std::vector<TraceEvent> trace_;
 };
+
+inline void CachetPolicy::touch(const CBlock* b, bool live) {
+  const std::size_t first = (b->ptr - base_) / kCachetPageSize;
+  const std::size_t last = (b->end() - 1 - base_) / kCachetPageSize;
+  auto end_page = [this, live](std::size_t i) {
+    if (live) {
+      if (page_live_[i]++ == 0) ++touched_pages_;
+    } else {
+      if (--page_live_[i] == 0) --touched_pages_;
+    }
+  };
+  end_page(first);
+  if (last != first) {
+    end_page(last);
+    const Bytes interior = last - first - 1;
+    if (live)
+      touched_pages_ += interior;
+    else
+      touched_pages_ -= interior;
+  }
+}
 
 }  // namespace cachet::gpu::detail

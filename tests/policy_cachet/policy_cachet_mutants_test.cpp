@@ -38,6 +38,7 @@
 #include "cachet/errors.h"
 #include "cachet/gpu/allocator.h"
 #include "cachet/gpu/host_backend.h"
+#include "ranges.h"
 
 namespace cachet::test {
 namespace {
@@ -59,54 +60,6 @@ std::uint64_t addr(void* p) {
 Bytes rounded(Bytes n) {
   return (n + 511) / 512 * 512;
 }
-
-// Byte ranges, kept as disjoint [lo, hi) intervals.
-class Ranges {
- public:
-  void add(std::uint64_t lo, std::uint64_t hi) {  // joins touching ranges
-    remove(lo, hi);
-    if (auto it = m_.find(hi); it != m_.end()) {
-      hi = it->second;
-      m_.erase(it);
-    }
-    if (auto it = m_.lower_bound(lo); it != m_.begin() && std::prev(it)->second == lo) {
-      lo = std::prev(it)->first;
-      m_.erase(std::prev(it));
-    }
-    m_[lo] = hi;
-  }
-  void remove(std::uint64_t lo, std::uint64_t hi) {
-    auto it = m_.lower_bound(lo);
-    if (it != m_.begin()) --it;
-    while (it != m_.end() && it->first < hi) {
-      auto [a, b] = *it;
-      if (b <= lo) {
-        ++it;
-        continue;
-      }
-      it = m_.erase(it);
-      if (a < lo) m_[a] = lo;
-      if (b > hi) m_[hi] = b;
-    }
-  }
-  // [lo, hi) lies inside one range.
-  bool covers(std::uint64_t lo, std::uint64_t hi) const {
-    auto it = m_.upper_bound(lo);
-    if (it == m_.begin()) return false;
-    --it;
-    return it->first <= lo && it->second >= hi;
-  }
-  bool intersects(std::uint64_t lo, std::uint64_t hi) const {
-    auto it = m_.lower_bound(lo);
-    if (it != m_.begin()) --it;
-    for (; it != m_.end() && it->first < hi; ++it)
-      if (it->second > lo) return true;
-    return false;
-  }
-
- private:
-  std::map<std::uint64_t, std::uint64_t> m_;
-};
 
 struct Pages {
   Bytes mapped = 0, touched = 0, split = 0;

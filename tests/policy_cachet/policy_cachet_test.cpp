@@ -22,6 +22,7 @@
 #include "cachet/gpu/allocator.h"
 #include "cachet/gpu/host_backend.h"
 #include "cachet/replay/replay.h"
+#include "ranges.h"
 
 namespace cachet::test {
 namespace {
@@ -44,10 +45,18 @@ H make(Bytes capacity = 80 * GiB) {
   return h;
 }
 
-std::uint64_t addr(void* p) { return reinterpret_cast<std::uintptr_t>(p); }
-std::int64_t cur(const StatArray& s) { return s[0].current; }
-std::int64_t peak(const StatArray& s) { return s[0].peak; }
-std::int64_t I(Bytes b) { return static_cast<std::int64_t>(b); }
+std::uint64_t addr(void* p) {
+  return reinterpret_cast<std::uintptr_t>(p);
+}
+std::int64_t cur(const StatArray& s) {
+  return s[0].current;
+}
+std::int64_t peak(const StatArray& s) {
+  return s[0].peak;
+}
+std::int64_t I(Bytes b) {
+  return static_cast<std::int64_t>(b);
+}
 
 TEST(PolicyCachet, SelectedByConfigAndReported) {
   auto h = make();
@@ -115,7 +124,8 @@ TEST(PolicyCachet, BlocksPackIntoPages) {
   std::vector<void*> v;
   for (int i = 0; i < 100; ++i) v.push_back(g.a->allocate(100000, 0));
   for (int i = 0; i < 100; ++i) {
-    const std::uint64_t j = static_cast<std::uint64_t>(i / 20), k = static_cast<std::uint64_t>(i % 20);
+    const std::uint64_t j = static_cast<std::uint64_t>(i / 20),
+                        k = static_cast<std::uint64_t>(i % 20);
     const std::uint64_t want = k == 0 ? j * kPage : (j + 1) * kPage - k * 100352;
     EXPECT_EQ(addr(v[i]), addr(v[0]) + want) << "i " << i;
   }
@@ -232,7 +242,8 @@ TEST(PolicyCachet, CapMovesPagesBetweenStreamsThenOoms) {
 TEST(PolicyCachet, EmptyCacheAndDestructorReleaseEverything) {
   auto h = make();
   std::vector<void*> v;
-  for (int i = 0; i < 20; ++i) v.push_back(h.a->allocate(static_cast<Bytes>(i + 1) * 300000, i % 3));
+  for (int i = 0; i < 20; ++i)
+    v.push_back(h.a->allocate(static_cast<Bytes>(i + 1) * 300000, i % 3));
   for (void* p : v) h.a->free(p);
   h.a->empty_cache();
   EXPECT_EQ(cur(h.a->stats().reserved_bytes), 0);
@@ -279,39 +290,6 @@ TEST(PolicyCachet, SnapshotShowsRunsOfMappedPages) {
 
 // ------------------------------------------------------------------ random sequences
 
-// Byte ranges, kept as disjoint [lo, hi) intervals.
-class Ranges {
- public:
-  void add(std::uint64_t lo, std::uint64_t hi) {
-    remove(lo, hi);
-    m_[lo] = hi;
-  }
-  void remove(std::uint64_t lo, std::uint64_t hi) {
-    auto it = m_.lower_bound(lo);
-    if (it != m_.begin()) --it;
-    while (it != m_.end() && it->first < hi) {
-      auto [a, b] = *it;
-      if (b <= lo) {
-        ++it;
-        continue;
-      }
-      it = m_.erase(it);
-      if (a < lo) m_[a] = lo;
-      if (b > hi) m_[hi] = b;
-    }
-  }
-  bool intersects(std::uint64_t lo, std::uint64_t hi) const {
-    auto it = m_.lower_bound(lo);
-    if (it != m_.begin()) --it;
-    for (; it != m_.end() && it->first < hi; ++it)
-      if (it->second > lo) return true;
-    return false;
-  }
-
- private:
-  std::map<std::uint64_t, std::uint64_t> m_;
-};
-
 // Page counts of a snapshot, computed from its blocks alone: mapped pages (the segments are the
 // runs of mapped pages), pages touched by live (allocated or pending) blocks, and "split" pages:
 // mapped, touched by no live block, yet not lying inside one free block (free, but shared by
@@ -322,12 +300,15 @@ struct Pages {
 Pages pages_of(const Snapshot& snap) {
   std::set<std::uint64_t> mapped, touched, whole;
   for (const auto& seg : snap) {
-    for (std::uint64_t p = seg.address / kPage; p * kPage < seg.address + seg.total_size; ++p) mapped.insert(p);
+    for (std::uint64_t p = seg.address / kPage; p * kPage < seg.address + seg.total_size; ++p)
+      mapped.insert(p);
     for (const auto& b : seg.blocks) {
       if (b.state != BlockState::Inactive) {
-        for (std::uint64_t p = b.address / kPage; p * kPage < b.address + b.size; ++p) touched.insert(p);
+        for (std::uint64_t p = b.address / kPage; p * kPage < b.address + b.size; ++p)
+          touched.insert(p);
       } else {
-        for (std::uint64_t p = (b.address + kPage - 1) / kPage; (p + 1) * kPage <= b.address + b.size; ++p)
+        for (std::uint64_t p = (b.address + kPage - 1) / kPage;
+             (p + 1) * kPage <= b.address + b.size; ++p)
           whole.insert(p);
       }
     }
@@ -386,12 +367,16 @@ void random_run(std::uint64_t seed, bool capped, OomCounts out[3] = nullptr) {
   std::set<StreamId> streams_used;
   OomCounts ooms[3];
   Bytes peak_touched = 0;  // [P1]'s T, kept here from the snapshots
-  auto uniform = [&](std::uint64_t lo, std::uint64_t hi) { return std::uniform_int_distribution<std::uint64_t>(lo, hi)(rng); };
+  auto uniform = [&](std::uint64_t lo, std::uint64_t hi) {
+    return std::uniform_int_distribution<std::uint64_t>(lo, hi)(rng);
+  };
   for (int op = 0; op < 1500; ++op) {
     const auto r = uniform(0, 99);
     if (r < 55 || live.empty()) {
       const auto k = uniform(0, 99);
-      const Bytes size = k < 70 ? uniform(1, 1 * MiB) : k < 95 ? uniform(1 * MiB, 16 * MiB) : uniform(16 * MiB, 96 * MiB);
+      const Bytes size = k < 70   ? uniform(1, 1 * MiB)
+                         : k < 95 ? uniform(1 * MiB, 16 * MiB)
+                                  : uniform(16 * MiB, 96 * MiB);
       const StreamId s = uniform(1, 3);
       streams_used.insert(s);
       Live l{{nullptr, nullptr, nullptr}, size, s};
@@ -443,7 +428,8 @@ void random_run(std::uint64_t seed, bool capped, OomCounts out[3] = nullptr) {
           for (auto& [s, rg] : dirty)
             if (s != e.stream) {
               EXPECT_FALSE(rg.intersects(e.addr, e.addr + sz))
-                  << "op " << op << ": stream " << e.stream << " got stream " << s << "'s freed memory";
+                  << "op " << op << ": stream " << e.stream << " got stream " << s
+                  << "'s freed memory";
             }
           dirty[e.stream].remove(e.addr, e.addr + sz);
           break;
@@ -467,18 +453,20 @@ void random_run(std::uint64_t seed, bool capped, OomCounts out[3] = nullptr) {
     peak_touched = std::max(peak_touched, pg.touched);
     EXPECT_EQ(I(pg.mapped * kPage), cur(st.reserved_bytes)) << "op " << op;
     EXPECT_LE(pg.mapped, peak_touched + peak_touched / 64 + pg.split)
-        << "op " << op << ": [P1] " << pg.mapped << " pages mapped, touched high-water mark " << peak_touched
-        << ", " << pg.split << " split free pages";
+        << "op " << op << ": [P1] " << pg.mapped << " pages mapped, touched high-water mark "
+        << peak_touched << ", " << pg.split << " split free pages";
     if (capped) {
       EXPECT_LE(cur(st.reserved_bytes), I(cap)) << "op " << op;
     }
     if (::testing::Test::HasFailure()) return;
   }
   if (capped) {
-    std::printf("seed %llu: OOMs cachet %d, pytorch default %d, expandable %d; with live requested + request "
-                "under the cap less 2 MiB per stream: cachet %d, default %d, expandable %d\n",
-                static_cast<unsigned long long>(seed), ooms[0].total, ooms[1].total, ooms[2].total, ooms[0].under,
-                ooms[1].under, ooms[2].under);
+    std::printf(
+        "seed %llu: OOMs cachet %d, pytorch default %d, expandable %d; with live requested + "
+        "request "
+        "under the cap less 2 MiB per stream: cachet %d, default %d, expandable %d\n",
+        static_cast<unsigned long long>(seed), ooms[0].total, ooms[1].total, ooms[2].total,
+        ooms[0].under, ooms[1].under, ooms[2].under);
     if (out != nullptr)
       for (int i = 0; i < 3; ++i) out[i] = ooms[i];
   }
@@ -505,16 +493,20 @@ TEST(PolicyCachetRandom, UnderACap) {
     OomCounts o[3];
     random_run(seed, true, o);
     if (::testing::Test::HasFailure()) return;
-    EXPECT_LE(o[0].total, o[1].total) << "seed " << seed << ": more OOMs than PyTorch's default policy";
-    EXPECT_LE(o[0].total, o[2].total) << "seed " << seed << ": more OOMs than PyTorch's expandable segments";
+    EXPECT_LE(o[0].total, o[1].total)
+        << "seed " << seed << ": more OOMs than PyTorch's default policy";
+    EXPECT_LE(o[0].total, o[2].total)
+        << "seed " << seed << ": more OOMs than PyTorch's expandable segments";
     for (int i = 0; i < 3; ++i) {
       sum[i].total += o[i].total;
       sum[i].under += o[i].under;
     }
   }
-  std::printf("6 seeds: OOMs cachet %d, pytorch default %d, expandable %d (under the cap less 2 MiB per stream: "
-              "%d, %d, %d)\n",
-              sum[0].total, sum[1].total, sum[2].total, sum[0].under, sum[1].under, sum[2].under);
+  std::printf(
+      "6 seeds: OOMs cachet %d, pytorch default %d, expandable %d (under the cap less 2 MiB per "
+      "stream: "
+      "%d, %d, %d)\n",
+      sum[0].total, sum[1].total, sum[2].total, sum[0].under, sum[1].under, sum[2].under);
 }
 
 // ------------------------------------------------------------------ the oracle recordings
@@ -528,7 +520,8 @@ struct Waste {
 // peak reserved <= 1.05 x peak requested + 2 MiB per stream, and never above PyTorch's default
 // or expandable configuration. Replayed in validate mode.
 TEST(PolicyCachetReplay, RecordingsWasteAtMostFivePercent) {
-  const Waste rows[] = {{"res_frag_default.json.gz", 1}, {"res_mixed_default.json.gz", 2},
+  const Waste rows[] = {{"res_frag_default.json.gz", 1},
+                        {"res_mixed_default.json.gz", 2},
                         {"res_mixed_empty_default.json.gz", 3}};
   for (const auto& w : rows) {
     SCOPED_TRACE(w.file);
@@ -544,7 +537,8 @@ TEST(PolicyCachetReplay, RecordingsWasteAtMostFivePercent) {
     auto pe = replay::replay(lt.trace, e, opts);
     const auto req = r.stats.requested_bytes[0].peak;
     EXPECT_EQ(r.failed_allocs, 0u);
-    EXPECT_LE(r.peak_reserved(), static_cast<std::int64_t>(1.05 * static_cast<double>(req)) + w.streams * I(kPage));
+    EXPECT_LE(r.peak_reserved(),
+              static_cast<std::int64_t>(1.05 * static_cast<double>(req)) + w.streams * I(kPage));
     EXPECT_LE(r.peak_reserved(), pd.peak_reserved());
     EXPECT_LE(r.peak_reserved(), pe.peak_reserved());
   }

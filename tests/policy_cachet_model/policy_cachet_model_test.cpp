@@ -574,6 +574,17 @@ TEST(Lockstep, HandWritten) {
   if (auto f = run_case(c, opt)) ADD_FAILURE() << report("hand-written", c, *f, opt);
 }
 
+// The model alone on a 1 GiB synthetic device, for hand-computed expectations.
+struct ModelOn1GiB {
+  model::SyntheticSegmentSource src{1 * GiB};
+  Config config = [] {
+    Config c;
+    c.policy = Policy::Cachet;
+    return c;
+  }();
+  model::CachetPolicy m{config, src};
+};
+
 // R7's retry runs R2 again after the event wait. Cap one page: a = [0, 1 MiB) and b =
 // [1 MiB, 2 MiB) fill it; b is freed with a use on stream 1 (pending). The next 1 MiB request
 // finds no free block (R2) and no window under the cap (R3 needs page 1), so it retries: the wait
@@ -586,10 +597,8 @@ TEST(Lockstep, RetryRunsBestFitAfterTheWait) {
       {'a', 0, 1 * MiB, 0}, {'a', 1, 1 * MiB, 0}, {'r', 1, 0, 1}, {'f', 1}, {'a', 2, 1 * MiB, 0}};
   if (auto f = run_case(c, lockstep_options()))
     ADD_FAILURE() << report("hand-written", c, *f, lockstep_options());
-  model::SyntheticSegmentSource src(1 * GiB);
-  Config config;
-  config.policy = Policy::Cachet;
-  model::CachetPolicy m(config, src);
+  ModelOn1GiB on;
+  model::CachetPolicy& m = on.m;
   m.set_memory_fraction(2.0 / 1024.0);
   const auto a = m.malloc(1 * MiB, 0);
   const auto b = m.malloc(1 * MiB, 0);
@@ -616,10 +625,8 @@ TEST(Lockstep, RetryRunsBestFitInsideMappedPages) {
            {'a', 4, 1 * MiB, 0}};
   if (auto f = run_case(c, lockstep_options()))
     ADD_FAILURE() << report("hand-written", c, *f, lockstep_options());
-  model::SyntheticSegmentSource src(1 * GiB);
-  Config config;
-  config.policy = Policy::Cachet;
-  model::CachetPolicy m(config, src);
+  ModelOn1GiB on;
+  model::CachetPolicy& m = on.m;
   m.set_memory_fraction(4.0 / 1024.0);
   std::vector<std::uint64_t> p;
   for (int i = 0; i < 4; ++i) p.push_back(m.malloc(1 * MiB, 0));
@@ -644,10 +651,8 @@ TEST(Lockstep, LoweredCapTrimsToTheCap) {
            {'a', 2, 6 * MiB, 0}};
   if (auto f = run_case(c, lockstep_options()))
     ADD_FAILURE() << report("hand-written", c, *f, lockstep_options());
-  model::SyntheticSegmentSource src(1 * GiB);
-  Config config;
-  config.policy = Policy::Cachet;
-  model::CachetPolicy m(config, src);
+  ModelOn1GiB on;
+  model::CachetPolicy& m = on.m;
   const auto a = m.malloc(10 * MiB, 0);
   const auto b = m.malloc(10 * MiB, 0);
   EXPECT_EQ(m.mapped_bytes(), 20 * MiB);

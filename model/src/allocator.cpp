@@ -1,8 +1,10 @@
 // Construction, the memory fraction, block ownership.
+#include "cachet/model/allocator.h"
+
 #include <string>
 
 #include "cachet/errors.h"
-#include "cachet/model/allocator.h"
+#include "cachet/model/memory_cap.h"
 
 namespace cachet::model {
 
@@ -11,19 +13,14 @@ Allocator::Allocator(const Config& config, SegmentSource& source, DeviceIndex de
   // memory_stats()["max_split_size"] is fixed at construction (§4.1).
   stats_.max_split_size = config_.max_split_size_stat();
   // The per_process_memory_fraction key applies here only (§3.6).
-  if (config_.per_process_memory_fraction) set_memory_fraction(*config_.per_process_memory_fraction);
+  if (config_.per_process_memory_fraction)
+    set_memory_fraction(*config_.per_process_memory_fraction);
 }
 
 Allocator::~Allocator() = default;
 
 void Allocator::set_memory_fraction(double fraction) {
-  if (!(fraction >= 0.0 && fraction <= 1.0))
-    throw UsageError("invalid fraction: " + std::to_string(fraction) +
-                     ". Please set within [0, 1].");
-  // Computed in double and truncated; 1.0 means no cap (§3.6, §13.4).
-  allowed_max_.reset();
-  if (fraction < 1.0)
-    allowed_max_ = static_cast<Bytes>(fraction * static_cast<double>(source_.total_memory()));
+  allowed_max_ = memory_cap(fraction, source_.total_memory());
 }
 
 void Allocator::set_allocator_settings(const Config& config) {
@@ -44,6 +41,8 @@ Block* Allocator::new_block() {
   return b;
 }
 
-void Allocator::delete_block(Block* b) { owned_.erase(b); }
+void Allocator::delete_block(Block* b) {
+  owned_.erase(b);
+}
 
 }  // namespace cachet::model

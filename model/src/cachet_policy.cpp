@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cachet/errors.h"
+#include "cachet/model/memory_cap.h"
 #include "cachet/summary.h"
 
 namespace cachet::model {
@@ -35,13 +36,7 @@ CachetPolicy::CachetPolicy(const Config& config, SegmentSource& source, DeviceIn
 }
 
 void CachetPolicy::set_memory_fraction(double fraction) {
-  if (!(fraction >= 0.0 && fraction <= 1.0))
-    throw UsageError("invalid fraction: " + std::to_string(fraction) +
-                     ". Please set within [0, 1].");
-  // As PyTorch computes the cap: fraction x total memory, truncated; 1.0 means no cap.
-  allowed_max_.reset();
-  if (fraction < 1.0)
-    allowed_max_ = static_cast<Bytes>(fraction * static_cast<double>(source_.total_memory()));
+  allowed_max_ = memory_cap(fraction, source_.total_memory());
   trim_to_cap();  // R7: a lowered cap unmaps whole free pages down to it
 }
 

@@ -38,12 +38,10 @@
 #include "cachet/errors.h"
 #include "cachet/gpu/allocator.h"
 #include "cachet/gpu/host_backend.h"
-#include "ranges.h"
+#include "outside.h"
 
 namespace cachet::test {
 namespace {
-
-constexpr Bytes kPage = 2 * MiB;
 
 // The check that must fire for each mutant.
 const std::map<int, std::string> kKilledBy = {
@@ -59,33 +57,6 @@ std::uint64_t addr(void* p) {
 }
 Bytes rounded(Bytes n) {
   return (n + 511) / 512 * 512;
-}
-
-struct Pages {
-  Bytes mapped = 0, touched = 0, split = 0;
-};
-Pages pages_of(const Snapshot& snap) {
-  std::set<std::uint64_t> mapped, touched, whole;
-  for (const auto& seg : snap) {
-    for (std::uint64_t p = seg.address / kPage; p * kPage < seg.address + seg.total_size; ++p)
-      mapped.insert(p);
-    for (const auto& b : seg.blocks) {
-      if (b.state != BlockState::Inactive) {
-        for (std::uint64_t p = b.address / kPage; p * kPage < b.address + b.size; ++p)
-          touched.insert(p);
-      } else {
-        for (std::uint64_t p = (b.address + kPage - 1) / kPage;
-             (p + 1) * kPage <= b.address + b.size; ++p)
-          whole.insert(p);
-      }
-    }
-  }
-  Pages r;
-  r.mapped = mapped.size();
-  r.touched = touched.size();
-  for (std::uint64_t p : mapped)
-    if (!touched.count(p) && !whole.count(p)) ++r.split;
-  return r;
 }
 
 struct Failed {

@@ -22,12 +22,10 @@
 #include "cachet/gpu/allocator.h"
 #include "cachet/gpu/host_backend.h"
 #include "cachet/replay/replay.h"
-#include "ranges.h"
+#include "outside.h"
 
 namespace cachet::test {
 namespace {
-
-constexpr Bytes kPage = 2 * MiB;
 
 struct H {
   std::shared_ptr<gpu::HostSim> sim;
@@ -289,37 +287,6 @@ TEST(PolicyCachet, SnapshotShowsRunsOfMappedPages) {
 }
 
 // ------------------------------------------------------------------ random sequences
-
-// Page counts of a snapshot, computed from its blocks alone: mapped pages (the segments are the
-// runs of mapped pages), pages touched by live (allocated or pending) blocks, and "split" pages:
-// mapped, touched by no live block, yet not lying inside one free block (free, but shared by
-// free blocks of different streams, which R6 cannot unmap).
-struct Pages {
-  Bytes mapped = 0, touched = 0, split = 0;
-};
-Pages pages_of(const Snapshot& snap) {
-  std::set<std::uint64_t> mapped, touched, whole;
-  for (const auto& seg : snap) {
-    for (std::uint64_t p = seg.address / kPage; p * kPage < seg.address + seg.total_size; ++p)
-      mapped.insert(p);
-    for (const auto& b : seg.blocks) {
-      if (b.state != BlockState::Inactive) {
-        for (std::uint64_t p = b.address / kPage; p * kPage < b.address + b.size; ++p)
-          touched.insert(p);
-      } else {
-        for (std::uint64_t p = (b.address + kPage - 1) / kPage;
-             (p + 1) * kPage <= b.address + b.size; ++p)
-          whole.insert(p);
-      }
-    }
-  }
-  Pages r;
-  r.mapped = mapped.size();
-  r.touched = touched.size();
-  for (std::uint64_t p : mapped)
-    if (!touched.count(p) && !whole.count(p)) ++r.split;
-  return r;
-}
 
 // PyTorch's policy (default or expandable segments) on the same host backend, for the OOM
 // comparison under a cap.

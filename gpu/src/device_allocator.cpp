@@ -14,24 +14,12 @@
 #include "cachet/summary.h"
 #include "check.h"
 #include "core.h"
+#include "messages.h"
 #include "mutant.h"
 
 namespace cachet::gpu::detail {
 
 namespace {
-
-std::string hex(std::uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
-  return buf;
-}
-
-std::string device_error(const char* call, Bytes n, DeviceIndex device, const Status& st) {
-  std::string m = std::string(call);
-  if (n) m += " of " + std::to_string(n) + " bytes";
-  m += " on device " + std::to_string(device) + " failed: " + st.message;
-  return m;
-}
 
 template <class F>
 void for_all_and(StatArray& a, StatType pool, F&& f) {

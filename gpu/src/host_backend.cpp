@@ -3,16 +3,15 @@
 
 #include <string>
 
+#include "messages.h"
+
 namespace cachet::gpu {
+
+using detail::hex;
 
 namespace {
 constexpr Bytes kSyntheticAlign = 2 * MiB;
 Bytes align_up(Bytes n, Bytes a) { return (n + a - 1) / a * a; }
-std::string hex(std::uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 }  // namespace
 
 HostSim::HostSim(HostOptions opts)

@@ -6,16 +6,9 @@
 #include <vector>
 
 #include "core.h"
+#include "messages.h"
 
 namespace cachet::gpu::detail {
-
-namespace {
-std::string hex(std::uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-}  // namespace
 
 std::vector<std::string> DeviceAllocator::invariants() const {
   std::vector<std::string> out;

@@ -12,6 +12,7 @@
 
 #include "cachet/errors.h"
 #include "cachet/summary.h"
+#include "messages.h"
 #include "mutant.h"
 
 namespace cachet::gpu::detail {
@@ -28,19 +29,6 @@ constexpr DevicePtr page_floor(DevicePtr p) {
 }
 constexpr DevicePtr page_ceil(DevicePtr p) {
   return align_up(p, kPage);
-}
-
-std::string hex(std::uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
-  return buf;
-}
-
-std::string device_error(const char* call, Bytes n, DeviceIndex device, const Status& st) {
-  std::string m = std::string(call);
-  if (n) m += " of " + std::to_string(n) + " bytes";
-  m += " on device " + std::to_string(device) + " failed: " + st.message;
-  return m;
 }
 
 StatType pool_of(Bytes size) {

@@ -43,6 +43,7 @@
 #include "cachet/trace.h"
 #include "known_streams.h"
 #include "ptr_map.h"
+#include "size_order.h"
 
 namespace cachet::gpu::detail {
 
@@ -86,22 +87,7 @@ struct Segment {
 
 inline bool Block::expandable() const { return segment->expandable; }
 
-// Size order (BlockComparatorSize, 2.1): stream, size, address.
-struct SizeKey {
-  StreamId stream;
-  Bytes size;
-  DevicePtr ptr;
-};
-struct SizeOrder {
-  static bool less(StreamId as, Bytes az, DevicePtr ap, StreamId bs, Bytes bz, DevicePtr bp) {
-    if (as != bs) return as < bs;
-    if (az != bz) return az < bz;
-    return ap < bp;
-  }
-  bool operator()(const Block& a, const Block& b) const { return less(a.stream, a.size, a.ptr, b.stream, b.size, b.ptr); }
-  bool operator()(const Block& a, const SizeKey& b) const { return less(a.stream, a.size, a.ptr, b.stream, b.size, b.ptr); }
-  bool operator()(const SizeKey& a, const Block& b) const { return less(a.stream, a.size, a.ptr, b.stream, b.size, b.ptr); }
-};
+// Size order (BlockComparatorSize, 2.1): SizeOrder and SizeKey, size_order.h.
 // Address order (BlockComparatorAddress): stream, address.
 struct AddrKey {
   StreamId stream;

@@ -177,7 +177,7 @@ DevicePtr CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
 }
 
 CBlock* CachetPolicy::take_best_fit(StreamId stream, Bytes size) {
-  auto it = free_.lower_bound(CSizeKey{stream, size, 0}, CSizeOrder{});
+  auto it = free_.lower_bound(SizeKey{stream, size, 0}, SizeOrder{});
   if (it == free_.end() || it->stream != stream) return nullptr;
   CBlock* f = &*it;
   // Size-class-aware split: small requests take the high end of the block, large ones the low
@@ -208,7 +208,7 @@ CBlock* CachetPolicy::take_best_fit(StreamId stream, Bytes size) {
       f->ptr += size;
     }
     f->size -= size;
-    if (it != free_.begin() && !CSizeOrder{}(*std::prev(it), *f)) {
+    if (it != free_.begin() && !SizeOrder{}(*std::prev(it), *f)) {
       free_.erase(it);
       free_.insert(*f);
     }
@@ -296,10 +296,10 @@ Bytes CachetPolicy::collect_free_pages(DevicePtr ex_lo, DevicePtr ex_hi) {
   cands_.clear();
   Bytes pages = 0;
   // Only blocks of at least a page can hold a whole page: per stream, from its first such block.
-  for (auto it = free_.lower_bound(CSizeKey{0, kPage, 0}, CSizeOrder{}); it != free_.end();) {
+  for (auto it = free_.lower_bound(SizeKey{0, kPage, 0}, SizeOrder{}); it != free_.end();) {
     CBlock& b = *it;
     if (b.size < kPage) {  // a smaller block of the next stream: skip to its first page-sized one
-      it = free_.lower_bound(CSizeKey{b.stream, kPage, 0}, CSizeOrder{});
+      it = free_.lower_bound(SizeKey{b.stream, kPage, 0}, SizeOrder{});
       continue;
     }
     ++it;
@@ -447,7 +447,7 @@ CBlock* CachetPolicy::merge_free(CBlock* b) {
     release_block(b);
     if (p->mapped) {
       auto it = free_.iterator_to(*p);
-      if (auto nx = std::next(it); nx != free_.end() && !CSizeOrder{}(*p, *nx)) {
+      if (auto nx = std::next(it); nx != free_.end() && !SizeOrder{}(*p, *nx)) {
         free_.erase(it);
         free_.insert(*p);
       }
@@ -773,7 +773,7 @@ std::vector<std::string> CachetPolicy::invariants() const {
   std::int64_t runs = 0;
   // [C-4] the trees are in their order (blocks grow and shrink in place when the order holds).
   for (auto it = free_.begin(); it != free_.end() && std::next(it) != free_.end(); ++it)
-    if (!CSizeOrder{}(*it, *std::next(it)))
+    if (!SizeOrder{}(*it, *std::next(it)))
       fail("[C-4] free_ out of size order at block " + hex(it->ptr));
   for (auto it = unmapped_.begin(); it != unmapped_.end() && std::next(it) != unmapped_.end(); ++it)
     if (!(it->ptr < std::next(it)->ptr))
@@ -805,7 +805,7 @@ std::vector<std::string> CachetPolicy::invariants() const {
         ++n_free;
         if (b->next != nullptr && b->next->is_mapped_free() && b->next->stream == b->stream)
           fail("[C-3] adjacent free blocks of one stream" + at);
-        auto it = free_.find(CSizeKey{b->stream, b->size, b->ptr}, CSizeOrder{});
+        auto it = free_.find(SizeKey{b->stream, b->size, b->ptr}, SizeOrder{});
         if (it == free_.end() || &*it != b) fail("[C-4] free block not in free_" + at);
         // A mapped free block touches only mapped pages: its neighbours on shared pages are mapped.
         if (b->ptr % kPage != 0 && b->prev != nullptr && !b->prev->mapped)

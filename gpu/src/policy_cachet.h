@@ -40,6 +40,7 @@
 #include "cachet/trace.h"
 #include "known_streams.h"
 #include "ptr_map.h"
+#include "size_order.h"
 
 namespace cachet::gpu::detail {
 
@@ -66,33 +67,12 @@ struct alignas(64) CBlock : cbi::set_base_hook<cbi::link_mode<cbi::normal_link>>
   bool is_unmapped() const { return state == State::Free && !mapped; }
 };
 
-struct CSizeKey {
-  StreamId stream;
-  Bytes size;
-  DevicePtr ptr;
-};
-struct CSizeOrder {
-  static bool less(StreamId as, Bytes az, DevicePtr ap, StreamId bs, Bytes bz, DevicePtr bp) {
-    if (as != bs) return as < bs;
-    if (az != bz) return az < bz;
-    return ap < bp;
-  }
-  bool operator()(const CBlock& a, const CBlock& b) const {
-    return less(a.stream, a.size, a.ptr, b.stream, b.size, b.ptr);
-  }
-  bool operator()(const CBlock& a, const CSizeKey& b) const {
-    return less(a.stream, a.size, a.ptr, b.stream, b.size, b.ptr);
-  }
-  bool operator()(const CSizeKey& a, const CBlock& b) const {
-    return less(a.stream, a.size, a.ptr, b.stream, b.size, b.ptr);
-  }
-};
 struct CAddrOrder {
   bool operator()(const CBlock& a, const CBlock& b) const { return a.ptr < b.ptr; }
   bool operator()(const CBlock& a, DevicePtr b) const { return a.ptr < b; }
   bool operator()(DevicePtr a, const CBlock& b) const { return a < b.ptr; }
 };
-using CFreeSet = cbi::set<CBlock, cbi::compare<CSizeOrder>, cbi::constant_time_size<true>>;
+using CFreeSet = cbi::set<CBlock, cbi::compare<SizeOrder>, cbi::constant_time_size<true>>;
 using CUnmappedSet = cbi::set<CBlock, cbi::compare<CAddrOrder>, cbi::constant_time_size<true>>;
 
 class CachetPolicy {

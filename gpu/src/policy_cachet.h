@@ -14,11 +14,13 @@
 //   [C-3] an unmapped block is free, page aligned in address and size, and has no unmapped
 //         neighbour; a mapped free block has no mapped free neighbour of its stream.
 //   [C-4] every mapped free block is in free_, every unmapped block in unmapped_, every active
-//         block in active_, each exactly once; a pending block has event_count > 0 and no
-//         other block does.
+//         block in active_, each exactly once; free_ and unmapped_ are in their orders (blocks
+//         shrink and grow in place when the order holds); a pending block has event_count > 0
+//         and no other block does.
 //   [C-5] stats equal a recount from the blocks (allocation, active, the byte counters,
 //         reserved = mapped bytes, segment = runs of mapped pages).
-//   [C-6] reserved <= the memory cap.
+//   [C-6] reserved <= the memory cap, or no whole free page is mapped (a cap lowered below the
+//         pages live blocks touch, R7).
 //   [C-7] page_live_ and touched_pages_ equal a recount from the live blocks.
 //   [P1]  mapped pages <= budget_pages(peak_touched_pages_) + free pages split between streams.
 #pragma once

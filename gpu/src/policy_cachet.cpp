@@ -57,9 +57,8 @@ CachetPolicy::CachetPolicy(std::unique_ptr<DeviceMemory> memory, const Config& c
     : mem_(std::move(memory)), caps_(mem_->caps()), device_(mem_->device()), config_(config) {
   if (!caps_.reserve_va)
     throw UsageError(
-        "policy:cachet needs a backend that can reserve and map address space (CUDA VMM or the "
-        "host "
-        "simulation); this backend cannot. Use policy:pytorch or another backend.");
+        "policy:cachet needs a backend that can reserve and map address space (CUDA VMM or "
+        "the host simulation); this backend cannot. Use policy:pytorch or another backend.");
   if (caps_.granularity == 0 || kPage % caps_.granularity != 0)
     throw UsageError(
         "policy:cachet maps 2 MiB pages; this backend's granularity does not divide 2 MiB");
@@ -187,16 +186,13 @@ CBlock* CachetPolicy::take_best_fit(StreamId stream, Bytes size) {
     // The new block m is carved at its end of f; f keeps the rest and, when its predecessor in
     // the size order is still smaller, its place in free_ (a shrunk key that keeps the order
     // needs no re-insertion).
-    CBlock* m = make_block();
-    m->size = size;
-    m->stream = f->stream;
+    CBlock* m = nullptr;
     if (high) {
-      m->ptr = f->end() - size;
-      m->prev = f;
-      m->next = f->next;
-      if (f->next) f->next->prev = m;
-      f->next = m;
+      m = split_at(f, f->end() - size);
     } else {
+      m = make_block();
+      m->size = size;
+      m->stream = f->stream;
       m->ptr = f->ptr;
       m->prev = f->prev;
       m->next = f;
@@ -206,8 +202,8 @@ CBlock* CachetPolicy::take_best_fit(StreamId stream, Bytes size) {
         head_ = m;
       f->prev = m;
       f->ptr += size;
+      f->size -= size;
     }
-    f->size -= size;
     if (it != free_.begin() && !SizeOrder{}(*std::prev(it), *f)) {
       free_.erase(it);
       free_.insert(*f);
@@ -218,32 +214,27 @@ CBlock* CachetPolicy::take_best_fit(StreamId stream, Bytes size) {
   return carve(f, high ? f->end() - size : f->ptr, size);
 }
 
+CBlock* CachetPolicy::split_at(CBlock* f, DevicePtr at) {
+  CBlock* m = make_block();
+  m->ptr = at;
+  m->size = f->end() - at;
+  m->stream = f->stream;
+  m->mapped = f->mapped;
+  m->prev = f;
+  m->next = f->next;
+  if (f->next) f->next->prev = m;
+  f->next = m;
+  f->size = at - f->ptr;
+  return m;
+}
+
 CBlock* CachetPolicy::carve(CBlock* f, DevicePtr at, Bytes size) {
   if (at > f->ptr) {  // f keeps the low part
-    CBlock* m = make_block();
-    m->ptr = at;
-    m->size = f->end() - at;
-    m->stream = f->stream;
-    m->prev = f;
-    m->next = f->next;
-    if (f->next) f->next->prev = m;
-    f->next = m;
-    f->size = at - f->ptr;
+    CBlock* m = split_at(f, at);
     free_.insert(*f);
     f = m;
   }
-  if (f->size > size) {  // the high remainder stays free
-    CBlock* r = make_block();
-    r->ptr = f->ptr + size;
-    r->size = f->size - size;
-    r->stream = f->stream;
-    r->prev = f;
-    r->next = f->next;
-    if (f->next) f->next->prev = r;
-    f->next = r;
-    f->size = size;
-    free_.insert(*r);
-  }
+  if (f->size > size) free_.insert(*split_at(f, f->ptr + size));  // the high remainder stays free
   return f;
 }
 
@@ -391,28 +382,10 @@ Status CachetPolicy::map_range(CBlock* u, DevicePtr lo, DevicePtr hi, StreamId s
   // Split u into [u->ptr, lo) unmapped, [lo, hi) mapped, [hi, end) unmapped.
   CBlock* mid = u;
   if (lo > u->ptr) {
-    mid = make_block();
-    mid->ptr = lo;
-    mid->size = u->end() - lo;
-    mid->prev = u;
-    mid->next = u->next;
-    if (u->next) u->next->prev = mid;
-    u->next = mid;
-    u->size = lo - u->ptr;
+    mid = split_at(u, lo);
     unmapped_.insert(*u);
   }
-  if (mid->end() > hi) {
-    CBlock* r = make_block();
-    r->ptr = hi;
-    r->size = mid->end() - hi;
-    r->mapped = false;
-    r->prev = mid;
-    r->next = mid->next;
-    if (mid->next) mid->next->prev = r;
-    mid->next = r;
-    mid->size = hi - lo;
-    unmapped_.insert(*r);
-  }
+  if (mid->end() > hi) unmapped_.insert(*split_at(mid, hi));
   mid->mapped = true;
   mid->stream = stream;
   mid->state = CBlock::State::Free;

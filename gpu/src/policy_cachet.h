@@ -143,6 +143,9 @@ class CachetPolicy {
   // Pages of [lo, hi) that no live block touches yet.
   Bytes untouched_pages(DevicePtr lo, DevicePtr hi) const;
   CBlock* make_block();
+  // Splits f at `at` (f->ptr < at < f->end()): f keeps [ptr, at); the returned new block holds
+  // [at, end), free, with f's stream and mapping. Neither goes into a tree here.
+  CBlock* split_at(CBlock* f, DevicePtr at);
   void release_block(CBlock* b);
 
   std::unique_ptr<DeviceMemory> mem_;

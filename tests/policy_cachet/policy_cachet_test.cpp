@@ -429,9 +429,8 @@ void random_run(std::uint64_t seed, bool capped, OomCounts out[3] = nullptr) {
   }
   if (capped) {
     std::printf(
-        "seed %llu: OOMs cachet %d, pytorch default %d, expandable %d; with live requested + "
-        "request "
-        "under the cap less 2 MiB per stream: cachet %d, default %d, expandable %d\n",
+        "seed %llu: OOMs cachet %d, pytorch default %d, expandable %d; with live requested "
+        "+ request under the cap less 2 MiB per stream: cachet %d, default %d, expandable %d\n",
         static_cast<unsigned long long>(seed), ooms[0].total, ooms[1].total, ooms[2].total,
         ooms[0].under, ooms[1].under, ooms[2].under);
     if (out != nullptr)

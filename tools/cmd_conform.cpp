@@ -49,7 +49,8 @@ class ModelEngine final : public ReplayEngine {
  public:
   explicit ModelEngine(const EngineSetup& s)
       : source_(s.device_events, s.total_memory), alloc_(s.config, source_) {
-    // §13.4: fraction = cap / total, applied before the first op; truncation gives back cap.
+    // fraction = cap / total, applied before the first op; truncation gives back cap
+    // (docs/pytorch-allocator.md §13.4).
     if (s.cap > 0)
       alloc_.set_memory_fraction(static_cast<double>(s.cap) / static_cast<double>(s.total_memory));
   }

@@ -1,6 +1,7 @@
-// config.cpp: the allocator configuration string, PyTorch 2.11's syntax and meaning (reference
-// sections 1.5, 4.1, 4.2), with clear errors instead of PyTorch's aborts. docs/configuration.md
-// describes every key and every decision where cachet is stricter than PyTorch.
+// config.cpp: the allocator configuration string, PyTorch 2.11's syntax and meaning
+// (docs/pytorch-allocator.md §1.5, §4.1, §4.2), with clear errors instead of PyTorch's aborts.
+// docs/configuration.md describes every key and every decision where cachet is stricter than
+// PyTorch.
 //
 // Parsing runs in three steps, so that nothing is half-applied:
 //   tokenize  split on ',' ':' '[' ']' and drop all whitespace, as c10's ConfigTokenizer does,
@@ -476,7 +477,7 @@ std::uint32_t parse_divisions(std::string_view key, const Token& tok, bool zero_
 
 using Divisions = std::array<std::uint32_t, kRoundUpPowerOfTwoIntervals>;
 
-// 2.11's parseRoundUpPower2Divisions, list form (reference 1.5): the first entry also fills the
+// 2.11's parseRoundUpPower2Divisions, list form (§1.5): the first entry also fills the
 // intervals below it, later entries set only their own interval (gaps stay 0), '>' fills every
 // interval after the last one set. `gaps` receives the intervals a list left uncovered between
 // its entries.
@@ -551,7 +552,7 @@ ParseResult parse_config(std::string_view text, ConfigSource source, const Confi
   ParseResult result;
   Config& c = result.config;
   c = base;
-  // Reset on every parse (reference 4.1).
+  // Reset on every parse (§4.1).
   c.max_split_size = kNoMaxSplit;
   c.roundup_power2_divisions.fill(0);
   c.garbage_collection_threshold = 0.0;
@@ -837,7 +838,7 @@ EnvConfig config_from_environment() {
     const char* name;
     ConfigSource source;
   };
-  // 2.11's precedence: the CUDA variable wins over the generic one (reference 4.1).
+  // 2.11's precedence: the CUDA variable wins over the generic one (§4.1).
   constexpr Variable kVariables[] = {{"CACHET_ALLOC_CONF", ConfigSource::Cachet},
                                      {"PYTORCH_CUDA_ALLOC_CONF", ConfigSource::PyTorch},
                                      {"PYTORCH_ALLOC_CONF", ConfigSource::PyTorch}};

@@ -1,9 +1,10 @@
 // summary.cpp: PyTorch's human-readable texts, byte for byte.
 //
-//   memory_summary  torch.cuda.memory_summary() (torch/cuda/memory.py, reference section 5.4),
-//                   verified against the `summary` field of every oracle recording.
-//   format_size     c10's format_size (reference section 3.7).
-//   oom_message     the OutOfMemoryError text of DeviceCachingAllocator::malloc (section 3.7).
+//   memory_summary  torch.cuda.memory_summary() (torch/cuda/memory.py,
+//                   docs/pytorch-allocator.md §5.4), verified against the `summary` field of
+//                   every oracle recording.
+//   format_size     c10's format_size (docs/pytorch-allocator.md §3.7).
+//   oom_message     the OutOfMemoryError text of DeviceCachingAllocator::malloc (§3.7).
 #include "cachet/summary.h"
 
 #include <fmt/format.h>

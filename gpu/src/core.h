@@ -1,5 +1,5 @@
 // The allocator's core: blocks, segments, pools and the per-device state, with PyTorch 2.11's
-// rules (reference sections 1-3, 5-7, 13) on fast structures. No locking here: every member
+// rules (docs/pytorch-allocator.md §1-3, §5-7, §13) on fast structures. No locking here: every member
 // function of DeviceAllocator runs with the API layer's mutex held (style note 11).
 //
 // Glossary (cachet/types.h): a Segment is one device allocation (cudaMalloc) or one VA
@@ -54,7 +54,7 @@ struct Segment;
 struct Block : bi::set_base_hook<bi::link_mode<bi::normal_link>> {
   DevicePtr ptr = 0;
   Bytes size = 0;
-  Bytes requested_size = 0;  // stale on free blocks; follows the block object (13.1)
+  Bytes requested_size = 0;  // stale on free blocks; follows the block object (§13.1)
   StreamId stream = 0;
   Block* prev = nullptr;
   Block* next = nullptr;
@@ -80,14 +80,14 @@ struct Segment {
   bool is_small = false;
   bool expandable = false;
   Block* head = nullptr;  // lowest-address block
-  // expandable segments (section 7)
+  // expandable segments (§7)
   Bytes page_size = 0;
   std::vector<bool> page_mapped;
 };
 
 inline bool Block::expandable() const { return segment->expandable; }
 
-// Size order (BlockComparatorSize, 2.1): SizeOrder and SizeKey, size_order.h.
+// Size order (BlockComparatorSize, §2.1): SizeOrder and SizeKey, size_order.h.
 // Address order (BlockComparatorAddress): stream, address.
 struct AddrKey {
   StreamId stream;
@@ -112,7 +112,7 @@ struct BlockPool {
   FreeSet blocks;
   UnmappedSet unmapped;
   const bool is_small;
-  std::int64_t get_free_blocks_call_count = 0;  // GC age clock (3.5, 13.3)
+  std::int64_t get_free_blocks_call_count = 0;  // GC age clock (§3.5, §13.3)
 
   void insert_into_blocks(Block* b) {
     b->gc_count_base = get_free_blocks_call_count;
@@ -169,7 +169,7 @@ class DeviceAllocator {
   bool trace_on() const { return trace_on_; }
   const std::vector<TraceEvent>& trace() const { return trace_; }
   void clear_trace() { trace_.clear(); }
-  void apply_config(const Config& c);  // runtime configure (section 4.1)
+  void apply_config(const Config& c);  // runtime configure (§4.1)
   const Config& config() const { return config_; }
   std::vector<std::string> invariants() const;
   DeviceMemory& memory() { return *mem_; }
@@ -190,7 +190,7 @@ class DeviceAllocator {
     bool in_pool = false;  // block is still in pool->blocks (found by get_free_block)
   };
 
-  // --- free-block search and growth (sections 2.2, 3.1-3.5) ---
+  // --- free-block search and growth (§2.2, §3.1-3.5) ---
   bool get_free_block(AllocParams& p);
   bool alloc_block(AllocParams& p, bool is_retry);
   bool release_available_cached_blocks(const AllocParams& p);
@@ -202,7 +202,7 @@ class DeviceAllocator {
   Block* alloc_found_block(AllocParams& p, Bytes orig_size, bool split);
   [[noreturn]] void throw_oom(const AllocParams& p);
 
-  // --- free and events (sections 2.5, 6) ---
+  // --- free and events (§2.5, §6) ---
   void free_block(Block* b);
   Bytes try_merge_blocks(Block* dst, Block* src, BlockPool& pool);
   static bool mergeable(const Block* dst, const Block* src) {
@@ -213,7 +213,7 @@ class DeviceAllocator {
   void process_events();
   void synchronize_and_free_events();
 
-  // --- expandable segments (section 7) ---
+  // --- expandable segments (§7) ---
   Block* try_allocate_expandable_block(StreamId stream, BlockPool* pool, Bytes size);
   Block* find_expandable_block(StreamId stream, BlockPool* pool, Bytes size);
   bool map_block(Block* to_map, Bytes size);
@@ -245,7 +245,7 @@ class DeviceAllocator {
   PtrMap<Block> active_;
   std::map<DevicePtr, std::unique_ptr<Segment>> segments_;  // by base address
 
-  // Per-stream FIFO of (event, block) (section 6), ordered by stream value.
+  // Per-stream FIFO of (event, block) (§6), ordered by stream value.
   std::map<StreamId, std::deque<std::pair<EventHandle, Block*>>> cuda_events_;
   std::size_t pending_events_ = 0;
   std::vector<EventHandle> event_pool_;

@@ -1,5 +1,5 @@
-// DeviceAllocator: PyTorch 2.11's caching rules for one device (reference sections 1-3, 5-7,
-// 13). Section numbers in comments refer to docs/reference pytorch-2.11-allocator.md.
+// DeviceAllocator: PyTorch 2.11's caching rules for one device (§1-3, §5-7, §13). Section
+// numbers (§) in comments refer to docs/pytorch-allocator.md.
 //
 // Banners: Rounding | Allocation | Free and merge | Events | Release and GC |
 // Expandable segments | Snapshot and trace | Errors.
@@ -37,7 +37,7 @@ DeviceAllocator::DeviceAllocator(std::unique_ptr<DeviceMemory> memory, const Con
     throw UsageError(
         "expandable_segments:True needs a backend that can reserve and map address space (CUDA VMM or "
         "the host simulation); this backend cannot. Use expandable_segments:False or another backend.");
-  stats_.max_split_size = config_.max_split_size_stat();  // set once, at construction (4.1)
+  stats_.max_split_size = config_.max_split_size_stat();  // set once, at construction (§4.1)
   if (config_.per_process_memory_fraction) set_memory_fraction(*config_.per_process_memory_fraction);
 }
 
@@ -72,7 +72,7 @@ DeviceAllocator::~DeviceAllocator() {
   }
 }
 
-// ===================================================================== Rounding (1.2, 1.3)
+// ===================================================================== Rounding (§1.2, §1.3)
 
 namespace {
 std::uint32_t roundup_divisions(const Config& c, Bytes size) {
@@ -94,7 +94,7 @@ Bytes roundup_power2_next_division(Bytes size, std::uint32_t divisions) {
 }  // namespace
 
 Bytes DeviceAllocator::round_size(Bytes size) const {
-  constexpr Bytes min_block = mutant(kMutantRound256) ? 256 : kMinBlockSize;  // 1.1
+  constexpr Bytes min_block = mutant(kMutantRound256) ? 256 : kMinBlockSize;  // §1.1
   if (size < min_block) return min_block;
   const std::uint32_t divisions = roundup_divisions(config_, size);
   if (divisions > 1 && size > min_block * divisions) return roundup_power2_next_division(size, divisions);
@@ -107,10 +107,10 @@ Bytes DeviceAllocator::allocation_size(Bytes size) const {
   return kRoundLarge * ((size + kRoundLarge - 1) / kRoundLarge);
 }
 
-// ===================================================================== Allocation (2.2-2.4, 3.1, 3.2)
+// ===================================================================== Allocation (§2.2-2.4, §3.1, §3.2)
 
 DevicePtr DeviceAllocator::malloc(Bytes orig_size, StreamId stream) {
-  if (orig_size >= kMaxRequest) {  // 1.2: before anything else, no stats or trace
+  if (orig_size >= kMaxRequest) {  // §1.2: before anything else, no stats or trace
     OomFacts f;
     f.alloc_size = orig_size;
     f.device = device_;
@@ -118,7 +118,7 @@ DevicePtr DeviceAllocator::malloc(Bytes orig_size, StreamId stream) {
   }
   if (orig_size == 0) return 0;
   check_stream(stream, "allocate");
-  if (config_.no_caching) {  // 4.1 PYTORCH_NO_CUDA_MEMORY_CACHING: raw device calls, no stats
+  if (config_.no_caching) {  // §4.1 PYTORCH_NO_CUDA_MEMORY_CACHING: raw device calls, no stats
     auto r = mem_->malloc(orig_size);
     if (r.status.is_oom()) {
       OomFacts f;
@@ -134,19 +134,19 @@ DevicePtr DeviceAllocator::malloc(Bytes orig_size, StreamId stream) {
     uncached_[r.value] = orig_size;
     return r.value;
   }
-  if (pending_events_ != 0) process_events();  // 3.1 step 2
+  if (pending_events_ != 0) process_events();  // §3.1 step 2
 
   const Bytes size = round_size(orig_size);
   BlockPool& pool = size <= kSmallSize ? small_blocks_ : large_blocks_;
   AllocParams p{stream, size, allocation_size(size), &pool, nullptr, Status::ok()};
 
-  bool found = get_free_block(p);  // (no free-memory callbacks are registered: 3.1 step 4)
+  bool found = get_free_block(p);  // (no free-memory callbacks are registered: §3.1 step 4)
   if (!found) {
     if (allowed_max_ && config_.garbage_collection_threshold > 0.0) garbage_collect_cached_blocks();
     found = alloc_block(p, false) || (release_available_cached_blocks(p) && alloc_block(p, false));
     if (!found) {
       release_cached_blocks();
-      found = alloc_block(p, true);  // counted as a retry even if the cap refuses it (13.6)
+      found = alloc_block(p, true);  // counted as a retry even if the cap refuses it (§13.6)
     }
   }
   if (!found) throw_oom(p);
@@ -157,7 +157,7 @@ DevicePtr DeviceAllocator::malloc(Bytes orig_size, StreamId stream) {
 
 bool DeviceAllocator::get_free_block(AllocParams& p) {
   BlockPool& pool = *p.pool;
-  if (allowed_max_ && config_.garbage_collection_threshold > 0.0) ++pool.get_free_blocks_call_count;  // 13.3
+  if (allowed_max_ && config_.garbage_collection_threshold > 0.0) ++pool.get_free_blocks_call_count;  // §13.3
   auto it = pool.blocks.lower_bound(SizeKey{p.stream, p.size, 0}, SizeOrder{});  // equal sizes: lowest address
   if constexpr (mutant(kMutantCrossStreamReuse)) {
     if (it == pool.blocks.end() || it->stream != p.stream) {
@@ -169,7 +169,7 @@ bool DeviceAllocator::get_free_block(AllocParams& p) {
     if (it == pool.blocks.end() || it->stream != p.stream) return false;  // blocks stay on their stream
   }
 
-  if (it->expandable()) {  // 2.2 step 3
+  if (it->expandable()) {  // §2.2 step 3
     if (config_.expandable_segments) {
       auto expandable_size = [](const Block& b) {
         return b.size + (b.next && !b.next->mapped ? b.next->size : 0);
@@ -188,7 +188,7 @@ bool DeviceAllocator::get_free_block(AllocParams& p) {
   }
 
   const Bytes max_split = config_.max_split_size;
-  // 2.2 step 4: a normal request never takes an oversize block ...
+  // §2.2 step 4: a normal request never takes an oversize block ...
   if (!mutant(kMutantOversizeToSmall) && p.size < max_split && it->size >= max_split) return false;
   // ... and an oversize request takes one only within the non-split rounding allowance.
   if (p.size >= max_split && it->size >= p.size + config_.max_non_split_rounding) return false;
@@ -201,16 +201,16 @@ bool DeviceAllocator::get_free_block(AllocParams& p) {
 
 bool DeviceAllocator::should_split(const Block* b, Bytes size) const {
   const Bytes remaining = b->size - size;
-  if (b->is_small || config_.expandable_segments) return remaining >= kMinBlockSize;  // 2.3
+  if (b->is_small || config_.expandable_segments) return remaining >= kMinBlockSize;  // §2.3
   if constexpr (mutant(kMutantSplitBelowLimit)) return size < config_.max_split_size && remaining >= kMinBlockSize;
   return size < config_.max_split_size && remaining > kSmallSize;
 }
 
 bool DeviceAllocator::alloc_block(AllocParams& p, bool is_retry) {
-  if (is_retry) ++stats_.num_alloc_retries;  // 3.2: counted before the attempt
+  if (is_retry) ++stats_.num_alloc_retries;  // §3.2: counted before the attempt
   const Bytes size = p.alloc_size;
-  // The cap is inclusive (13.4); with expandable segments it is checked against the segment
-  // size of the request, not the pages that will be mapped (13.5).
+  // The cap is inclusive (§13.4); with expandable segments it is checked against the segment
+  // size of the request, not the pages that will be mapped (§13.5).
   if (!mutant(kMutantIgnoreCap) && allowed_max_ && total_allocated_memory_ + size > *allowed_max_) {
     p.err = Status::oom();
     return false;
@@ -266,8 +266,8 @@ Block* DeviceAllocator::alloc_found_block(AllocParams& p, Bytes orig_size, bool 
   const bool expandable = block->expandable();
 
   if (split) {
-    // 2.4: the allocation is a new block at the low address; the original block object is the
-    // remainder and keeps its (stale) requested_size (13.1).
+    // §2.4: the allocation is a new block at the low address; the original block object is the
+    // remainder and keeps its (stale) requested_size (§13.1).
     Block* remaining = block;
     bool reinsert = true;
     if (p.in_pool) {
@@ -320,7 +320,7 @@ Block* DeviceAllocator::alloc_found_block(AllocParams& p, Bytes orig_size, bool 
   return block;
 }
 
-// ===================================================================== Free and merge (2.5)
+// ===================================================================== Free and merge (§2.5)
 
 void DeviceAllocator::free(DevicePtr ptr) {
   if (ptr == 0) return;
@@ -340,7 +340,7 @@ void DeviceAllocator::free(DevicePtr ptr) {
                      std::to_string(b->event_count) + " stream-use event(s); free each pointer once");
 
   // Stream uses: record one event per using stream before changing anything, so a failing
-  // event call leaves the block allocated and the stats untouched (section 6).
+  // event call leaves the block allocated and the stats untouched (§6).
   std::vector<std::pair<EventHandle, StreamId>> events;
   const bool wait_for_uses = !b->stream_uses.empty() && !mutant(kMutantIgnorePendingEvent);
   if (wait_for_uses) {
@@ -453,7 +453,7 @@ void DeviceAllocator::free_block(Block* b) {
   }
 
   const StatType st = stat_type(pool);
-  if (!b->expandable()) {  // inactive_split excludes expandable segments; moves once, by the net (13.2)
+  if (!b->expandable()) {  // inactive_split excludes expandable segments; moves once, by the net (§13.2)
     if (net_blocks > 0) for_all_and(stats_.inactive_split, st, [&](Stat& s) { s.increase(net_blocks); });
     else if (net_blocks < 0) for_all_and(stats_.inactive_split, st, [&](Stat& s) { s.decrease(-net_blocks); });
     if (net_bytes > 0) for_all_and(stats_.inactive_split_bytes, st, [&](Stat& s) { s.increase(net_bytes); });
@@ -485,7 +485,7 @@ Bytes DeviceAllocator::try_merge_blocks(Block* dst, Block* src, BlockPool& pool)
   return subsumed;
 }
 
-// ===================================================================== Events (section 6)
+// ===================================================================== Events (§6)
 
 void DeviceAllocator::record_stream(DevicePtr ptr, StreamId stream) {
   check_stream(stream, "record_stream");
@@ -500,7 +500,7 @@ void DeviceAllocator::record_stream(DevicePtr ptr, StreamId stream) {
 }
 
 void DeviceAllocator::process_events() {
-  // Per stream FIFO; stop at the first event not yet complete on that stream (section 6).
+  // Per stream FIFO; stop at the first event not yet complete on that stream (§6).
   for (auto it = cuda_events_.begin(); it != cuda_events_.end();) {
     auto& q = it->second;
     while (!q.empty()) {
@@ -535,7 +535,7 @@ void DeviceAllocator::synchronize_and_free_events() {
   }
 }
 
-// ===================================================================== Release and GC (3.3-3.6)
+// ===================================================================== Release and GC (§3.3-3.6)
 
 void DeviceAllocator::empty_cache() {
   if (config_.no_caching) return;
@@ -544,7 +544,7 @@ void DeviceAllocator::empty_cache() {
 
 void DeviceAllocator::release_cached_blocks() {
   synchronize_and_free_events();
-  release_blocks(large_blocks_);  // large pool first, then small (3.4, 13.6)
+  release_blocks(large_blocks_);  // large pool first, then small (§3.4, §13.6)
   release_blocks(small_blocks_);
 }
 
@@ -609,7 +609,7 @@ bool DeviceAllocator::release_available_cached_blocks(const AllocParams& p) {
 }
 
 void DeviceAllocator::garbage_collect_cached_blocks() {
-  // 3.5: only the default large pool, only unsplit non-expandable blocks, oldest first by
+  // §3.5: only the default large pool, only unsplit non-expandable blocks, oldest first by
   // rounds of "age >= average age"; never syncs.
   const auto gc_threshold =
       static_cast<Bytes>(config_.garbage_collection_threshold * static_cast<double>(*allowed_max_));
@@ -648,7 +648,7 @@ void DeviceAllocator::garbage_collect_cached_blocks() {
 void DeviceAllocator::set_memory_fraction(double fraction) {
   if (!(fraction >= 0.0 && fraction <= 1.0))  // also rejects NaN
     throw UsageError("invalid fraction: " + std::to_string(fraction) + ". Please set within [0, 1].");
-  if (fraction < 1.0) allowed_max_ = static_cast<Bytes>(fraction * static_cast<double>(total_memory_));  // 13.4
+  if (fraction < 1.0) allowed_max_ = static_cast<Bytes>(fraction * static_cast<double>(total_memory_));  // §13.4
   else if (!mutant(kMutantFractionOneKeepsCap)) allowed_max_.reset();
 }
 
@@ -662,7 +662,7 @@ void DeviceAllocator::apply_config(const Config& c) {
                      "backend cannot. Use expandable_segments:False.");
   const auto fraction = c.per_process_memory_fraction;
   config_ = c;
-  (void)fraction;  // per_process_memory_fraction applies only at construction (3.6)
+  (void)fraction;  // per_process_memory_fraction applies only at construction (§3.6)
 }
 
 [[noreturn]] void DeviceAllocator::throw_oom(const AllocParams& p) {
@@ -671,7 +671,7 @@ void DeviceAllocator::apply_config(const Config& c) {
   record(TraceAction::Oom, info.value.free, p.size, p.stream);
   ++stats_.num_ooms;
   OomFacts f;
-  f.alloc_size = p.alloc_size;  // the segment size (3.7)
+  f.alloc_size = p.alloc_size;  // the segment size (§3.7)
   f.device = device_;
   f.device_total = info.value.total;
   f.device_free = info.value.free;
@@ -763,7 +763,7 @@ bool DeviceAllocator::map_block(Block* to_map, Bytes size) {
   pool.unmapped.erase(pool.unmapped.iterator_to(*to_map));
   to_map->mapped = true;
   if (mapped < to_map->size) {
-    Block* rest = arena_.make();  // fresh: requested_size 0 (13.1)
+    Block* rest = arena_.make();  // fresh: requested_size 0 (§13.1)
     rest->ptr = to_map->ptr + mapped;
     rest->size = to_map->size - mapped;
     rest->stream = to_map->stream;

@@ -1,6 +1,7 @@
 // DeviceAllocator::invariants(): the numbered invariants of core.h, checked over the
 // allocator's own state. O(blocks + events); cheap enough to run after every operation
 // (cachet_validate:True). Returns one line per violation, each starting with its ID.
+// § numbers refer to docs/pytorch-allocator.md.
 #include <map>
 #include <string>
 #include <vector>
@@ -61,7 +62,7 @@ std::vector<std::string> DeviceAllocator::invariants() const {
       if (b->size == 0 || b->size % kMinBlockSize != 0) fail("[INV-5]", bw + ": size is not a multiple of 512");
       if (b->allocated && b->size < round_size(b->requested_size))
         fail("[INV-5]", bw + ": smaller than round_size(" + std::to_string(b->requested_size) + ")");
-      // Split-size limit (2.3): a large-pool split leaves more than 1 MiB and large requests are
+      // Split-size limit (§2.3): a large-pool split leaves more than 1 MiB and large requests are
       // larger than 1 MiB, so no block of a cudaMalloc large-pool segment is 1 MiB or smaller;
       // a small-pool allocation is at most 1 MiB.
       if (!seg->expandable && !seg->is_small && b->size <= kSmallSize)
@@ -167,7 +168,7 @@ std::vector<std::string> DeviceAllocator::invariants() const {
     fail("[INV-7]", "oversize_segments.current is " + std::to_string(stats_.oversize_segments.current) +
                         ", recount " + std::to_string(oversize_segments));
 
-  // INV-8: the cap (expandable: may be exceeded by less than one page, 13.5).
+  // INV-8: the cap (expandable: may be exceeded by less than one page, §13.5).
   if (allowed_max_ && total_allocated_memory_ > *allowed_max_ + (max_page ? max_page - 1 : 0))
     fail("[INV-8]", "reserved " + std::to_string(total_allocated_memory_) + " B exceeds the cap of " +
                         std::to_string(*allowed_max_) + " B");

@@ -1,5 +1,5 @@
 // PtrMap: open-addressing map from a block's address to its Block (the allocator's
-// active_blocks, section 2.1). Linear probing, backward-shift deletion, no tombstones; grows
+// active_blocks, docs/pytorch-allocator.md §2.1). Linear probing, backward-shift deletion, no tombstones; grows
 // at 1/2 load, so lookups stay a probe or two and the cached hot path never allocates.
 #pragma once
 

@@ -1,5 +1,5 @@
 // gpu/src/size_order.h: the size order of free blocks both policies keep (PyTorch's
-// BlockComparatorSize, reference 2.1): stream, then size, then address. Any type with the
+// BlockComparatorSize, docs/pytorch-allocator.md §2.1): stream, then size, then address. Any type with the
 // fields stream, size and ptr takes part (a policy's block type, SizeKey for lookups).
 #pragma once
 

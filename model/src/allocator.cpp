@@ -10,7 +10,7 @@ namespace cachet::model {
 
 Allocator::Allocator(const Config& config, SegmentSource& source, DeviceIndex device)
     : config_(config), source_(source), device_(device) {
-  // memory_stats()["max_split_size"] is fixed at construction (§4.1).
+  // memory_stats()["max_split_size"] is fixed at construction (docs/pytorch-allocator.md §4.1).
   stats_.max_split_size = config_.max_split_size_stat();
   // The per_process_memory_fraction key applies here only (§3.6).
   if (config_.per_process_memory_fraction)

@@ -1,4 +1,4 @@
-// Stream uses and simulated events (§6).
+// Stream uses and simulated events (docs/pytorch-allocator.md §6).
 //
 // An event is identified by a sequence number; complete_events(s) marks every event recorded on
 // s so far as completed (what cudaEventQuery would then report). process_events() at the start

@@ -1,5 +1,5 @@
-// Expandable segments (§7): one virtual reservation per (stream, pool) of 1.125x device memory,
-// mapped page by page (2 MiB small pool, large_segment_size large pool), lowest address first.
+// Expandable segments (docs/pytorch-allocator.md §7): one virtual reservation per (stream, pool)
+// of 1.125x device memory, mapped page by page (2 MiB small pool, large_segment_size large pool), lowest address first.
 // The `segment` and `inactive_split` stats never move for them; reserved_bytes follows the
 // mapped pages; each contiguous map or unmap counts one num_device_alloc / num_device_free.
 #include <algorithm>

@@ -1,4 +1,4 @@
-// free, free completion and merging with free neighbours (§2.5).
+// free, free completion and merging with free neighbours (docs/pytorch-allocator.md §2.5).
 #include <string>
 
 #include "cachet/errors.h"

@@ -1,5 +1,5 @@
-// The malloc order (§3.1), best fit with the oversize rules (§2.2), new segments (§3.2) and
-// splitting (§2.3, §2.4).
+// The malloc order (docs/pytorch-allocator.md §3.1), best fit with the oversize rules (§2.2), new
+// segments (§3.2) and splitting (§2.3, §2.4). § numbers refer to docs/pytorch-allocator.md.
 #include <limits>
 
 #include "cachet/errors.h"
@@ -150,7 +150,7 @@ Block* Allocator::alloc_found_block(AllocParams& p, Bytes orig_size, bool split_
     remaining->prev = block;
     remaining->ptr += p.size;
     remaining->size -= p.size;
-    pool.insert(remaining);  // GC age of the remainder restarts (§13, end)
+    pool.insert(remaining);  // GC age of the remainder restarts (§13.7)
     if (block->expandable == nullptr) {
       if (already_split) {
         // An inactive split block shrank by the allocation.

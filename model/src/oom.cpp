@@ -1,5 +1,5 @@
-// The out-of-memory error (§3.7): state changes first (oom trace row, num_ooms), then
-// PyTorch's message. The driver figures come from the segment source.
+// The out-of-memory error (docs/pytorch-allocator.md §3.7): state changes first (oom trace row,
+// num_ooms), then PyTorch's message. The driver figures come from the segment source.
 #include "cachet/errors.h"
 #include "cachet/model/allocator.h"
 #include "cachet/summary.h"

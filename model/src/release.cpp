@@ -1,5 +1,5 @@
-// Giving memory back: empty_cache / the last retry (§3.4), release of oversize blocks (§3.3)
-// and garbage collection (§3.5).
+// Giving memory back: empty_cache / the last retry (docs/pytorch-allocator.md §3.4), release of
+// oversize blocks (§3.3) and garbage collection (§3.5).
 #include <limits>
 #include <vector>
 

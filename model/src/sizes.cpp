@@ -1,4 +1,4 @@
-// Size rounding and segment sizes (§1).
+// Size rounding and segment sizes (docs/pytorch-allocator.md §1).
 #include "cachet/model/sizes.h"
 
 #include <bit>
@@ -27,7 +27,7 @@ Bytes round_size(const Config& c, Bytes size) {
   if (size < kMinBlockSize) return kMinBlockSize;
   const std::uint32_t divisions = roundup_divisions_for(c, size);
   // `divisions > 1`: a value of 1 means plain rounding (§1.2, issue #161139); the boundary is
-  // strict: size == 512 * divisions is 512-rounded (§13, end).
+  // strict: size == 512 * divisions is 512-rounded (§13.7).
   if (divisions > 1 && size > kMinBlockSize * divisions)
     return roundup_power2_next_division(size, divisions);
   return kMinBlockSize * ((size + kMinBlockSize - 1) / kMinBlockSize);

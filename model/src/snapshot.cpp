@@ -1,4 +1,5 @@
-// memory_snapshot() (§8) and the structural invariants (block.h; §5.3's consistency rule).
+// memory_snapshot() (docs/pytorch-allocator.md §8) and the structural invariants (block.h; §5.3's
+// consistency rule).
 #include <algorithm>
 #include <stdexcept>
 #include <string>

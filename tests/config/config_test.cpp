@@ -1,9 +1,11 @@
 // config_test: parse_config, to_string and config_from_environment against what PyTorch 2.11
 // did. Sources of the expected values:
 //   tests/data/oracle/bad_configs.json   26 strings given to PyTorch 2.11 and its verdict;
-//   reference section 4.2                 the validation table (probed on 2.11);
-//   reference section 1.5                 roundup_power2_divisions syntax and its probe table;
-//   probe env_*.json (reference 4.1)      which variable wins and the max_split_size it gave.
+//   docs/pytorch-allocator.md §4.2       the validation table (probed on 2.11);
+//   docs/pytorch-allocator.md §1.5       roundup_power2_divisions syntax and its probe table;
+//   probe env_*.json (§4.1)              which variable wins and the max_split_size it gave.
+// § numbers refer to docs/pytorch-allocator.md; the probe files are in
+// tests/data/probe/probe-torch-2.11-h200.tar.gz.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -149,7 +151,7 @@ TEST(BadConfigs, AllTwentySixCases) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Reference 4.2: the validation table
+// §4.2: the validation table
 
 TEST(ValidationTable, RejectedLikePyTorch) {
   struct Row {
@@ -245,7 +247,7 @@ TEST(Keys, LargeSegmentSizePrePass) {
 }
 
 TEST(Keys, EveryParseResetsThreeKeys) {
-  // Reference 4.1: max_split_size, roundup_power2_divisions and garbage_collection_threshold are
+  // §4.1: max_split_size, roundup_power2_divisions and garbage_collection_threshold are
   // reset by every parse (probe: a later garbage_collection_threshold:0.5 resets divisions);
   // other keys keep their previous values.
   const Config base = parse_ok(
@@ -335,7 +337,7 @@ TEST(Errors, NeverAbortsOnRandomInput) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Reference 1.5: roundup_power2_divisions, index i covers [2^i MiB, 2^(i+1) MiB)
+// §1.5: roundup_power2_divisions, index i covers [2^i MiB, 2^(i+1) MiB)
 
 TEST(Roundup, DivisionsPerConfig) {
   auto filled = [](std::uint32_t v) {

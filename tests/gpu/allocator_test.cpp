@@ -1,6 +1,7 @@
 // Unit tests of cachet::CachingAllocator on the host backend. Expected values are PyTorch
-// 2.11's, from the reference's probe tables (sections 1.4, 1.5) and the probe recordings in
-// ../shared/reference/probe-torch-2.11-h200 (copied here as literals, file named per test).
+// 2.11's, from the probe tables of docs/pytorch-allocator.md (§1.4, §1.5; § numbers below refer
+// to it) and the probe recordings in tests/data/probe/probe-torch-2.11-h200.tar.gz (copied here
+// as literals, file named per test).
 // Every allocator here runs in validate mode: each operation ends with invariants().
 #include <gtest/gtest.h>
 
@@ -16,7 +17,7 @@ namespace {
 
 constexpr Bytes MiB_ = MiB;
 
-// Section 1.4 (rounding.json): request -> (block, segment) from an empty cache.
+// §1.4 (rounding.json): request -> (block, segment) from an empty cache.
 struct RoundRow {
   Bytes request, block, segment;
 };
@@ -41,7 +42,7 @@ TEST(Rounding, ProbeTable14) {
   }
 }
 
-// Section 1.5 (roundup.json): roundup_power2_divisions, block size per config.
+// §1.5 (roundup.json): roundup_power2_divisions, block size per config.
 TEST(Rounding, ProbeTable15) {
   struct Row {
     const char* conf;
@@ -334,7 +335,7 @@ TEST(Expandable, GrowthUnmapAndPerStreamSegments) {
   EXPECT_TRUE(a.snapshot().empty());
 }
 
-// Section 3.6 / fraction.json: fraction 0 makes even 1 byte fail, printing the segment size.
+// §3.6 / fraction.json: fraction 0 makes even 1 byte fail, printing the segment size.
 TEST(OutOfMemoryMessage, FractionZero) {
   auto h = host_alloc();
   h.a->set_memory_fraction(0.0);
@@ -362,7 +363,7 @@ TEST(OutOfMemoryMessage, OneExbibyte) {
   EXPECT_TRUE(h.a->trace().empty());
 }
 
-// test_out_of_memory (reference 9.3): a huge request below 1 EiB names its size.
+// test_out_of_memory (§9.3): a huge request below 1 EiB names its size.
 TEST(OutOfMemoryMessage, HugeRequest) {
   auto h = host_alloc();
   try {
@@ -505,7 +506,7 @@ TEST(Summary, MatchesMemorySummaryOfStats) {
 }
 
 
-// 13.1: a split remainder is the original block object and keeps its stale requested_size; a
+// §13.1: a split remainder is the original block object and keeps its stale requested_size; a
 // merge keeps the freed block's value; fresh blocks start at 0.
 TEST(Exactness, StaleRequestedSizeFollowsTheBlock) {
   auto h = host_alloc();
@@ -525,7 +526,7 @@ TEST(Exactness, StaleRequestedSizeFollowsTheBlock) {
   EXPECT_EQ(s[0].blocks[1].requested_size, 1000u);
 }
 
-// 13.2: inactive_split moves once per free by the net amount: freeing b next to a free a
+// §13.2: inactive_split moves once per free by the net amount: freeing b next to a free a
 // merges (-1 block) and leaves a split block (+1): no change at all to the counters' allocated
 // and freed, only +1024 B net. Separate steps would count allocated +1 and freed +1.
 TEST(Exactness, InactiveSplitMovesOncePerFreeByTheNet) {
@@ -544,7 +545,7 @@ TEST(Exactness, InactiveSplitMovesOncePerFreeByTheNet) {
   EXPECT_EQ(s.inactive_split_bytes[0].freed, 2048);
 }
 
-// 3.5, source-only rule: GC runs only when reserved > threshold x cap (equal does not).
+// §3.5, source-only rule: GC runs only when reserved > threshold x cap (equal does not).
 TEST(GarbageCollection, ThresholdIsExclusive) {
   auto h = host_alloc("garbage_collection_threshold:0.5");
   h.a->set_memory_fraction(static_cast<double>(400 * MiB_) / static_cast<double>(kH200));

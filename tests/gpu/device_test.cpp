@@ -51,8 +51,8 @@ class Backends : public ::testing::TestWithParam<Factory> {
 std::int64_t cur(const StatArray& s) { return s[0].current; }
 
 TEST_P(Backends, RoundingTable) {
-  // Section 1.4; with expandable segments every pool splits at >= 512 B (2.3), so 19 MiB
-  // keeps its own size instead of the whole 20 MiB block.
+  // docs/pytorch-allocator.md §1.4; with expandable segments every pool splits at >= 512 B
+  // (§2.3), so 19 MiB keeps its own size instead of the whole 20 MiB block.
   struct Row {
     Bytes request, block, block_expandable, segment;
   };

@@ -1,5 +1,7 @@
-// Unusual input (§1.2, errors.h): size 0, >= 1 EiB, misuse; no-caching mode (§4.1, probe
-// nocache.json, §9.22); all 122 counters after PyTorch's init (probe env.json, §5.3).
+// Unusual input (docs/pytorch-allocator.md §1.2, errors.h): size 0, >= 1 EiB, misuse; no-caching
+// mode (§4.1, probe nocache.json, §9.22); all 122 counters after PyTorch's init (probe env.json,
+// §5.3). § numbers refer to docs/pytorch-allocator.md; probe files are in
+// tests/data/probe/probe-torch-2.11-h200.tar.gz.
 #include <map>
 
 #include "cachet/errors.h"

@@ -1,5 +1,6 @@
-// §6: record_stream, pending frees and simulated events. Values: probe P6 (record_stream.json),
-// PyTorch's test_record_stream / test_caching_allocator_record_stream_oom (§9.7, §9.9).
+// record_stream, pending frees and simulated events (docs/pytorch-allocator.md §6). Values: probe
+// P6 (record_stream.json), PyTorch's test_record_stream / test_caching_allocator_record_stream_oom
+// (§9.7, §9.9). § numbers refer to docs/pytorch-allocator.md.
 #include "cachet/errors.h"
 #include "harness.h"
 

@@ -1,4 +1,5 @@
-// §7: expandable segments. Values: probe P10 (expandable.json, snapshot_exp.json).
+// Expandable segments (docs/pytorch-allocator.md §7). Values: probe P10 (expandable.json,
+// snapshot_exp.json). § numbers refer to docs/pytorch-allocator.md.
 #include "cachet/errors.h"
 #include "cachet/model/sizes.h"
 #include "harness.h"

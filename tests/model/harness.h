@@ -15,7 +15,7 @@ namespace cachet::model::test {
 // The probe device (env.json): total_memory of the H200.
 inline constexpr Bytes kH200Total = 150'109'880'320;
 
-// The subset of memory_stats() the probes record after every step (probe.py K).
+// The subset of memory_stats() the probes record after every step (docs/pytorch-allocator.md §9).
 struct Probe {
   std::int64_t allocated, reserved, active, inactive_split_bytes, inactive_split, segment,
       requested, retries, ooms, sync, device_alloc, device_free, oversize_alloc, oversize_seg;
@@ -55,7 +55,7 @@ inline Config conf(const std::string& text) { return parse_config(text).config; 
 struct Device {
   explicit Device(const Config& c = Config{}, Bytes capacity = kH200Total)
       : source(capacity, kH200Total), alloc(c, source) {}
-  // probe.py torch_init(): torch.empty(1) (4 bytes), del, empty_cache. Leaves
+  // The probes' PyTorch start-up: torch.empty(1) (4 bytes), del, empty_cache. Leaves
   // num_device_alloc 1, num_device_free 1, num_sync_all_streams 1.
   void warm_up() {
     alloc.free(alloc.malloc(4));

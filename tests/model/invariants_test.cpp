@@ -1,6 +1,6 @@
 // Random op sequences (fixed seeds) through the model under several configurations, with the
-// structural invariants and §5.3's stats/snapshot consistency checked after every op
-// (Allocator::check_invariants), plus the stats that must return to zero at the end.
+// structural invariants and the stats/snapshot consistency of docs/pytorch-allocator.md §5.3
+// checked after every op (Allocator::check_invariants), plus the stats that must return to zero at the end.
 #include <random>
 
 #include "cachet/errors.h"

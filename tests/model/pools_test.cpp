@@ -1,5 +1,6 @@
-// §2: per-stream pools, best fit, splitting, merging, the oversize rules. Values: probes P3
-// (small_pack.json), P4 (large_split.json), P5 (streams.json), P7 (max_split.json).
+// Per-stream pools, best fit, splitting, merging, the oversize rules (docs/pytorch-allocator.md
+// §2). Values: probes P3 (small_pack.json), P4 (large_split.json), P5 (streams.json), P7
+// (max_split.json). § numbers refer to docs/pytorch-allocator.md.
 #include "harness.h"
 
 namespace cachet::model::test {
@@ -151,7 +152,7 @@ TEST(Pools, NonSplitRoundingAllowanceP7) {
   }
 }
 
-// §13's source-only rule: the allowance check is `block >= request + allowance` (refuse).
+// §13.7's source-only rule: the allowance check is `block >= request + allowance` (refuse).
 TEST(Pools, NonSplitRoundingBoundaryIsInclusive) {
   Device d(conf("max_split_size_mb:40"));
   const auto big = d.malloc(60 * MiB);

@@ -1,5 +1,6 @@
-// §3: release/retry, garbage collection, the memory fraction and OOM. Values: probes P8
-// (retry_paths.json), P9 (gc.json), P11 (oom_msg.json, fraction.json), PyTorch's tests §9.3-9.6.
+// Release/retry, garbage collection, the memory fraction and OOM (docs/pytorch-allocator.md §3).
+// Values: probes P8 (retry_paths.json), P9 (gc.json), P11 (oom_msg.json, fraction.json),
+// PyTorch's tests §9.3-9.6. § numbers refer to docs/pytorch-allocator.md.
 #include "cachet/errors.h"
 #include "harness.h"
 
@@ -122,7 +123,7 @@ TEST(Release, GarbageCollectionNeedsACap) {
   EXPECT_EQ(d.alloc.stats().num_device_free, 0);
 }
 
-// §13's source-only rule: GC returns when total <= threshold. At equality `<` would run it with
+// §13.7's source-only rule: GC returns when total <= threshold. At equality `<` would run it with
 // a target of 0 bytes, which frees nothing either: the boundary is not observable, and this test
 // pins the observable behaviour (nothing released, the request served under the cap).
 TEST(Release, GarbageCollectionAtTheThresholdFreesNothing) {
@@ -137,7 +138,7 @@ TEST(Release, GarbageCollectionAtTheThresholdFreesNothing) {
   EXPECT_EQ(d.alloc.stats().reserved_bytes[0].current, static_cast<std::int64_t>(350 * MiB));
 }
 
-// §13's source-only rule: a block that re-enters the pool (here after a split and a merge)
+// §13.7's source-only rule: a block that re-enters the pool (here after a split and a merge)
 // starts a new age, so GC takes the block that has waited longer.
 TEST(Release, GarbageCollectionAgeRestartsOnReentry) {
   Device d(conf("garbage_collection_threshold:0.5"));

@@ -43,7 +43,8 @@ TEST(SegmentSource, RecordedSizeMismatchIsADivergence) {
 }
 
 TEST(SegmentSource, RecordedReservationBaseIsTheFirstMappedAddress) {
-  // An expandable segment maps from its base first (§7): the base is the next segment_map row.
+  // An expandable segment maps from its base first (docs/pytorch-allocator.md §7): the base is
+  // the next segment_map row.
   const std::vector<TraceEvent> trace = {
       {TraceAction::SegmentMap, 12918456320, 2 * MiB, 0, 0},
       {TraceAction::SegmentMap, 12920553472, 2 * MiB, 0, 0},

@@ -1,5 +1,5 @@
-// §1: rounding, pools and segment sizes, against the probe tables §1.4 (rounding.json) and §1.5
-// (roundup.json).
+// Rounding, pools and segment sizes (docs/pytorch-allocator.md §1), against the probe tables §1.4
+// (rounding.json) and §1.5 (roundup.json). § numbers refer to docs/pytorch-allocator.md.
 #include <tuple>
 #include <vector>
 
@@ -161,7 +161,7 @@ TEST(Sizes, AllocationSizeBoundaries) {
   EXPECT_FALSE(is_small_size(kSmallSize + 512));
 }
 
-// The source-only rule of §13's list: rounding applies at size > 512 * divisions. 1200 with
+// The source-only rule of §13.7: rounding applies at size > 512 * divisions. 1200 with
 // divisions 4 (threshold 2048) is 512-rounded to 1536 in every probe row; rounding at >= or
 // without the threshold would give 1280.
 TEST(Sizes, DivisionsApplyAboveTheThresholdOnly) {

@@ -5,7 +5,7 @@
 //                                            (memory_summary()) at the end of each replay;
 //                                            res_pressure_default also has `oom_messages`.
 //   tests/summary/data/summary.json + summary_full.txt   the probe's stats and their full and
-//                                            abbreviated summaries (probe-torch-2.11-h200/).
+//                                            abbreviated summaries (probe P14).
 //   tests/summary/data/oom_msg.json, fraction.json      the probe's OOM messages.
 #include <gtest/gtest.h>
 
@@ -190,8 +190,9 @@ TEST(OomMessage, ProbeFractionZeroAllowed) {
 }
 
 TEST(OomMessage, PrivatePoolsAndNoNvml) {
-  // Wording of the optional parts (reference 3.7): no proc_info without NVML, private_msg when
-  // private pools hold free blocks, counted in "allocated by PyTorch" and out of "unallocated".
+  // Wording of the optional parts (docs/pytorch-allocator.md §3.7): no proc_info without NVML,
+  // private_msg when private pools hold free blocks, counted in "allocated by PyTorch" and out of
+  // "unallocated".
   cachet::OomFacts f;
   f.alloc_size = 20 * MiB;
   f.device = 1;

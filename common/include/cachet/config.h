@@ -2,7 +2,7 @@
 // the keys only cachet knows. Parsing never aborts: a bad string gets a ConfigError naming the
 // key, the offending text, its column and the accepted form, and no Config is produced.
 //
-// Sources, in order (reference section 4.1): CACHET_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF,
+// Sources, in order (docs/pytorch-allocator.md §4.1): CACHET_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF,
 // else PYTORCH_ALLOC_CONF. cachet-only keys (policy, cachet_validate) are accepted only from
 // CACHET_ALLOC_CONF, because PyTorch itself parses the PYTORCH_* variables and rejects keys it
 // does not know.

@@ -31,7 +31,7 @@ inline constexpr Bytes KiB = 1024;
 inline constexpr Bytes MiB = 1024 * KiB;
 inline constexpr Bytes GiB = 1024 * MiB;
 
-// PyTorch 2.11 c10/core/AllocatorConfig.h (reference section 1.1).
+// PyTorch 2.11 c10/core/AllocatorConfig.h (docs/pytorch-allocator.md §1.1).
 inline constexpr Bytes kMinBlockSize = 512;       // every size is rounded to at least 512 B
 inline constexpr Bytes kSmallSize = 1 * MiB;      // largest "small" allocation
 inline constexpr Bytes kSmallBuffer = 2 * MiB;    // small allocations are packed in 2 MiB segments

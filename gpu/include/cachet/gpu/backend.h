@@ -1,10 +1,11 @@
-// cachet/gpu/backend.h: device memory behind one small interface (reference sections 3.2, 6, 7).
+// cachet/gpu/backend.h: device memory behind one small interface (docs/pytorch-allocator.md
+// §3.2, §6, §7).
 //
 // A backend gives the allocator exactly what PyTorch's allocator asks of the CUDA driver:
 //   segments   malloc / free                         (cudaMalloc / cudaFree)
 //   memory     mem_get_info                          (cudaMemGetInfo: free and total bytes)
-//   events     event_create / record / query / synchronize / destroy (stream uses, section 6)
-//   VMM        reserve / unreserve / map / unmap      (expandable segments, section 7),
+//   events     event_create / record / query / synchronize / destroy (stream uses, §6)
+//   VMM        reserve / unreserve / map / unmap      (expandable segments, §7),
 //              only when caps.reserve_va is set
 //
 // Backends never throw: every call returns a Status (Ok, OutOfMemory, Error + message). The

@@ -7,7 +7,7 @@
 // trace lists them (segment_alloc and segment_map addresses, in trace order):
 //   malloc    takes the next address;
 //   reserve   returns the next address without taking it: a new expandable segment's first
-//             mapping is always at its base (reference section 7), and that map takes it;
+//             mapping is always at its base (docs/pytorch-allocator.md §7), and that map takes it;
 //   map       takes the next address and checks that it is the one asked for.
 // Running out of recorded addresses, or a map at another address, is a Status::error naming
 // the position, so a replay that diverges says where.

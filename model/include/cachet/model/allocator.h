@@ -5,6 +5,7 @@
 // memory_stats, memory_snapshot and the trace. Event completion is explicit: a block freed after
 // record_stream() stays "active_pending_free" until complete_events() on each stream it was used
 // on, followed by the next malloc (process_events) or a synchronizing call (§6).
+// § numbers refer to docs/pytorch-allocator.md.
 //
 // Bad input (unknown or interior pointer, double free, record_stream on a freed block, an
 // invalid fraction) throws cachet::UsageError and changes nothing. Out of memory throws

@@ -1,4 +1,4 @@
-// cachet/model/block.h: blocks, segments and pools (§2.1).
+// cachet/model/block.h: blocks, segments and pools (docs/pytorch-allocator.md §2.1).
 //
 // A segment is a chain of blocks linked by prev/next, tiling one device allocation (or one
 // reservation of an expandable segment) in address order. A block is in exactly one of:

@@ -1,5 +1,5 @@
-// cachet/model/memory_cap.h: set_memory_fraction's cap, as PyTorch computes it (§3.6, §13.4),
-// for both model policies (Allocator and CachetPolicy).
+// cachet/model/memory_cap.h: set_memory_fraction's cap, as PyTorch computes it
+// (docs/pytorch-allocator.md §3.6, §13.4), for both model policies (Allocator and CachetPolicy).
 #pragma once
 
 #include <optional>

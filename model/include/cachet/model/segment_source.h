@@ -85,7 +85,8 @@ class SyntheticSegmentSource final : public SegmentSource {
 // segment_free, segment_map and segment_unmap rows are used, in order:
 //   allocate(size)  takes the next segment_alloc row; its size must equal `size`.
 //   reserve(size)   the base of a new reservation is the address of the next segment_map row
-//                   (the allocator maps a new reservation from its lowest address, §7).
+//                   (the allocator maps a new reservation from its lowest address:
+//                   docs/pytorch-allocator.md §7).
 //   map(addr,size)  takes the next segment_map row; address and size must match.
 //   free / unmap    take the next segment_free / segment_unmap row; must match.
 // Running past the recorded rows is a Divergence too.

@@ -1,4 +1,5 @@
-// cachet/model/sizes.h: how a request becomes a block size, a pool and a segment size (§1).
+// cachet/model/sizes.h: how a request becomes a block size, a pool and a segment size
+// (docs/pytorch-allocator.md §1; the § numbers below refer to it too).
 #pragma once
 
 #include "cachet/config.h"

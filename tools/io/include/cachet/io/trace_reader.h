@@ -35,7 +35,7 @@ enum class TraceFormat : std::uint8_t { SnapshotPickle, SnapshotJson, OracleReco
 // "snapshot-pickle", "snapshot-json", "oracle-recording".
 std::string_view to_string(TraceFormat f);
 
-// _snapshot()["allocator_settings"] (spec section 8), or what a recording says of its settings.
+// _snapshot()["allocator_settings"] (docs/pytorch-allocator.md §8), or what a recording says of its settings.
 struct AllocatorSettings {
   // PYTORCH_CUDA_ALLOC_CONF as recorded (the last settings string); nullopt when the file did
   // not record one. Parse it with cachet::parse_config(..., ConfigSource::PyTorch).

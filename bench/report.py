@@ -6,7 +6,7 @@
 Rows are patterns, columns the peers found (Cachet, PyTorch, CudaMallocAsync, Host), figures
 in ns per pair or per op (the benchmarks' ns_per_pair / ns_per_op counters), then the ratios
 cachet/PyTorch and cachet/cudaMallocAsync (below 1: cachet is faster). --peer-table adds the
-oracle's recorded peer latencies (H200, /work/shared/oracle/README.md) for comparison. When
+oracle's recorded peer latencies (H200, tests/data/oracle/ORACLE_README.md) for comparison. When
 the run has both host-backend peers, a second table puts the two policies side by side: Host
 (policy:pytorch) and HostCachetPolicy (policy:cachet), with cachet/pytorch (target: <= 1.2,
 "hot path within 1.2x of the pytorch policy"). The trace benchmarks (Trace/...) follow with

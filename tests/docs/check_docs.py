@@ -117,14 +117,18 @@ def spec_sections(root):
     text = read_text(os.path.join(root, SPEC))
     if text is None:
         return None
+    # Items "M." of a numbered list count as N.M only directly in "## N." or under an
+    # unnumbered subheading of it (as in §9, §11), not inside a numbered "### N.K".
     found, current = set(), None
     for line in strip_code(text.splitlines()):
         m = re.match(r"^(#{2,6})\s+(\d+(?:\.\d+)*)\.?\s", line)
         if m:
             number = m.group(2)
             found.add(number)
-            if m.group(1) == "##":
-                current = number
+            current = number if m.group(1) == "##" else None
+            continue
+        if re.match(r"^##\s", line):
+            current = None
             continue
         m = re.match(r"^(\d+)\.\s", line)
         if m and current is not None:

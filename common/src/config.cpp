@@ -477,11 +477,24 @@ std::uint32_t parse_divisions(std::string_view key, const Token& tok, bool zero_
 
 using Divisions = std::array<std::uint32_t, kRoundUpPowerOfTwoIntervals>;
 
-// 2.11's parseRoundUpPower2Divisions, list form (§1.5): the first entry also fills the
-// intervals below it, later entries set only their own interval (gaps stay 0), '>' fills every
-// interval after the last one set. `gaps` receives the intervals a list left uncovered between
-// its entries.
-Divisions parse_division_list(const Option& opt, ConfigSource source, std::vector<int>* gaps) {
+std::string divisions_text(const Divisions& d);  // the canonical list, below
+std::string interval_range(int first, int last);
+
+// PyTorch 2.11 c10/core/AllocatorConfig.cpp, AcceleratorAllocatorConfig::parseRoundUpPower2Divisions,
+// list form. The entries are applied one after another, in the order written, to a table that
+// starts all 0:
+// - `b:v` (b MiB, a power of two): index = log2(b), clamped to 15; the first such entry (the
+//   first `b:v`, even after a '>') also fills every index below it with v; then table[index] = v
+//   and last_index = index (the index of the latest `b:v`, not the highest one);
+// - `>:v`: fills last_index + 1 .. 15 with v (last_index starts at 0, so a leading '>' leaves
+//   index 0 alone); it changes neither last_index nor "first".
+// Nothing is sorted: a later entry overwrites an earlier one wherever they meet, so an entry
+// written out of order can be lost ([256:1,128:2,>:4]: '>' starts after 128, 256:1 is gone).
+// Indices between two sizes that no entry reaches stay 0 (not rounded).
+// `gaps` receives the intervals the list left uncovered; `order` a warning when the entries are
+// not ascending with '>' last (what PyTorch makes of such a list surprises).
+Divisions parse_division_list(const Option& opt, ConfigSource source, std::vector<int>* gaps,
+                              std::optional<ConfigWarning>* order) {
   const std::string_view key = opt.key->name;
   const std::string_view form = opt.key->form;
   Divisions d{};
@@ -489,15 +502,32 @@ Divisions parse_division_list(const Option& opt, ConfigSource source, std::vecto
   std::size_t last_index = 0;
   bool first = true;
   int highest_set = -1;
+  // For the order warning: what each entry set (a '>' its range), and whether the entries are
+  // strictly ascending with at most one '>', written last.
+  struct Applied {
+    const ListItem* item;
+    std::size_t from, to;  // indices from..to-1
+    std::uint32_t value;
+  };
+  std::vector<Applied> applied;
+  bool ordered = true;
+  bool after_gt = false;
+  int previous_index = -1;
+  const ListItem* first_out_of_order = nullptr;
   for (const ListItem& item : opt.items) {
     const std::uint32_t v = parse_divisions(key, item.value, true, form, source);
+    if (after_gt && ordered) {
+      ordered = false;
+      first_out_of_order = &item;
+    }
     if (item.boundary.text == ">") {
       for (std::size_t i = last_index + 1; i < d.size(); ++i) {
         d[i] = v;
         covered[i] = true;
       }
+      applied.push_back({&item, last_index + 1, d.size(), v});
       highest_set = kRoundUpPowerOfTwoIntervals - 1;
-      first = false;
+      after_gt = true;
       continue;
     }
     const std::uint64_t mb = parse_uint(key, item.boundary, form, source);
@@ -515,6 +545,12 @@ Divisions parse_division_list(const Option& opt, ConfigSource source, std::vecto
     }
     d[index] = v;
     covered[index] = true;
+    applied.push_back({&item, index, index + 1, v});
+    if (static_cast<int>(index) <= previous_index && ordered) {
+      ordered = false;
+      first_out_of_order = &item;
+    }
+    previous_index = static_cast<int>(index);
     last_index = index;
     highest_set = std::max(highest_set, static_cast<int>(index));
     first = false;
@@ -523,6 +559,39 @@ Divisions parse_division_list(const Option& opt, ConfigSource source, std::vecto
     for (int i = 0; i < highest_set; ++i) {
       if (!covered[static_cast<std::size_t>(i)]) gaps->push_back(i);
     }
+  }
+  if (order != nullptr && !ordered) {
+    // Entries of which nothing is left in the table.
+    std::string lost;
+    for (const Applied& a : applied) {
+      bool kept = false;
+      for (std::size_t i = a.from; i < a.to; ++i) kept = kept || d[i] == a.value;
+      if (!kept) {
+        lost += fmt::format("{}'{}:{}'", lost.empty() ? "" : ", ", a.item->boundary.text,
+                            a.item->value.text);
+      }
+    }
+    // The table, by runs of equal divisions.
+    std::string table;
+    for (std::size_t a = 0; a < d.size();) {
+      std::size_t b = a;
+      while (b + 1 < d.size() && d[b + 1] == d[a]) ++b;
+      table += fmt::format("{}{} {}{}", table.empty() ? "" : ", ",
+                           interval_range(static_cast<int>(a), static_cast<int>(b)), d[a],
+                           d[a] == 0 ? " (not rounded)" : "");
+      a = b + 1;
+    }
+    *order = ConfigWarning{
+        fmt::format("roundup_power2_divisions: the list is not in ascending order with '>' last "
+                    "(from '{}:{}'); PyTorch 2.11 applies the entries in the order written (the "
+                    "first size also fills the intervals below it, '>' fills those after the "
+                    "size written just before it), {}so the divisions are: {} (the same as {})",
+                    first_out_of_order->boundary.text, first_out_of_order->value.text,
+                    lost.empty() ? std::string()
+                                 : fmt::format("and {} {} overwritten, ", lost,
+                                               lost.find(',') == std::string::npos ? "is" : "are"),
+                    table, divisions_text(d)),
+        first_out_of_order->boundary.column()};
   }
   return d;
 }
@@ -572,6 +641,7 @@ ParseResult parse_config(std::string_view text, ConfigSource source, const Confi
 
   std::map<Key, const Option*> seen;
   std::vector<int> gaps;
+  std::optional<ConfigWarning> divisions_order;  // the last list's order warning
   bool divisions_scalar_one = false;
   for (const Option& o : options) {
     const std::string_view key = o.key->name;
@@ -616,12 +686,14 @@ ParseResult parse_config(std::string_view text, ConfigSource source, const Confi
       case Key::RoundupPower2Divisions:
         if (o.open) {
           gaps.clear();
-          c.roundup_power2_divisions = parse_division_list(o, source, &gaps);
+          divisions_order.reset();
+          c.roundup_power2_divisions = parse_division_list(o, source, &gaps, &divisions_order);
           divisions_scalar_one = false;
         } else {
           const std::uint32_t v = parse_divisions(key, o.value, false, form, source);
           c.roundup_power2_divisions.fill(v);
           gaps.clear();
+          divisions_order.reset();
           divisions_scalar_one = v == 1;
         }
         break;
@@ -704,6 +776,7 @@ ParseResult parse_config(std::string_view text, ConfigSource source, const Confi
                                "power-of-two interval is plain 512-byte rounding",
                                column_of(Key::RoundupPower2Divisions)});
   }
+  if (divisions_order) result.warnings.push_back(*divisions_order);
   if (!gaps.empty()) {
     std::string list;
     for (std::size_t a = 0; a < gaps.size();) {

@@ -87,6 +87,16 @@ TEST(CheckConf, RecordingConfigs) {
   }
 }
 
+TEST(CheckConf, OutOfOrderDivisionsListWarnsAndPrintsAnAscendingOne) {
+  // PyTorch 2.11 (c10/core/AllocatorConfig.cpp, parseRoundUpPower2Divisions) applies the list in
+  // the order written: '>' fills from after 128 MiB, so 256:1 is overwritten by 4.
+  const Outcome r = check_conf(quote("roundup_power2_divisions:[256:1,128:2,>:4]"));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "roundup_power2_divisions:[64:1,128:2,>:4]\n");
+  EXPECT_NE(r.err.find("warning: column 33:"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("'256:1' is overwritten"), std::string::npos) << r.err;
+}
+
 TEST(CheckConf, ErrorWithCaret) {
   const std::string s = "max_split_size_mb:128;garbage_interval:5";
   const Outcome r = check_conf(quote(s));

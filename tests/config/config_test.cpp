@@ -19,6 +19,7 @@
 #include "cachet/config.h"
 #include "cachet/errors.h"
 #include "cachet/io/file.h"
+#include "cachet/model/sizes.h"
 
 namespace {
 
@@ -372,6 +373,91 @@ TEST(Roundup, DivisionsPerConfig) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The list form in any order. PyTorch 2.11, c10/core/AllocatorConfig.cpp,
+// AcceleratorAllocatorConfig::parseRoundUpPower2Divisions applies the entries in the order
+// written to a table of 16 zeros: `b:v` sets index log2(b) (clamped to 15) and remembers it as
+// last_index; the first `b:v` (even after a '>') also fills every index below its own; `>:v`
+// fills last_index + 1 .. 15 (last_index starts at 0) and changes neither. The lookup,
+// AcceleratorAllocatorConfig::roundup_power2_divisions(size), takes index = log2(size) - 20
+// (0 below 2 MiB), at most 15. Every table below is worked out by hand from that loop.
+
+TEST(Roundup, ListAppliedInOrderLikePyTorch) {
+  auto table = [](const std::string& list) {
+    return parse_ok("roundup_power2_divisions:" + list).roundup_power2_divisions;
+  };
+  // ascending, '>' last: 32 fills 0..5 with 4; 64 sets 6; '>' fills 7..15
+  EXPECT_EQ(table("[32:4,64:8,>:2]"), (Divisions{4, 4, 4, 4, 4, 4, 8, 2, 2, 2, 2, 2, 2, 2, 2, 2}));
+  // '>' last after a gap: index 7 stays 0; '>' starts after 256 (index 8)
+  EXPECT_EQ(table("[64:8,256:1,>:4]"), (Divisions{8, 8, 8, 8, 8, 8, 8, 0, 1, 4, 4, 4, 4, 4, 4, 4}));
+  // backwards, then '>': 256 fills 0..8 with 1; 128 sets 7 and last_index = 7; '>' fills 8..15,
+  // so 256:1 is overwritten (300 MiB rounds in 4 divisions)
+  EXPECT_EQ(table("[256:1,128:2,>:4]"), (Divisions{1, 1, 1, 1, 1, 1, 1, 2, 4, 4, 4, 4, 4, 4, 4, 4}));
+  // the same three entries, '>' first: '>' fills 1..15 with 4 (index 0 untouched); 128 is still
+  // the first size, so it fills 0..6 with 2 and sets 7; 256 sets 8
+  EXPECT_EQ(table("[>:4,128:2,256:1]"), (Divisions{2, 2, 2, 2, 2, 2, 2, 2, 1, 4, 4, 4, 4, 4, 4, 4}));
+  // '>' in the middle: 64 fills 0..6 with 8; '>' fills 7..15 with 4; 256 then sets 8
+  EXPECT_EQ(table("[64:8,>:4,256:1]"), (Divisions{8, 8, 8, 8, 8, 8, 8, 4, 1, 4, 4, 4, 4, 4, 4, 4}));
+  // descending without '>': 64 fills 0..6 with 8; 32 sets 5 only; nothing above 64
+  EXPECT_EQ(table("[64:8,32:4]"), (Divisions{8, 8, 8, 8, 8, 4, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0}));
+  // backwards then '>': '>' starts after 256 (index 8) and overwrites 1024:4 at index 10
+  EXPECT_EQ(table("[1024:4,256:2,>:8]"), (Divisions{4, 4, 4, 4, 4, 4, 4, 4, 2, 8, 8, 8, 8, 8, 8, 8}));
+  // '>' alone or first: index 0 (sizes below 2 MiB) is left at 0 unless a size entry follows
+  EXPECT_EQ(table("[>:4]"), (Divisions{0, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4}));
+  EXPECT_EQ(table("[>:4,1:2]"), (Divisions{2, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4}));
+  // repeats: the last one written wins at its index; the first size's fill stays below it
+  EXPECT_EQ(table("[64:8,64:2]"), (Divisions{8, 8, 8, 8, 8, 8, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(table("[>:4,>:2]"), (Divisions{0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2}));
+  EXPECT_EQ(table("[128:2,64:8,128:4]"), (Divisions{2, 2, 2, 2, 2, 2, 8, 4, 0, 0, 0, 0, 0, 0, 0, 0}));
+  // two sizes that clamp to the same index (15): the second wins there
+  EXPECT_EQ(table("[32768:2,65536:4]"), (Divisions{2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 4}));
+}
+
+TEST(Roundup, OutOfOrderListRoundsLikePyTorch) {
+  // Request size -> the size PyTorch 2.11 rounds it to (c10/cuda/CUDACachingAllocator.cpp,
+  // round_size / roundup_power2_next_division), under the tables above; worked out by hand.
+  auto rounded = [](const std::string& list, cachet::Bytes size) {
+    return cachet::model::round_size(parse_ok("roundup_power2_divisions:" + list), size);
+  };
+  constexpr cachet::Bytes M = MiB;
+  // [256:1,128:2,>:4]: index 8 has 4 divisions (not the 1 written for 256)
+  EXPECT_EQ(rounded("[256:1,128:2,>:4]", 300 * M + 7), 320 * M);  // 64 MiB steps
+  EXPECT_EQ(rounded("[256:1,128:2,>:4]", 200 * M + 1), 256 * M);  // index 7: 2 divisions
+  EXPECT_EQ(rounded("[256:1,128:2,>:4]", 100 * M + 3), 104'858'112u);  // index 6: 1, 512 B
+  // [>:4,128:2,256:1]: everything below 256 MiB in 2 divisions, index 0 included
+  EXPECT_EQ(rounded("[>:4,128:2,256:1]", 100'000), 131'072u);  // 64 KiB floor, 32 KiB steps
+  EXPECT_EQ(rounded("[>:4,128:2,256:1]", M + 1), M + M / 2);
+  EXPECT_EQ(rounded("[>:4,128:2,256:1]", 3 * M + 1), 4 * M);  // not 3.5 MiB (4 divisions)
+  EXPECT_EQ(rounded("[>:4,128:2,256:1]", 300 * M + 7), 314'573'312u);  // index 8: 1
+  EXPECT_EQ(rounded("[>:4,128:2,256:1]", 600 * M + 7), 640 * M);  // index 9: 4
+  // [64:8,32:4]
+  EXPECT_EQ(rounded("[64:8,32:4]", 40 * M + 1), 48 * M);  // index 5: 4 divisions of 32 MiB
+  EXPECT_EQ(rounded("[64:8,32:4]", 84 * M), 88 * M);  // index 6: 8 divisions of 64 MiB
+  EXPECT_EQ(rounded("[64:8,32:4]", 200 * M + 1), 209'715'712u);  // index 7: 0, 512 B
+}
+
+TEST(Roundup, OutOfOrderListWarnsAndPrintsItsTable) {
+  const auto r = parse_config("roundup_power2_divisions:[256:1,128:2,>:4]", ConfigSource::PyTorch);
+  ASSERT_EQ(r.warnings.size(), 1u);
+  const std::string& w = r.warnings[0].message;
+  EXPECT_TRUE(contains(w, "not in ascending order")) << w;
+  EXPECT_TRUE(contains(w, "'256:1' is overwritten")) << w;
+  EXPECT_TRUE(contains(w, "[64:1,128:2,>:4]")) << w;
+  EXPECT_EQ(r.warnings[0].column, 33u);  // the '128' of 128:2 (25 + "[256:1," = 32)
+  EXPECT_EQ(cachet::to_string(r.config), "roundup_power2_divisions:[64:1,128:2,>:4]");
+  // '>' first, then sizes: nothing is lost, but the table is not what the order suggests
+  const auto w2 = parse_config("roundup_power2_divisions:[>:4,128:2,256:1]", ConfigSource::PyTorch);
+  ASSERT_EQ(w2.warnings.size(), 1u);
+  EXPECT_TRUE(contains(w2.warnings[0].message, "[128:2,256:1,>:4]")) << w2.warnings[0].message;
+  // The canonical form of any of them is ascending with '>' last: it parses without a warning.
+  for (const std::string s : {"[256:1,128:2,>:4]", "[>:4,128:2,256:1]", "[64:8,32:4]",
+                              "[64:8,>:4,256:1]", "[1024:4,256:2,>:8]", "[128:2,64:8,128:4]"}) {
+    SCOPED_TRACE(s);
+    const std::string canon = cachet::to_string(parse_ok("roundup_power2_divisions:" + s));
+    EXPECT_TRUE(parse_config(canon, ConfigSource::PyTorch).warnings.empty()) << canon;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Warnings
 
 std::vector<std::string> warnings_of(const std::string& s) {
@@ -434,6 +520,11 @@ TEST(RoundTrip, ManyConfigs) {
       "roundup_power2_divisions:[>:8]",
       "roundup_power2_divisions:[1:0,2:0,>:0]",
       "roundup_power2_divisions:[4:2,8:0,16:2,>:2]",
+      "roundup_power2_divisions:[256:1,128:2,>:4]",
+      "roundup_power2_divisions:[>:4,128:2,256:1]",
+      "roundup_power2_divisions:[64:8,>:4,256:1]",
+      "roundup_power2_divisions:[64:8,32:4]",
+      "roundup_power2_divisions:[>:4,>:2]",
       "garbage_collection_threshold:0.1,per_process_memory_fraction:0.3333333333333333",
       "expandable_segments:True,pinned_use_background_threads:True",
       "large_segment_size_mb:64,max_non_split_rounding_mb:100,max_split_size_mb:64",

@@ -7,8 +7,10 @@ under PyTorch's default, PyTorch with expandable segments, and policy:cachet, an
 markdown table: waste (peak reserved / peak requested), the goal limit, OOMs and device calls
 in the second half of the trace.
 
-Usage: bench/policy_waste.py --cachet build/tools/cachet [--workloads DIR] [--results DIR]
-Exit 1 when a goal is not met (so CI-style runs can use it), 0 otherwise.
+Usage: bench/policy_waste.py [--cachet build/default/tools/cachet] [--workloads DIR] [--results DIR]
+(--cachet defaults to the default preset's build: `cmake --preset default && cmake --build
+build/default --target cachet`.)
+Exit 1 when a goal is not met (so CI-style runs can use it), 2 on bad input, 0 otherwise.
 """
 import argparse, glob, json, math, os, subprocess, sys
 
@@ -20,8 +22,11 @@ def replay(cachet, trace, policy, confs):
     cmd = [cachet, "replay", trace, "--json", "--addresses", "synthetic", "--policy", policy]
     for c in confs:
         cmd += ["--conf", c]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"policy_waste: `{' '.join(cmd)}` exited {r.returncode}:\n{r.stderr.strip()}", file=sys.stderr)
+        sys.exit(2)
+    return json.loads(r.stdout)
 
 
 def streams_in_use(trace):
@@ -45,11 +50,17 @@ def streams_in_use(trace):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cachet", required=True)
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "oracle")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ap.add_argument("--cachet", default=os.path.join(repo, "build", "default", "tools", "cachet"),
+                    help="the cachet command (default: build/default/tools/cachet of this checkout)")
+    root = os.path.join(repo, "tests", "data", "oracle")
     ap.add_argument("--workloads", default=os.path.join(root, "workloads"))
     ap.add_argument("--results", default=os.path.join(root, "results"))
     a = ap.parse_args()
+    if not (os.path.isfile(a.cachet) and os.access(a.cachet, os.X_OK)):
+        print(f"policy_waste: no cachet command at {a.cachet}: build it with `cmake --preset default "
+              f"&& cmake --build build/default --target cachet`, or pass --cachet PATH", file=sys.stderr)
+        sys.exit(2)
     traces = sorted(glob.glob(os.path.join(a.workloads, "*.trace.json.gz")))
     traces += sorted(glob.glob(os.path.join(a.results, "*_default.json.gz")))
     print("| trace | streams | peak requested (B) | pytorch default | pytorch expandable | cachet | cachet peak reserved (B) "

@@ -24,7 +24,14 @@ if(NOT CACHET_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
     endif()
     set(CMAKE_CUDA_STANDARD 20)
+    # Debian 12's CMake 3.25.1 FindCUDAToolkit sets a property on CUDA::nvToolsExt without checking
+    # that the target exists when the project requires CMake >= 3.25; CUDA 12.9+ ships no
+    # nvToolsExt, so configure fails ("set_property could not find TARGET CUDA::nvToolsExt").
+    # The lookup runs under 3.24's policy reading of that check; nothing else in it depends on it.
+    set(_cachet_min_version ${CMAKE_MINIMUM_REQUIRED_VERSION})
+    set(CMAKE_MINIMUM_REQUIRED_VERSION 3.24)
     find_package(CUDAToolkit REQUIRED)
+    set(CMAKE_MINIMUM_REQUIRED_VERSION ${_cachet_min_version})
     set(CACHET_HAVE_CUDA ON)
   elseif(CACHET_CUDA STREQUAL "ON")
     message(FATAL_ERROR "CACHET_CUDA=ON but no CUDA compiler was found")

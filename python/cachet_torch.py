@@ -34,6 +34,8 @@ __all__ = [
 ]
 
 _LIB_NAME = "libcachet_torch.so"
+# The installed library: `cmake --install` writes its absolute path here (python/install_module.cmake).
+_INSTALLED_LIB: Optional[str] = None
 _lib: Optional[ctypes.CDLL] = None
 _lib_path: Optional[str] = None
 _allocator: Any = None  # the torch CUDAPluggableAllocator, kept alive
@@ -41,13 +43,18 @@ _wired: list = []
 
 
 def library_path() -> str:
-    """Where libcachet_torch.so is: $CACHET_TORCH_LIB, else next to this file, else in a build
-    tree (build*/python/) of the checkout this file belongs to."""
+    """Where libcachet_torch.so is, first found of: $CACHET_TORCH_LIB; the library that
+    `cmake --install` installed with this file (its path is written here at install); next to this
+    file; a build tree (build*/python/) of the checkout this file belongs to."""
     env = os.environ.get("CACHET_TORCH_LIB")
     if env:
+        if not os.path.exists(env):
+            raise FileNotFoundError(f"CACHET_TORCH_LIB={env}: no such file (unset it, or point it at "
+                                    f"the {_LIB_NAME} that the target cachet_torch builds)")
         return env
     here = os.path.dirname(os.path.abspath(__file__))
-    candidates = [os.path.join(here, _LIB_NAME)]
+    candidates = [_INSTALLED_LIB] if _INSTALLED_LIB else []
+    candidates.append(os.path.join(here, _LIB_NAME))
     root = os.path.dirname(here)
     for sub in ("build/gpu", "build/default", "build/release", "build-python", "build"):
         candidates.append(os.path.join(root, sub, "python", _LIB_NAME))
@@ -55,8 +62,8 @@ def library_path() -> str:
         if os.path.exists(c):
             return c
     raise FileNotFoundError(
-        f"{_LIB_NAME} not found (set CACHET_TORCH_LIB, or build the target cachet_torch); "
-        f"looked at: {', '.join(candidates)}")
+        f"{_LIB_NAME} not found (set CACHET_TORCH_LIB, or build the target cachet_torch and "
+        f"`cmake --install` it); looked at: {', '.join(candidates)}")
 
 
 def _declare(lib: ctypes.CDLL) -> None:

@@ -14,6 +14,43 @@ foreach(f bin/cachet include/cachet/types.h include/cachet/config.h lib/cmake/ca
     message(FATAL_ERROR "not installed: ${f}")
   endif()
 endforeach()
+
+# The installed command works on its own.
+execute_process(COMMAND ${prefix}/bin/cachet check-conf "max_split_size_mb:128,expandable_segments:True"
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "max_split_size_mb:128")
+  message(FATAL_ERROR "the installed cachet check-conf failed (${rc}): ${out}${err}")
+endif()
+
+# With CUDA, the plug-in: the library in lib/, the module in lib/cachet/python, and the module
+# finds the installed library from a directory that is neither the source nor the build tree.
+if(PLUGIN)
+  set(lib ${prefix}/${LIBDIR}/libcachet_torch.so)
+  set(module ${prefix}/${LIBDIR}/cachet/python/cachet_torch.py)
+  foreach(f ${lib} ${module})
+    if(NOT EXISTS ${f})
+      message(FATAL_ERROR "not installed: ${f}")
+    endif()
+  endforeach()
+  if(PYTHON)
+    execute_process(
+      COMMAND ${CMAKE_COMMAND} -E env --unset=CACHET_TORCH_LIB PYTHONPATH=${prefix}/${LIBDIR}/cachet/python
+        ${PYTHON} -c "import cachet_torch, ctypes; p = cachet_torch.library_path(); lib = cachet_torch.load(); print(p); print(cachet_torch.__file__)"
+      WORKING_DIRECTORY ${WORK_DIR}
+      RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "the installed cachet_torch did not load its library (${rc}):\n${out}\n${err}")
+    endif()
+    string(STRIP "${out}" out)
+    if(NOT out STREQUAL "${lib}\n${module}")
+      message(FATAL_ERROR "the installed cachet_torch found '${out}', expected '${lib}' and '${module}'")
+    endif()
+    message(STATUS "plug-in installed and found: ${out}")
+  endif()
+else()
+  message(STATUS "no CUDA: the plug-in is not built, its install is not checked")
+endif()
+
 run(${CMAKE_COMMAND} -S ${CONSUMER_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
     -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_PREFIX_PATH=${prefix}
     "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" "-DCMAKE_EXE_LINKER_FLAGS=${LINK_FLAGS}")

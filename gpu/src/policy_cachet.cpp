@@ -521,6 +521,38 @@ void CachetPolicy::free(DevicePtr ptr) {
   if (b->state != CBlock::State::Allocated)
     throw UsageError("free(" + hex(ptr) +
                      "): double free: the block is already freed and waits for its stream uses");
+  // Stream uses: create and record one event per using stream before changing anything, so a
+  // failing event call reaches the caller with the block still allocated (its stream uses kept)
+  // and the stats and trace untouched, as policy:pytorch does (device_allocator.cpp, free()).
+  // The events of this call are appended to events_ from `first` on; a failure gives them back
+  // to the pool.
+  const std::size_t first = events_.size();
+  auto give_back = [this, first] {
+    for (std::size_t i = first; i < events_.size(); ++i) event_pool_.push_back(events_[i].first);
+    events_.resize(first);
+  };
+  for (StreamId s : b->stream_uses) {
+    EventHandle e;
+    if (!event_pool_.empty()) {
+      e = event_pool_.back();
+      event_pool_.pop_back();
+    } else {
+      auto r = mem_->event_create();
+      if (!r.is_ok()) {
+        give_back();
+        throw DeviceError(device_error("cudaEventCreate", 0, device_, r.status));
+      }
+      e = r.value;
+    }
+    Status st = mem_->event_record(e, s);
+    if (!st.is_ok()) {
+      event_pool_.push_back(e);
+      give_back();
+      throw DeviceError(device_error("cudaEventRecord", 0, device_, st));
+    }
+    events_.emplace_back(e, b);
+  }
+
   const StatType pool = pool_of(b->size);
   const auto n = static_cast<std::int64_t>(b->size);
   all_and(stats_.allocation, pool, [](Stat& s) { s.decrease(1); });
@@ -532,24 +564,7 @@ void CachetPolicy::free(DevicePtr ptr) {
     return;
   }
   b->state = CBlock::State::Pending;
-  for (StreamId s : b->stream_uses) {
-    EventHandle e;
-    if (!event_pool_.empty()) {
-      e = event_pool_.back();
-      event_pool_.pop_back();
-    } else {
-      auto r = mem_->event_create();
-      if (!r.is_ok()) throw DeviceError(device_error("cudaEventCreate", 0, device_, r.status));
-      e = r.value;
-    }
-    Status st = mem_->event_record(e, s);
-    if (!st.is_ok()) {
-      event_pool_.push_back(e);
-      throw DeviceError(device_error("cudaEventRecord", 0, device_, st));
-    }
-    ++b->event_count;
-    events_.emplace_back(e, b);
-  }
+  b->event_count = static_cast<std::int32_t>(events_.size() - first);
   b->stream_uses.clear();
 }
 

@@ -3,6 +3,9 @@
 // to it) and the probe recordings in tests/data/probe/probe-torch-2.11-h200.tar.gz (copied here
 // as literals, file named per test).
 // Every allocator here runs in validate mode: each operation ends with invariants().
+// Cases that do not pin PyTorch's exact pointers or stats (pointer diagnostics, errors, stream
+// uses, the memory cap, OOM messages) are TEST_Ps over both policies (suffix /pytorch, /cachet);
+// the probe tables and PyTorch-exact sequences run on policy:pytorch only.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -16,6 +19,25 @@ namespace cachet::test {
 namespace {
 
 constexpr Bytes MiB_ = MiB;
+
+// A case run over both policies: alloc() builds a validate-mode host allocator of the policy.
+class BothPolicies : public ::testing::TestWithParam<Policy> {
+ protected:
+  bool cachet() const { return GetParam() == Policy::Cachet; }
+  HostAlloc alloc(const std::string& conf = "") const {
+    if (!cachet()) return host_alloc(conf);
+    return host_alloc(conf.empty() ? "policy:cachet" : "policy:cachet," + conf);
+  }
+};
+
+std::string policy_name(const ::testing::TestParamInfo<Policy>& info) {
+  return info.param == Policy::Cachet ? "cachet" : "pytorch";
+}
+
+#define CACHET_BOTH_POLICIES(Suite)                                                             \
+  class Suite : public BothPolicies {};                                                         \
+  INSTANTIATE_TEST_SUITE_P(Policies, Suite, ::testing::Values(Policy::PyTorch, Policy::Cachet), \
+                           policy_name)
 
 // §1.4 (rounding.json): request -> (block, segment) from an empty cache.
 struct RoundRow {
@@ -152,8 +174,9 @@ TEST(Streams, BlocksStayOnTheirStream) {
 
 // record_stream.json: after free the block is active_pending_free; allocated drops, active
 // stays; a same-size alloc does not reuse it; once the event completes the next malloc does.
-TEST(Streams, RecordStreamKeepsTheBlockUntilTheEventCompletes) {
-  auto h = host_alloc();
+CACHET_BOTH_POLICIES(StreamUses);
+TEST_P(StreamUses, RecordStreamKeepsTheBlockUntilTheEventCompletes) {
+  auto h = alloc();
   void* x = h.a->allocate(4 * MiB_, 0);
   h.a->record_stream(x, 5);
   h.a->free(x);
@@ -172,8 +195,8 @@ TEST(Streams, RecordStreamKeepsTheBlockUntilTheEventCompletes) {
   EXPECT_EQ(cur(h.a->stats().active_bytes), static_cast<std::int64_t>(4 * MiB_));
 }
 
-TEST(Streams, EmptyCacheSynchronizesPendingEvents) {
-  auto h = host_alloc();
+TEST_P(StreamUses, EmptyCacheSynchronizesPendingEvents) {
+  auto h = alloc();
   void* x = h.a->allocate(1000, 0);
   h.a->record_stream(x, 3);
   h.a->free(x);
@@ -272,8 +295,9 @@ TEST(Retry, ReleaseAvailableCachedBlocks) {
   }
 }
 
-TEST(Retry, CapIsInclusiveAndRetryCountedWhenCapRefuses) {
-  auto h = host_alloc();
+CACHET_BOTH_POLICIES(MemoryCap);
+TEST_P(MemoryCap, CapIsInclusiveAndRetryCountedWhenCapRefuses) {
+  auto h = alloc();
   h.a->set_memory_fraction(static_cast<double>(40 * MiB_) / static_cast<double>(kH200));
   h.a->allocate(20 * MiB_, 0);
   h.a->allocate(20 * MiB_, 0);  // exactly at the cap: succeeds
@@ -335,23 +359,28 @@ TEST(Expandable, GrowthUnmapAndPerStreamSegments) {
   EXPECT_TRUE(a.snapshot().empty());
 }
 
-// §3.6 / fraction.json: fraction 0 makes even 1 byte fail, printing the segment size.
-TEST(OutOfMemoryMessage, FractionZero) {
-  auto h = host_alloc();
+// §3.6 / fraction.json: fraction 0 makes even 1 byte fail, printing the segment size
+// (policy:pytorch); policy:cachet names the block it could not place (the request rounded to 512).
+CACHET_BOTH_POLICIES(OutOfMemoryMessage);
+TEST_P(OutOfMemoryMessage, FractionZero) {
+  auto h = alloc();
   h.a->set_memory_fraction(0.0);
   try {
     h.a->allocate(1, 0);
     FAIL() << "expected OutOfMemory";
   } catch (const OutOfMemory& e) {
     const std::string m = e.what();
-    EXPECT_EQ(m.rfind("CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total capacity of 139.80 GiB", 0), 0u) << m;
+    const std::string tried = cachet() ? "512 bytes" : "2.00 MiB";
+    const std::string head = "CUDA out of memory. Tried to allocate " + tried +
+                             ". GPU 0 has a total capacity of 139.80 GiB";
+    EXPECT_EQ(m.rfind(head, 0), 0u) << m;
     EXPECT_NE(m.find("0 bytes allowed; "), std::string::npos) << m;
   }
   EXPECT_EQ(h.a->stats().num_ooms, 1);
 }
 
-TEST(OutOfMemoryMessage, OneExbibyte) {
-  auto h = host_alloc();
+TEST_P(OutOfMemoryMessage, OneExbibyte) {
+  auto h = alloc();
   h.a->set_trace(true);
   try {
     h.a->allocate(kMaxRequest, 0);
@@ -364,8 +393,8 @@ TEST(OutOfMemoryMessage, OneExbibyte) {
 }
 
 // test_out_of_memory (§9.3): a huge request below 1 EiB names its size.
-TEST(OutOfMemoryMessage, HugeRequest) {
-  auto h = host_alloc();
+TEST_P(OutOfMemoryMessage, HugeRequest) {
+  auto h = alloc();
   try {
     h.a->allocate(Bytes{1024} * 1024 * 1024 * 800000000ULL, 0);
     FAIL();
@@ -379,15 +408,16 @@ TEST(OutOfMemoryMessage, HugeRequest) {
   EXPECT_NE(h.a->allocate(1000, 0), nullptr);  // later allocations still work
 }
 
-TEST(Api, SizeZeroReturnsNull) {
-  auto h = host_alloc();
+CACHET_BOTH_POLICIES(Api);
+TEST_P(Api, SizeZeroReturnsNull) {
+  auto h = alloc();
   EXPECT_EQ(h.a->allocate(0, 0), nullptr);
   h.a->free(nullptr);
   EXPECT_EQ(cur(h.a->stats().reserved_bytes), 0);
 }
 
-TEST(Api, FractionIsReadBack) {
-  auto h = host_alloc();
+TEST_P(Api, FractionIsReadBack) {
+  auto h = alloc();
   EXPECT_EQ(h.a->memory_fraction(), 1.0);
   h.a->set_memory_fraction(0.0);
   EXPECT_EQ(h.a->memory_fraction(), 0.0);
@@ -397,11 +427,12 @@ TEST(Api, FractionIsReadBack) {
 
 // ------------------------------------------------------------------ bad input changes nothing
 
-struct Misuse : ::testing::Test {
-  HostAlloc h = host_alloc();
+struct Misuse : BothPolicies {
+  HostAlloc h;
   void* live = nullptr;
   void* freed = nullptr;
   void SetUp() override {
+    h = alloc();
     live = h.a->allocate(4096, 0);
     freed = h.a->allocate(4096, 0);
     h.a->allocate(4096, 0);
@@ -425,38 +456,60 @@ struct Misuse : ::testing::Test {
   }
 };
 
-TEST_F(Misuse, UnknownPointer) {
+INSTANTIATE_TEST_SUITE_P(Policies, Misuse, ::testing::Values(Policy::PyTorch, Policy::Cachet),
+                         policy_name);
+
+TEST_P(Misuse, UnknownPointer) {
   auto m = expect_usage_error([&] { h.a->free(reinterpret_cast<void*>(0x1234000)); });
   EXPECT_NE(m.find("unknown pointer"), std::string::npos) << m;
 }
-TEST_F(Misuse, InteriorPointer) {
+TEST_P(Misuse, InteriorPointer) {
   auto m = expect_usage_error([&] { h.a->free(static_cast<char*>(live) + 512); });
   EXPECT_NE(m.find("interior pointer"), std::string::npos) << m;
   EXPECT_NE(m.find("512 bytes into"), std::string::npos) << m;
 }
-TEST_F(Misuse, DoubleFree) {
+TEST_P(Misuse, DoubleFree) {
   auto m = expect_usage_error([&] { h.a->free(freed); });
   EXPECT_NE(m.find("double free"), std::string::npos) << m;
 }
-TEST_F(Misuse, DoubleFreeWhilePendingEvents) {
+TEST_P(Misuse, DoubleFreeWhilePendingEvents) {
   h.a->record_stream(live, 9);
   h.a->free(live);
   auto m = expect_usage_error([&] { h.a->free(live); });
   EXPECT_NE(m.find("double free"), std::string::npos) << m;
 }
-TEST_F(Misuse, RecordStreamOnFreedBlock) {
+TEST_P(Misuse, RecordStreamOnUnknownOrInteriorPointer) {
+  auto m = expect_usage_error([&] { h.a->record_stream(reinterpret_cast<void*>(0x1234000), 3); });
+  EXPECT_NE(m.find("unknown pointer"), std::string::npos) << m;
+  m = expect_usage_error([&] { h.a->record_stream(static_cast<char*>(live) + 1024, 3); });
+  EXPECT_NE(m.find("interior pointer"), std::string::npos) << m;
+}
+TEST_P(Misuse, RecordStreamOnFreedBlock) {
   auto m = expect_usage_error([&] { h.a->record_stream(freed, 3); });
   EXPECT_NE(m.find("free"), std::string::npos) << m;
 }
-TEST_F(Misuse, StreamOfAnotherDevice) {
+TEST_P(Misuse, StreamOfAnotherDevice) {
   h.sim->set_stream_device(77, 1);
   auto m = expect_usage_error([&] { h.a->allocate(100, 77); });
   EXPECT_NE(m.find("another device"), std::string::npos) << m;
   expect_usage_error([&] { h.a->record_stream(live, 77); });
 }
-TEST_F(Misuse, BadFraction) {
+TEST_P(Misuse, BadFraction) {
   auto m = expect_usage_error([&] { h.a->set_memory_fraction(1.5); });
   EXPECT_NE(m.find("Please set within [0, 1]"), std::string::npos) << m;
+}
+
+// A bad configuration string is refused and changes nothing, under either policy.
+CACHET_BOTH_POLICIES(ConfigErrors);
+TEST_P(ConfigErrors, BadStringsChangeNothing) {
+  auto h = alloc();
+  const Config before = h.a->config();
+  EXPECT_THROW(h.a->configure("max_split_size_mb:2"), ConfigError);
+  EXPECT_THROW(h.a->configure("roundup_power2_divisions:3"), ConfigError);
+  EXPECT_THROW(h.a->configure("no_such_key:1"), ConfigError);
+  EXPECT_TRUE(h.a->config() == before);
+  EXPECT_EQ(h.a->config().policy, GetParam());
+  EXPECT_EQ(h.a->stats().max_split_size, -1);
 }
 
 TEST(Config, RuntimeConfigureAndBadStrings) {
@@ -499,12 +552,12 @@ TEST(Trace, EventsInPyTorchsOrder) {
   EXPECT_EQ(t[4].action, TraceAction::SegmentFree);
 }
 
-TEST(Summary, MatchesMemorySummaryOfStats) {
-  auto h = host_alloc();
+CACHET_BOTH_POLICIES(Summary);
+TEST_P(Summary, MatchesMemorySummaryOfStats) {
+  auto h = alloc();
   h.a->allocate(1000, 0);
   EXPECT_EQ(h.a->summary(), memory_summary(h.a->stats()));
 }
-
 
 // §13.1: a split remainder is the original block object and keeps its stale requested_size; a
 // merge keeps the freed block's value; fresh blocks start at 0.

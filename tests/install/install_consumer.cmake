@@ -51,6 +51,13 @@ else()
   message(STATUS "no CUDA: the plug-in is not built, its install is not checked")
 endif()
 
+# The consumer finds cachet in the prefix, and cachet's dependencies where this build found them
+# (this build's CMAKE_PREFIX_PATH, '|'-separated here, given through the environment; empty when
+# they are system packages).
+if(DEP_PREFIX_PATH)
+  string(REPLACE "|" ":" deps "${DEP_PREFIX_PATH}")
+  set(ENV{CMAKE_PREFIX_PATH} "${deps}")
+endif()
 run(${CMAKE_COMMAND} -S ${CONSUMER_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
     -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_PREFIX_PATH=${prefix}
     "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}" "-DCMAKE_EXE_LINKER_FLAGS=${LINK_FLAGS}")

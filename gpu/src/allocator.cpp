@@ -1,5 +1,6 @@
 // The API layer: the only place that locks (style note 11), runs validate mode, and turns
-// parsed configuration into the core's Config.
+// parsed configuration into the policy's Config. Every call reaches the policy through
+// PolicyCore::with_policy (policy_core.h), the one place that dispatches.
 #include "cachet/gpu/allocator.h"
 
 #include <cstdint>
@@ -8,8 +9,7 @@
 #include "cachet/gpu/cuda_backend.h"
 #include "cachet/summary.h"
 #include "check.h"
-#include "core.h"
-#include "policy_cachet.h"
+#include "policy_core.h"
 
 namespace cachet {
 
@@ -19,10 +19,7 @@ void* to_host(gpu::DevicePtr p) { return reinterpret_cast<void*>(static_cast<std
 }  // namespace
 
 CachingAllocator::CachingAllocator(std::unique_ptr<gpu::DeviceMemory> memory, Config config)
-    : validate_(config.validate) {
-  if (config.policy == Policy::Cachet) cachet_ = std::make_unique<gpu::detail::CachetPolicy>(std::move(memory), config);
-  else impl_ = std::make_unique<gpu::detail::DeviceAllocator>(std::move(memory), config);
-}
+    : core_(std::make_unique<gpu::detail::PolicyCore>(std::move(memory), config)), validate_(config.validate) {}
 
 CachingAllocator::~CachingAllocator() = default;
 
@@ -35,13 +32,9 @@ Config CachingAllocator::config_from_environment() { return cachet::config_from_
 
 void CachingAllocator::validate(const char* op) const {
   // Props and fuzz builds (CACHET_EXPENSIVE_CHECKS) check after every mutator, validate mode or not.
-  if (cachet_) [[unlikely]] {
-    CACHET_ASSERT_EXPENSIVE(cachet_->invariants().empty());
-  } else {
-    CACHET_ASSERT_EXPENSIVE(impl_->invariants().empty());
-  }
+  CACHET_ASSERT_EXPENSIVE(core_->with_policy([](const auto& p) { return p.invariants(); }).empty());
   if (!validate_) return;
-  auto v = cachet_ ? cachet_->invariants() : impl_->invariants();
+  auto v = core_->with_policy([](const auto& p) { return p.invariants(); });
   if (v.empty()) return;
   std::string m = std::string("cachet: invariants violated after ") + op + ":";
   for (const auto& s : v) m += "\n  " + s;
@@ -50,70 +43,70 @@ void CachingAllocator::validate(const char* op) const {
 
 void* CachingAllocator::allocate(Bytes size, StreamId stream) {
   std::lock_guard lock(mu_);
-  if (!validate_) {
-    void* p = to_host(cachet_ ? cachet_->malloc(size, stream) : impl_->malloc(size, stream));
-    CACHET_ASSERT_EXPENSIVE(cachet_ ? cachet_->invariants().empty() : impl_->invariants().empty());
-    return p;
-  }
-  try {
-    void* p = to_host(cachet_ ? cachet_->malloc(size, stream) : impl_->malloc(size, stream));
-    validate("allocate");
-    return p;
-  } catch (const OutOfMemory&) {
-    validate("allocate (out of memory)");
-    throw;
-  }
+  return core_->with_policy([&](auto& p) -> void* {
+    if (!validate_) {
+      void* ptr = to_host(p.malloc(size, stream));
+      CACHET_ASSERT_EXPENSIVE(p.invariants().empty());
+      return ptr;
+    }
+    try {
+      void* ptr = to_host(p.malloc(size, stream));
+      validate("allocate");
+      return ptr;
+    } catch (const OutOfMemory&) {
+      validate("allocate (out of memory)");
+      throw;
+    }
+  });
 }
 
 void CachingAllocator::free(void* ptr) {
   std::lock_guard lock(mu_);
-  if (cachet_) cachet_->free(to_dev(ptr));
-  else impl_->free(to_dev(ptr));
-  if (!validate_) {
-    CACHET_ASSERT_EXPENSIVE(cachet_ ? cachet_->invariants().empty() : impl_->invariants().empty());
-    return;
-  }
-  validate("free");
+  core_->with_policy([&](auto& p) {
+    p.free(to_dev(ptr));
+    if (!validate_) {
+      CACHET_ASSERT_EXPENSIVE(p.invariants().empty());
+      return;
+    }
+    validate("free");
+  });
 }
 
 void CachingAllocator::record_stream(void* ptr, StreamId stream) {
   std::lock_guard lock(mu_);
-  if (cachet_) [[unlikely]] cachet_->record_stream(to_dev(ptr), stream);
-  else impl_->record_stream(to_dev(ptr), stream);
+  core_->with_policy([&](auto& p) { p.record_stream(to_dev(ptr), stream); });
   validate("record_stream");
 }
 
 void CachingAllocator::empty_cache() {
   std::lock_guard lock(mu_);
-  if (cachet_) [[unlikely]] cachet_->empty_cache();
-  else impl_->empty_cache();
+  core_->with_policy([](auto& p) { p.empty_cache(); });
   validate("empty_cache");
 }
 
 void CachingAllocator::set_memory_fraction(double fraction) {
   std::lock_guard lock(mu_);
-  if (cachet_) [[unlikely]] cachet_->set_memory_fraction(fraction);
-  else impl_->set_memory_fraction(fraction);
+  core_->with_policy([fraction](auto& p) { p.set_memory_fraction(fraction); });
 }
 
 double CachingAllocator::memory_fraction() const {
   std::lock_guard lock(mu_);
-  return cachet_ ? cachet_->memory_fraction() : impl_->memory_fraction();
+  return core_->with_policy([](const auto& p) { return p.memory_fraction(); });
 }
 
 DeviceStats CachingAllocator::stats() const {
   std::lock_guard lock(mu_);
-  return cachet_ ? cachet_->stats() : impl_->stats();
+  return core_->with_policy([](const auto& p) -> const DeviceStats& { return p.stats(); });
 }
 
 void CachingAllocator::reset_accumulated_stats() {
   std::lock_guard lock(mu_);
-  (cachet_ ? cachet_->mutable_stats() : impl_->mutable_stats()).reset_accumulated();
+  core_->with_policy([](auto& p) { p.mutable_stats().reset_accumulated(); });
 }
 
 void CachingAllocator::reset_peak_stats() {
   std::lock_guard lock(mu_);
-  (cachet_ ? cachet_->mutable_stats() : impl_->mutable_stats()).reset_peak();
+  core_->with_policy([](auto& p) { p.mutable_stats().reset_peak(); });
 }
 
 std::string CachingAllocator::summary(bool abbreviated) const {
@@ -121,63 +114,69 @@ std::string CachingAllocator::summary(bool abbreviated) const {
   DeviceIndex d;
   {
     std::lock_guard lock(mu_);
-    s = cachet_ ? cachet_->stats() : impl_->stats();
-    d = cachet_ ? cachet_->device() : impl_->device();
+    core_->with_policy([&](const auto& p) {
+      s = p.stats();
+      d = p.device();
+    });
   }
   return memory_summary(s, d, abbreviated);
 }
 
 Snapshot CachingAllocator::snapshot() {
   std::lock_guard lock(mu_);
-  return cachet_ ? cachet_->snapshot() : impl_->snapshot();
+  return core_->with_policy([](auto& p) { return p.snapshot(); });
 }
 
 void CachingAllocator::set_trace(bool on) {
   std::lock_guard lock(mu_);
-  if (cachet_) [[unlikely]] cachet_->set_trace(on);
-  else impl_->set_trace(on);
+  core_->with_policy([on](auto& p) { p.set_trace(on); });
 }
 
 std::vector<TraceEvent> CachingAllocator::trace() const {
   std::lock_guard lock(mu_);
-  return cachet_ ? cachet_->trace() : impl_->trace();
+  return core_->with_policy([](const auto& p) -> const std::vector<TraceEvent>& { return p.trace(); });
 }
 
 void CachingAllocator::clear_trace() {
   std::lock_guard lock(mu_);
-  if (cachet_) [[unlikely]] cachet_->clear_trace();
-  else impl_->clear_trace();
+  core_->with_policy([](auto& p) { p.clear_trace(); });
 }
 
 std::vector<ConfigWarning> CachingAllocator::configure(std::string_view text) {
   std::lock_guard lock(mu_);
-  ParseResult r = parse_config(text, ConfigSource::Cachet, cachet_ ? cachet_->config() : impl_->config());
-  if (cachet_) [[unlikely]] cachet_->apply_config(r.config);  // the policy stays the one chosen at construction
-  else impl_->apply_config(r.config);
-  validate_ = r.config.validate;
-  return r.warnings;
+  return core_->with_policy([&](auto& p) {
+    ParseResult r = parse_config(text, ConfigSource::Cachet, p.config());
+    p.apply_config(r.config);  // the policy stays the one chosen at construction
+    validate_ = r.config.validate;
+    return std::move(r.warnings);
+  });
 }
 
 void CachingAllocator::configure_from_environment() {
   EnvConfig env = cachet::config_from_environment();
   std::lock_guard lock(mu_);
-  if (cachet_) [[unlikely]] cachet_->apply_config(env.parsed.config);
-  else impl_->apply_config(env.parsed.config);
+  core_->with_policy([&](auto& p) { p.apply_config(env.parsed.config); });
   validate_ = env.parsed.config.validate;
 }
 
 Config CachingAllocator::config() const {
   std::lock_guard lock(mu_);
-  return cachet_ ? cachet_->config() : impl_->config();
+  return core_->with_policy([](const auto& p) -> const Config& { return p.config(); });
 }
 
 std::vector<std::string> CachingAllocator::invariants() const {
   std::lock_guard lock(mu_);
-  return cachet_ ? cachet_->invariants() : impl_->invariants();
+  return core_->with_policy([](const auto& p) { return p.invariants(); });
 }
 
-DeviceIndex CachingAllocator::device() const { return cachet_ ? cachet_->device() : impl_->device(); }
-Bytes CachingAllocator::total_memory() const { return cachet_ ? cachet_->total_memory() : impl_->total_memory(); }
-gpu::DeviceMemory& CachingAllocator::device_memory() { return cachet_ ? cachet_->memory() : impl_->memory(); }
+DeviceIndex CachingAllocator::device() const {
+  return core_->with_policy([](const auto& p) { return p.device(); });
+}
+Bytes CachingAllocator::total_memory() const {
+  return core_->with_policy([](const auto& p) { return p.total_memory(); });
+}
+gpu::DeviceMemory& CachingAllocator::device_memory() {
+  return core_->with_policy([](auto& p) -> gpu::DeviceMemory& { return p.memory(); });
+}
 
 }  // namespace cachet

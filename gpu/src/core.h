@@ -1,6 +1,6 @@
 // The allocator's core: blocks, segments, pools and the per-device state, with PyTorch 2.11's
 // rules (docs/pytorch-allocator.md §1-3, §5-7, §13) on fast structures. No locking here: every member
-// function of DeviceAllocator runs with the API layer's mutex held (style note 11).
+// function of PytorchPolicy runs with the API layer's mutex held (style note 11).
 //
 // Glossary (cachet/types.h): a Segment is one device allocation (cudaMalloc) or one VA
 // reservation of an expandable segment; its Blocks tile it exactly, in address order, linked
@@ -8,7 +8,7 @@
 // unmapped Block of an expandable segment in its pool's address-ordered `unmapped` set; an
 // allocated Block, or one waiting for stream-use events, in `active_` (address -> Block).
 //
-// Invariants (checked by DeviceAllocator::invariants(), see invariants.cpp and gpu/README.md):
+// Invariants (checked by PytorchPolicy::invariants(), see invariants.cpp and gpu/README.md):
 //   [INV-1] the blocks of a segment tile it exactly, in address order, from its base.
 //   [INV-2] prev/next links are mutual; a segment's head has no prev, its tail no next.
 //   [INV-3] every block lies inside its segment; segments do not overlap.
@@ -151,10 +151,10 @@ class BlockArena {
   std::vector<Block*> free_;
 };
 
-class DeviceAllocator {
+class PytorchPolicy {
  public:
-  DeviceAllocator(std::unique_ptr<DeviceMemory> memory, const Config& config);
-  ~DeviceAllocator();
+  PytorchPolicy(std::unique_ptr<DeviceMemory> memory, const Config& config);
+  ~PytorchPolicy();
 
   DevicePtr malloc(Bytes orig_size, StreamId stream);
   void free(DevicePtr ptr);

@@ -1,4 +1,4 @@
-// DeviceAllocator: PyTorch 2.11's caching rules for one device (§1-3, §5-7, §13). Section
+// PytorchPolicy: PyTorch 2.11's caching rules for one device (§1-3, §5-7, §13). Section
 // numbers (§) in comments refer to docs/pytorch-allocator.md.
 //
 // Banners: Rounding | Allocation | Free and merge | Events | Release and GC |
@@ -28,7 +28,7 @@ void for_all_and(StatArray& a, StatType pool, F&& f) {
 
 }  // namespace
 
-DeviceAllocator::DeviceAllocator(std::unique_ptr<DeviceMemory> memory, const Config& config)
+PytorchPolicy::PytorchPolicy(std::unique_ptr<DeviceMemory> memory, const Config& config)
     : mem_(std::move(memory)), caps_(mem_->caps()), device_(mem_->device()), config_(config) {
   auto info = mem_->mem_get_info();
   if (!info.is_ok()) throw DeviceError(device_error("cudaMemGetInfo", 0, device_, info.status));
@@ -41,7 +41,7 @@ DeviceAllocator::DeviceAllocator(std::unique_ptr<DeviceMemory> memory, const Con
   if (config_.per_process_memory_fraction) set_memory_fraction(*config_.per_process_memory_fraction);
 }
 
-DeviceAllocator::~DeviceAllocator() {
+PytorchPolicy::~PytorchPolicy() {
   // Give everything back to the device; errors cannot be reported from a destructor.
   for (auto& [s, q] : cuda_events_)
     for (auto& [e, b] : q) mem_->event_destroy(e);
@@ -93,7 +93,7 @@ Bytes roundup_power2_next_division(Bytes size, std::uint32_t divisions) {
 }
 }  // namespace
 
-Bytes DeviceAllocator::round_size(Bytes size) const {
+Bytes PytorchPolicy::round_size(Bytes size) const {
   constexpr Bytes min_block = mutant(kMutantRound256) ? 256 : kMinBlockSize;  // §1.1
   if (size < min_block) return min_block;
   const std::uint32_t divisions = roundup_divisions(config_, size);
@@ -101,7 +101,7 @@ Bytes DeviceAllocator::round_size(Bytes size) const {
   return min_block * ((size + min_block - 1) / min_block);
 }
 
-Bytes DeviceAllocator::allocation_size(Bytes size) const {
+Bytes PytorchPolicy::allocation_size(Bytes size) const {
   if (size <= kSmallSize) return kSmallBuffer;
   if (size < kMinLargeAlloc) return config_.large_segment_size;
   return kRoundLarge * ((size + kRoundLarge - 1) / kRoundLarge);
@@ -109,7 +109,7 @@ Bytes DeviceAllocator::allocation_size(Bytes size) const {
 
 // ===================================================================== Allocation (§2.2-2.4, §3.1, §3.2)
 
-DevicePtr DeviceAllocator::malloc(Bytes orig_size, StreamId stream) {
+DevicePtr PytorchPolicy::malloc(Bytes orig_size, StreamId stream) {
   if (orig_size >= kMaxRequest) {  // §1.2: before anything else, no stats or trace
     OomFacts f;
     f.alloc_size = orig_size;
@@ -155,7 +155,7 @@ DevicePtr DeviceAllocator::malloc(Bytes orig_size, StreamId stream) {
   return b->ptr;
 }
 
-bool DeviceAllocator::get_free_block(AllocParams& p) {
+bool PytorchPolicy::get_free_block(AllocParams& p) {
   BlockPool& pool = *p.pool;
   if (allowed_max_ && config_.garbage_collection_threshold > 0.0) ++pool.get_free_blocks_call_count;  // §13.3
   auto it = pool.blocks.lower_bound(SizeKey{p.stream, p.size, 0}, SizeOrder{});  // equal sizes: lowest address
@@ -199,14 +199,14 @@ bool DeviceAllocator::get_free_block(AllocParams& p) {
   return true;
 }
 
-bool DeviceAllocator::should_split(const Block* b, Bytes size) const {
+bool PytorchPolicy::should_split(const Block* b, Bytes size) const {
   const Bytes remaining = b->size - size;
   if (b->is_small || config_.expandable_segments) return remaining >= kMinBlockSize;  // §2.3
   if constexpr (mutant(kMutantSplitBelowLimit)) return size < config_.max_split_size && remaining >= kMinBlockSize;
   return size < config_.max_split_size && remaining > kSmallSize;
 }
 
-bool DeviceAllocator::alloc_block(AllocParams& p, bool is_retry) {
+bool PytorchPolicy::alloc_block(AllocParams& p, bool is_retry) {
   if (is_retry) ++stats_.num_alloc_retries;  // §3.2: counted before the attempt
   const Bytes size = p.alloc_size;
   // The cap is inclusive (§13.4); with expandable segments it is checked against the segment
@@ -251,14 +251,14 @@ bool DeviceAllocator::alloc_block(AllocParams& p, bool is_retry) {
   return true;
 }
 
-void DeviceAllocator::link_after(Block* nb, Block* b) {
+void PytorchPolicy::link_after(Block* nb, Block* b) {
   nb->prev = b;
   nb->next = b->next;
   if (b->next && !mutant(kMutantLinkAfterNoBackLink)) b->next->prev = nb;
   b->next = nb;
 }
 
-Block* DeviceAllocator::alloc_found_block(AllocParams& p, Bytes orig_size, bool split) {
+Block* PytorchPolicy::alloc_found_block(AllocParams& p, Bytes orig_size, bool split) {
   BlockPool& pool = *p.pool;
   const StatType st = stat_type(pool);
   Block* block = p.block;
@@ -322,7 +322,7 @@ Block* DeviceAllocator::alloc_found_block(AllocParams& p, Bytes orig_size, bool 
 
 // ===================================================================== Free and merge (§2.5)
 
-void DeviceAllocator::free(DevicePtr ptr) {
+void PytorchPolicy::free(DevicePtr ptr) {
   if (ptr == 0) return;
   if (config_.no_caching) {
     auto it = uncached_.find(ptr);
@@ -389,7 +389,7 @@ void DeviceAllocator::free(DevicePtr ptr) {
   }
 }
 
-void DeviceAllocator::free_block(Block* b) {
+void PytorchPolicy::free_block(Block* b) {
   CACHET_ASSERT(!b->allocated && b->event_count == 0 && b->stream_uses.empty());
   record(TraceAction::FreeCompleted, b->ptr, b->requested_size, b->stream);
   const Bytes original_size = b->size;
@@ -465,7 +465,7 @@ void DeviceAllocator::free_block(Block* b) {
     for_all_and(stats_.requested_bytes, st, [&](Stat& s) { s.decrease(static_cast<std::int64_t>(requested)); });
 }
 
-Bytes DeviceAllocator::try_merge_blocks(Block* dst, Block* src, BlockPool& pool) {
+Bytes PytorchPolicy::try_merge_blocks(Block* dst, Block* src, BlockPool& pool) {
   if (!src || src->allocated || src->event_count > 0 || !src->stream_uses.empty() || dst->mapped != src->mapped)
     return 0;
   if (dst->prev == src) {  // [src dst]: dst takes src's address and place
@@ -487,7 +487,7 @@ Bytes DeviceAllocator::try_merge_blocks(Block* dst, Block* src, BlockPool& pool)
 
 // ===================================================================== Events (§6)
 
-void DeviceAllocator::record_stream(DevicePtr ptr, StreamId stream) {
+void PytorchPolicy::record_stream(DevicePtr ptr, StreamId stream) {
   check_stream(stream, "record_stream");
   if (config_.no_caching) return;
   Block* b = find_active(ptr, "record_stream");
@@ -499,7 +499,7 @@ void DeviceAllocator::record_stream(DevicePtr ptr, StreamId stream) {
     b->stream_uses.push_back(stream);
 }
 
-void DeviceAllocator::process_events() {
+void PytorchPolicy::process_events() {
   // Per stream FIFO; stop at the first event not yet complete on that stream (§6).
   for (auto it = cuda_events_.begin(); it != cuda_events_.end();) {
     auto& q = it->second;
@@ -518,7 +518,7 @@ void DeviceAllocator::process_events() {
   }
 }
 
-void DeviceAllocator::synchronize_and_free_events() {
+void PytorchPolicy::synchronize_and_free_events() {
   ++stats_.num_sync_all_streams;
   for (auto it = cuda_events_.begin(); it != cuda_events_.end();) {
     auto& q = it->second;
@@ -537,18 +537,18 @@ void DeviceAllocator::synchronize_and_free_events() {
 
 // ===================================================================== Release and GC (§3.3-3.6)
 
-void DeviceAllocator::empty_cache() {
+void PytorchPolicy::empty_cache() {
   if (config_.no_caching) return;
   release_cached_blocks();
 }
 
-void DeviceAllocator::release_cached_blocks() {
+void PytorchPolicy::release_cached_blocks() {
   synchronize_and_free_events();
   release_blocks(large_blocks_);  // large pool first, then small (§3.4, §13.6)
   release_blocks(small_blocks_);
 }
 
-void DeviceAllocator::release_blocks(BlockPool& pool) {
+void PytorchPolicy::release_blocks(BlockPool& pool) {
   std::vector<Block*> to_unmap;
   for (auto it = pool.blocks.begin(); it != pool.blocks.end();) {
     Block* b = &*it;
@@ -562,7 +562,7 @@ void DeviceAllocator::release_blocks(BlockPool& pool) {
   }
 }
 
-void DeviceAllocator::release_block(Block* b) {
+void PytorchPolicy::release_block(Block* b) {
   CACHET_ASSERT(!b->expandable() && !b->is_split() && !b->allocated);
   auto st = mem_->free(b->ptr);  // device first: a failure changes nothing
   if (!st.is_ok()) throw DeviceError(device_error("cudaFree", b->size, device_, st));
@@ -579,7 +579,7 @@ void DeviceAllocator::release_block(Block* b) {
   arena_.release(b);
 }
 
-bool DeviceAllocator::release_available_cached_blocks(const AllocParams& p) {
+bool PytorchPolicy::release_available_cached_blocks(const AllocParams& p) {
   const Bytes max_split = config_.max_split_size;
   if (max_split == kNoMaxSplit) return false;
   BlockPool& pool = *p.pool;
@@ -608,7 +608,7 @@ bool DeviceAllocator::release_available_cached_blocks(const AllocParams& p) {
   return true;
 }
 
-void DeviceAllocator::garbage_collect_cached_blocks() {
+void PytorchPolicy::garbage_collect_cached_blocks() {
   // §3.5: only the default large pool, only unsplit non-expandable blocks, oldest first by
   // rounds of "age >= average age"; never syncs.
   const auto gc_threshold =
@@ -645,18 +645,18 @@ void DeviceAllocator::garbage_collect_cached_blocks() {
   }
 }
 
-void DeviceAllocator::set_memory_fraction(double fraction) {
+void PytorchPolicy::set_memory_fraction(double fraction) {
   if (!(fraction >= 0.0 && fraction <= 1.0))  // also rejects NaN
     throw UsageError("invalid fraction: " + std::to_string(fraction) + ". Please set within [0, 1].");
   if (fraction < 1.0) allowed_max_ = static_cast<Bytes>(fraction * static_cast<double>(total_memory_));  // §13.4
   else if (!mutant(kMutantFractionOneKeepsCap)) allowed_max_.reset();
 }
 
-double DeviceAllocator::memory_fraction() const {
+double PytorchPolicy::memory_fraction() const {
   return allowed_max_ ? static_cast<double>(*allowed_max_) / static_cast<double>(total_memory_) : 1.0;
 }
 
-void DeviceAllocator::apply_config(const Config& c) {
+void PytorchPolicy::apply_config(const Config& c) {
   if (c.expandable_segments && !caps_.reserve_va)
     throw UsageError("expandable_segments:True needs a backend that can reserve and map address space; this "
                      "backend cannot. Use expandable_segments:False.");
@@ -665,7 +665,7 @@ void DeviceAllocator::apply_config(const Config& c) {
   (void)fraction;  // per_process_memory_fraction applies only at construction (§3.6)
 }
 
-[[noreturn]] void DeviceAllocator::throw_oom(const AllocParams& p) {
+[[noreturn]] void PytorchPolicy::throw_oom(const AllocParams& p) {
   auto info = mem_->mem_get_info();
   if (!info.is_ok()) throw DeviceError(device_error("cudaMemGetInfo", 0, device_, info.status));
   record(TraceAction::Oom, info.value.free, p.size, p.stream);
@@ -684,7 +684,7 @@ void DeviceAllocator::apply_config(const Config& c) {
 
 // ===================================================================== Expandable segments (7)
 
-Block* DeviceAllocator::find_expandable_block(StreamId stream, BlockPool* pool, Bytes size) {
+Block* PytorchPolicy::find_expandable_block(StreamId stream, BlockPool* pool, Bytes size) {
   auto allocatable = [](const Block* b) { return b != nullptr && b->is_reusable(); };
   auto has_available_address_space = [&](const Block* b) {
     Bytes bytes = 0;
@@ -730,7 +730,7 @@ Block* DeviceAllocator::find_expandable_block(StreamId stream, BlockPool* pool, 
   return c;
 }
 
-Block* DeviceAllocator::try_allocate_expandable_block(StreamId stream, BlockPool* pool, Bytes size) {
+Block* PytorchPolicy::try_allocate_expandable_block(StreamId stream, BlockPool* pool, Bytes size) {
   Block* c = find_expandable_block(stream, pool, size);
   if (!c) return nullptr;
   // c starts a run with room for `size`: unmapped, or free followed by unmapped.
@@ -745,7 +745,7 @@ Block* DeviceAllocator::try_allocate_expandable_block(StreamId stream, BlockPool
   return c;
 }
 
-bool DeviceAllocator::map_block(Block* to_map, Bytes size) {
+bool PytorchPolicy::map_block(Block* to_map, Bytes size) {
   CACHET_CHECK(!to_map->mapped && size <= to_map->size);
   Segment* seg = to_map->segment;
   const Bytes page = seg->page_size;
@@ -785,7 +785,7 @@ bool DeviceAllocator::map_block(Block* to_map, Bytes size) {
   return true;
 }
 
-void DeviceAllocator::unmap_block(Block* b) {
+void PytorchPolicy::unmap_block(Block* b) {
   Segment* seg = b->segment;
   const Bytes page = seg->page_size;
   const Bytes begin = (b->ptr - seg->base + page - 1) / page;  // whole pages only
@@ -838,7 +838,7 @@ void DeviceAllocator::unmap_block(Block* b) {
   record(TraceAction::SegmentUnmap, at, n, b->stream);
 }
 
-void DeviceAllocator::release_expandable_segment(Block* b) {
+void PytorchPolicy::release_expandable_segment(Block* b) {
   Segment* seg = b->segment;
   CACHET_CHECK(!b->mapped && !b->is_split() && b->ptr == seg->base && b->size == seg->size);
   auto st = mem_->unreserve(seg->base, seg->size);
@@ -851,7 +851,7 @@ void DeviceAllocator::release_expandable_segment(Block* b) {
 
 // ===================================================================== Snapshot and trace (8)
 
-Snapshot DeviceAllocator::snapshot() {
+Snapshot PytorchPolicy::snapshot() {
   Snapshot out;
   Bytes total_active = 0;
   for (const auto& [base, seg] : segments_) {
@@ -886,7 +886,7 @@ Snapshot DeviceAllocator::snapshot() {
   return out;
 }
 
-void DeviceAllocator::record(TraceAction a, std::uint64_t addr, Bytes size, StreamId stream) {
+void PytorchPolicy::record(TraceAction a, std::uint64_t addr, Bytes size, StreamId stream) {
   if (!trace_on_) return;
   const auto now = std::chrono::system_clock::now().time_since_epoch();
   trace_.push_back(TraceEvent{a, addr, size, stream,
@@ -895,17 +895,17 @@ void DeviceAllocator::record(TraceAction a, std::uint64_t addr, Bytes size, Stre
 
 // ===================================================================== Errors
 
-void DeviceAllocator::check_stream(StreamId stream, const char* op) const {
+void PytorchPolicy::check_stream(StreamId stream, const char* op) const {
   known_streams_.check(*mem_, device_, stream, op);
 }
 
-Block* DeviceAllocator::find_active(DevicePtr ptr, const char* op) const {
+Block* PytorchPolicy::find_active(DevicePtr ptr, const char* op) const {
   Block* b = active_.find(ptr);
   if (b == nullptr) throw_unknown_pointer(ptr, op);
   return b;
 }
 
-void DeviceAllocator::throw_unknown_pointer(DevicePtr ptr, const char* op) const {
+void PytorchPolicy::throw_unknown_pointer(DevicePtr ptr, const char* op) const {
   const std::string what = std::string(op) + "(" + hex(ptr) + "): ";
   auto it = segments_.upper_bound(ptr);
   if (it != segments_.begin()) {

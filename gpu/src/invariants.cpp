@@ -1,4 +1,4 @@
-// DeviceAllocator::invariants(): the numbered invariants of core.h, checked over the
+// PytorchPolicy::invariants(): the numbered invariants of core.h, checked over the
 // allocator's own state. O(blocks + events); cheap enough to run after every operation
 // (cachet_validate:True). Returns one line per violation, each starting with its ID.
 // § numbers refer to docs/pytorch-allocator.md.
@@ -11,7 +11,7 @@
 
 namespace cachet::gpu::detail {
 
-std::vector<std::string> DeviceAllocator::invariants() const {
+std::vector<std::string> PytorchPolicy::invariants() const {
   std::vector<std::string> out;
   auto fail = [&](const char* id, const std::string& msg) { out.push_back(std::string(id) + " " + msg); };
 

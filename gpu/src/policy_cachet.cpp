@@ -660,7 +660,7 @@ double CachetPolicy::memory_fraction() const {
 }
 
 void CachetPolicy::apply_config(const Config& c) {
-  const Policy keep = config_.policy;  // the policy is chosen at construction
+  const cachet::Policy keep = config_.policy;  // the policy is chosen at construction
   config_ = c;
   config_.policy = keep;
 }

@@ -1,5 +1,5 @@
 // The cachet policy's core (design and promises: cachet/gpu/policy_cachet.h). Same member
-// functions as DeviceAllocator, so the API layer (allocator.cpp) forwards to either; no locking
+// functions as PytorchPolicy, so the API layer (allocator.cpp) forwards to either; no locking
 // here: every member runs with the API layer's mutex held.
 //
 // Structure: one VA reservation [base_, base_ + va_size_) tiled by CBlocks in address order

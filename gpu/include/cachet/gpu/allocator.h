@@ -31,8 +31,7 @@
 namespace cachet {
 
 namespace gpu::detail {
-class DeviceAllocator;
-class CachetPolicy;  // policy:cachet (cachet/gpu/policy_cachet.h)
+class PolicyCore;  // the policy this allocator runs (policy:pytorch or policy:cachet)
 }
 
 // invariants() found a violation in validate mode: an allocator bug, not bad input.
@@ -94,8 +93,7 @@ class CachingAllocator {
   void validate(const char* op) const;  // mutex held
 
   mutable gpu::SpinMutex mu_;  // spin_mutex.h: why not std::mutex
-  std::unique_ptr<gpu::detail::DeviceAllocator> impl_;  // policy:pytorch
-  std::unique_ptr<gpu::detail::CachetPolicy> cachet_;  // policy:cachet (then impl_ is null)
+  std::unique_ptr<gpu::detail::PolicyCore> core_;  // gpu/src/policy_core.h
   bool validate_ = false;
 };
 

@@ -1,0 +1,46 @@
+// gpu/src/policy.h: what a policy is. A policy (policy:pytorch = PytorchPolicy, core.h;
+// policy:cachet = CachetPolicy, policy_cachet.h) holds the rules that place blocks for one device
+// and answers every call of the API layer; the API layer (allocator.cpp) reaches it only through
+// PolicyCore::with_policy (policy_core.h), the one place that dispatches. No locking in a policy:
+// every member runs with the API layer's mutex held (style note 11).
+#pragma once
+
+#include <concepts>
+#include <string>
+#include <vector>
+
+#include "cachet/config.h"
+#include "cachet/gpu/backend.h"
+#include "cachet/snapshot.h"
+#include "cachet/stats.h"
+#include "cachet/trace.h"
+
+namespace cachet::gpu::detail {
+
+template <class P>
+concept Policy = requires(P& p, const P& cp, Bytes n, StreamId s, DevicePtr ptr, double f, bool on,
+                          const Config& c) {
+  // The operations (PyTorch's malloc, free, recordStream, emptyCache, setMemoryFraction).
+  { p.malloc(n, s) } -> std::same_as<DevicePtr>;
+  p.free(ptr);
+  p.record_stream(ptr, s);
+  p.empty_cache();
+  p.set_memory_fraction(f);
+  { cp.memory_fraction() } -> std::same_as<double>;
+  // What can be read.
+  { cp.stats() } -> std::same_as<const DeviceStats&>;
+  { p.mutable_stats() } -> std::same_as<DeviceStats&>;  // reset_peak / reset_accumulated
+  { p.snapshot() } -> std::same_as<Snapshot>;
+  p.set_trace(on);
+  { cp.trace() } -> std::same_as<const std::vector<TraceEvent>&>;
+  p.clear_trace();
+  // Settings and checks.
+  p.apply_config(c);
+  { cp.config() } -> std::same_as<const Config&>;
+  { cp.invariants() } -> std::same_as<std::vector<std::string>>;
+  { p.memory() } -> std::same_as<DeviceMemory&>;
+  { cp.device() } -> std::same_as<DeviceIndex>;
+  { cp.total_memory() } -> std::same_as<Bytes>;
+};
+
+}  // namespace cachet::gpu::detail

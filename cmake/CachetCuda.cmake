@@ -29,7 +29,9 @@ if(NOT CACHET_CUDA STREQUAL "OFF")
     # nvToolsExt, so configure fails ("set_property could not find TARGET CUDA::nvToolsExt").
     # The lookup runs under 3.24's policy reading of that check; nothing else in it depends on it.
     set(_cachet_min_version ${CMAKE_MINIMUM_REQUIRED_VERSION})
-    set(CMAKE_MINIMUM_REQUIRED_VERSION 3.24)
+    if(CMAKE_VERSION VERSION_LESS 3.26)
+      set(CMAKE_MINIMUM_REQUIRED_VERSION 3.24)
+    endif()
     find_package(CUDAToolkit REQUIRED)
     set(CMAKE_MINIMUM_REQUIRED_VERSION ${_cachet_min_version})
     set(CACHET_HAVE_CUDA ON)

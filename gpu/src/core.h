@@ -41,8 +41,8 @@
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
 #include "cachet/trace.h"
-#include "known_streams.h"
 #include "ptr_map.h"
+#include "shell/shell.h"
 #include "size_order.h"
 
 namespace cachet::gpu::detail {
@@ -151,7 +151,9 @@ class BlockArena {
   std::vector<Block*> free_;
 };
 
-class PytorchPolicy {
+// policy:pytorch. The shell (shell/shell.h) holds the device, config, stats, cap, stream check,
+// event pool and trace; this class holds PyTorch's rules over them.
+class PytorchPolicy : public Shell {
  public:
   PytorchPolicy(std::unique_ptr<DeviceMemory> memory, const Config& config);
   ~PytorchPolicy();
@@ -161,21 +163,9 @@ class PytorchPolicy {
   void record_stream(DevicePtr ptr, StreamId stream);
   void empty_cache();
   void set_memory_fraction(double fraction);
-  double memory_fraction() const;
-  const DeviceStats& stats() const { return stats_; }
-  DeviceStats& mutable_stats() { return stats_; }
   Snapshot snapshot();
-  void set_trace(bool on) { trace_on_ = on; }
-  bool trace_on() const { return trace_on_; }
-  const std::vector<TraceEvent>& trace() const { return trace_; }
-  void clear_trace() { trace_.clear(); }
   void apply_config(const Config& c);  // runtime configure (§4.1)
-  const Config& config() const { return config_; }
   std::vector<std::string> invariants() const;
-  DeviceMemory& memory() { return *mem_; }
-  DeviceIndex device() const { return device_; }
-  Bytes total_memory() const { return total_memory_; }
-  std::optional<Bytes> allowed_memory_maximum() const { return allowed_max_; }
   Bytes round_size(Bytes size) const;
   Bytes allocation_size(Bytes rounded) const;
 
@@ -223,21 +213,12 @@ class PytorchPolicy {
   // --- plumbing ---
   BlockPool& pool_for(const Block* b) { return b->is_small ? small_blocks_ : large_blocks_; }
   StatType stat_type(const BlockPool& pool) const { return pool.is_small ? StatType::SmallPool : StatType::LargePool; }
-  void record(TraceAction a, std::uint64_t addr, Bytes size, StreamId stream);
   Block* find_active(DevicePtr ptr, const char* op) const;
-  [[noreturn]] void throw_unknown_pointer(DevicePtr ptr, const char* op) const;
-  void check_stream(StreamId stream, const char* op) const;
+  std::optional<BlockAt> holder_of(DevicePtr ptr) const;  // for find_active's diagnostics
   void validate_if_enabled(const char* op) const;
   static void link_after(Block* nb, Block* b);  // nb goes right after b
 
-  std::unique_ptr<DeviceMemory> mem_;
-  BackendCaps caps_;
-  DeviceIndex device_;
-  Config config_;
-  Bytes total_memory_ = 0;
-  std::optional<Bytes> allowed_max_;
   Bytes total_allocated_memory_ = 0;  // reserved bytes (cudaMalloc + mapped)
-  DeviceStats stats_;
 
   BlockArena arena_;
   BlockPool large_blocks_{false};
@@ -248,14 +229,9 @@ class PytorchPolicy {
   // Per-stream FIFO of (event, block) (§6), ordered by stream value.
   std::map<StreamId, std::deque<std::pair<EventHandle, Block*>>> cuda_events_;
   std::size_t pending_events_ = 0;
-  std::vector<EventHandle> event_pool_;
 
   // PYTORCH_NO_CUDA_MEMORY_CACHING: raw allocations, by address.
   std::map<DevicePtr, Bytes> uncached_;
-
-  mutable KnownStreams known_streams_;  // known_streams.h
-  bool trace_on_ = false;
-  std::vector<TraceEvent> trace_;
 };
 
 }  // namespace cachet::gpu::detail

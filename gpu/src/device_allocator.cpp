@@ -29,10 +29,8 @@ void for_all_and(StatArray& a, StatType pool, F&& f) {
 }  // namespace
 
 PytorchPolicy::PytorchPolicy(std::unique_ptr<DeviceMemory> memory, const Config& config)
-    : mem_(std::move(memory)), caps_(mem_->caps()), device_(mem_->device()), config_(config) {
-  auto info = mem_->mem_get_info();
-  if (!info.is_ok()) throw DeviceError(device_error("cudaMemGetInfo", 0, device_, info.status));
-  total_memory_ = info.value.total;
+    : Shell(std::move(memory), config) {
+  read_total_memory();
   if (config_.expandable_segments && !caps_.reserve_va)
     throw UsageError(
         "expandable_segments:True needs a backend that can reserve and map address space (CUDA VMM or "
@@ -45,7 +43,7 @@ PytorchPolicy::~PytorchPolicy() {
   // Give everything back to the device; errors cannot be reported from a destructor.
   for (auto& [s, q] : cuda_events_)
     for (auto& [e, b] : q) mem_->event_destroy(e);
-  for (EventHandle e : event_pool_) mem_->event_destroy(e);
+  event_pool_.destroy_all(*mem_);
   for (auto& [base, seg] : segments_) {
     if (!seg->expandable) {
       (void)mem_->free(base);
@@ -110,12 +108,7 @@ Bytes PytorchPolicy::allocation_size(Bytes size) const {
 // ===================================================================== Allocation (§2.2-2.4, §3.1, §3.2)
 
 DevicePtr PytorchPolicy::malloc(Bytes orig_size, StreamId stream) {
-  if (orig_size >= kMaxRequest) {  // §1.2: before anything else, no stats or trace
-    OomFacts f;
-    f.alloc_size = orig_size;
-    f.device = device_;
-    throw OutOfMemory(oom_message(f));
-  }
+  if (orig_size >= kMaxRequest) throw_request_too_large(orig_size);  // §1.2: before anything else
   if (orig_size == 0) return 0;
   check_stream(stream, "allocate");
   if (config_.no_caching) {  // §4.1 PYTORCH_NO_CUDA_MEMORY_CACHING: raw device calls, no stats
@@ -142,7 +135,7 @@ DevicePtr PytorchPolicy::malloc(Bytes orig_size, StreamId stream) {
 
   bool found = get_free_block(p);  // (no free-memory callbacks are registered: §3.1 step 4)
   if (!found) {
-    if (allowed_max_ && config_.garbage_collection_threshold > 0.0) garbage_collect_cached_blocks();
+    if (cap_.allowed() && config_.garbage_collection_threshold > 0.0) garbage_collect_cached_blocks();
     found = alloc_block(p, false) || (release_available_cached_blocks(p) && alloc_block(p, false));
     if (!found) {
       release_cached_blocks();
@@ -157,7 +150,7 @@ DevicePtr PytorchPolicy::malloc(Bytes orig_size, StreamId stream) {
 
 bool PytorchPolicy::get_free_block(AllocParams& p) {
   BlockPool& pool = *p.pool;
-  if (allowed_max_ && config_.garbage_collection_threshold > 0.0) ++pool.get_free_blocks_call_count;  // §13.3
+  if (cap_.allowed() && config_.garbage_collection_threshold > 0.0) ++pool.get_free_blocks_call_count;  // §13.3
   auto it = pool.blocks.lower_bound(SizeKey{p.stream, p.size, 0}, SizeOrder{});  // equal sizes: lowest address
   if constexpr (mutant(kMutantCrossStreamReuse)) {
     if (it == pool.blocks.end() || it->stream != p.stream) {
@@ -211,7 +204,7 @@ bool PytorchPolicy::alloc_block(AllocParams& p, bool is_retry) {
   const Bytes size = p.alloc_size;
   // The cap is inclusive (§13.4); with expandable segments it is checked against the segment
   // size of the request, not the pages that will be mapped (§13.5).
-  if (!mutant(kMutantIgnoreCap) && allowed_max_ && total_allocated_memory_ + size > *allowed_max_) {
+  if (!mutant(kMutantIgnoreCap) && cap_.allowed() && total_allocated_memory_ + size > *cap_.allowed()) {
     p.err = Status::oom();
     return false;
   }
@@ -345,27 +338,8 @@ void PytorchPolicy::free(DevicePtr ptr) {
   const bool wait_for_uses = !b->stream_uses.empty() && !mutant(kMutantIgnorePendingEvent);
   if (wait_for_uses) {
     events.reserve(b->stream_uses.size());
-    for (StreamId s : b->stream_uses) {
-      EventHandle e;
-      if (!event_pool_.empty()) {
-        e = event_pool_.back();
-        event_pool_.pop_back();
-      } else {
-        auto r = mem_->event_create();
-        if (!r.is_ok()) {
-          for (auto& [pe, ps] : events) event_pool_.push_back(pe);
-          throw DeviceError(device_error("cudaEventCreate", 0, device_, r.status));
-        }
-        e = r.value;
-      }
-      auto st = mem_->event_record(e, s);
-      if (!st.is_ok()) {
-        event_pool_.push_back(e);
-        for (auto& [pe, ps] : events) event_pool_.push_back(pe);
-        throw DeviceError(device_error("cudaEventRecord", 0, device_, st));
-      }
-      events.emplace_back(e, s);
-    }
+    event_pool_.record_on(*mem_, device_, b->stream_uses, events,
+                          [](EventHandle e, StreamId s) { return std::pair{e, s}; });
   }
 
   b->allocated = false;
@@ -510,7 +484,7 @@ void PytorchPolicy::process_events() {
       if (!r.value) break;
       q.pop_front();
       --pending_events_;
-      event_pool_.push_back(e);
+      event_pool_.release(e);
       if (--b->event_count == 0) free_block(b);
     }
     if (q.empty()) it = cuda_events_.erase(it);
@@ -528,7 +502,7 @@ void PytorchPolicy::synchronize_and_free_events() {
       if (!st.is_ok()) throw DeviceError(device_error("cudaEventSynchronize", 0, device_, st));
       q.pop_front();
       --pending_events_;
-      event_pool_.push_back(e);
+      event_pool_.release(e);
       if (--b->event_count == 0) free_block(b);
     }
     it = cuda_events_.erase(it);
@@ -612,7 +586,7 @@ void PytorchPolicy::garbage_collect_cached_blocks() {
   // §3.5: only the default large pool, only unsplit non-expandable blocks, oldest first by
   // rounds of "age >= average age"; never syncs.
   const auto gc_threshold =
-      static_cast<Bytes>(config_.garbage_collection_threshold * static_cast<double>(*allowed_max_));
+      static_cast<Bytes>(config_.garbage_collection_threshold * static_cast<double>(*cap_.allowed()));
   if (total_allocated_memory_ <= gc_threshold) return;
   const Bytes target = total_allocated_memory_ - gc_threshold;
   Bytes reclaimed = 0;
@@ -646,14 +620,8 @@ void PytorchPolicy::garbage_collect_cached_blocks() {
 }
 
 void PytorchPolicy::set_memory_fraction(double fraction) {
-  if (!(fraction >= 0.0 && fraction <= 1.0))  // also rejects NaN
-    throw UsageError("invalid fraction: " + std::to_string(fraction) + ". Please set within [0, 1].");
-  if (fraction < 1.0) allowed_max_ = static_cast<Bytes>(fraction * static_cast<double>(total_memory_));  // §13.4
-  else if (!mutant(kMutantFractionOneKeepsCap)) allowed_max_.reset();
-}
-
-double PytorchPolicy::memory_fraction() const {
-  return allowed_max_ ? static_cast<double>(*allowed_max_) / static_cast<double>(total_memory_) : 1.0;
+  if (mutant(kMutantFractionOneKeepsCap) && MemoryCap::valid(fraction) && fraction >= 1.0) return;
+  cap_.set(fraction, total_memory_);  // §13.4
 }
 
 void PytorchPolicy::apply_config(const Config& c) {
@@ -676,7 +644,7 @@ void PytorchPolicy::apply_config(const Config& c) {
   f.device_total = info.value.total;
   f.device_free = info.value.free;
   f.process_in_use = info.value.process_used;
-  f.allowed = allowed_max_;
+  f.allowed = cap_.allowed();
   f.allocated = static_cast<Bytes>(stats_.allocated_bytes[0].current);
   f.reserved = static_cast<Bytes>(stats_.reserved_bytes[0].current);
   throw OutOfMemory(oom_message(f));
@@ -886,45 +854,21 @@ Snapshot PytorchPolicy::snapshot() {
   return out;
 }
 
-void PytorchPolicy::record(TraceAction a, std::uint64_t addr, Bytes size, StreamId stream) {
-  if (!trace_on_) return;
-  const auto now = std::chrono::system_clock::now().time_since_epoch();
-  trace_.push_back(TraceEvent{a, addr, size, stream,
-                              std::chrono::duration_cast<std::chrono::microseconds>(now).count()});
-}
-
 // ===================================================================== Errors
 
-void PytorchPolicy::check_stream(StreamId stream, const char* op) const {
-  known_streams_.check(*mem_, device_, stream, op);
-}
-
 Block* PytorchPolicy::find_active(DevicePtr ptr, const char* op) const {
-  Block* b = active_.find(ptr);
-  if (b == nullptr) throw_unknown_pointer(ptr, op);
-  return b;
+  return find_active_in(active_, ptr, op, [this](DevicePtr p) { return holder_of(p); });
 }
 
-void PytorchPolicy::throw_unknown_pointer(DevicePtr ptr, const char* op) const {
-  const std::string what = std::string(op) + "(" + hex(ptr) + "): ";
+std::optional<BlockAt> PytorchPolicy::holder_of(DevicePtr ptr) const {
   auto it = segments_.upper_bound(ptr);
-  if (it != segments_.begin()) {
-    --it;
-    const Segment& seg = *it->second;
-    if (ptr < seg.base + seg.size) {
-      for (const Block* b = seg.head; b != nullptr; b = b->next) {
-        if (ptr < b->ptr || ptr >= b->ptr + b->size) continue;
-        if (ptr == b->ptr && !b->is_active())
-          throw UsageError(what + "double free or never allocated: " + hex(ptr) +
-                           " is a free block of this allocator; free each pointer allocate() returned once");
-        throw UsageError(what + "interior pointer: " + hex(ptr) + " is " + std::to_string(ptr - b->ptr) +
-                         " bytes into the block at " + hex(b->ptr) + " (" + std::to_string(b->size) +
-                         " bytes); pass the pointer allocate() returned");
-      }
-    }
-  }
-  throw UsageError(what + "unknown pointer: " + hex(ptr) + " was not returned by this allocator (device " +
-                   std::to_string(device_) + "); pass a pointer allocate() returned");
+  if (it == segments_.begin()) return std::nullopt;
+  --it;
+  const Segment& seg = *it->second;
+  if (ptr >= seg.base + seg.size) return std::nullopt;
+  for (const Block* b = seg.head; b != nullptr; b = b->next)
+    if (ptr >= b->ptr && ptr < b->ptr + b->size) return BlockAt{b->ptr, b->size, !b->is_active()};
+  return std::nullopt;
 }
 
 }  // namespace cachet::gpu::detail

@@ -169,9 +169,9 @@ std::vector<std::string> PytorchPolicy::invariants() const {
                         ", recount " + std::to_string(oversize_segments));
 
   // INV-8: the cap (expandable: may be exceeded by less than one page, §13.5).
-  if (allowed_max_ && total_allocated_memory_ > *allowed_max_ + (max_page ? max_page - 1 : 0))
+  if (cap_.allowed() && total_allocated_memory_ > *cap_.allowed() + (max_page ? max_page - 1 : 0))
     fail("[INV-8]", "reserved " + std::to_string(total_allocated_memory_) + " B exceeds the cap of " +
-                        std::to_string(*allowed_max_) + " B");
+                        std::to_string(*cap_.allowed()) + " B");
   return out;
 }
 

@@ -54,7 +54,7 @@ Bytes budget_pages(Bytes peak_touched) {
 }  // namespace
 
 CachetPolicy::CachetPolicy(std::unique_ptr<DeviceMemory> memory, const Config& config)
-    : mem_(std::move(memory)), caps_(mem_->caps()), device_(mem_->device()), config_(config) {
+    : Shell(std::move(memory), config) {
   if (!caps_.reserve_va)
     throw UsageError(
         "policy:cachet needs a backend that can reserve and map address space (CUDA VMM or "
@@ -62,9 +62,7 @@ CachetPolicy::CachetPolicy(std::unique_ptr<DeviceMemory> memory, const Config& c
   if (caps_.granularity == 0 || kPage % caps_.granularity != 0)
     throw UsageError(
         "policy:cachet maps 2 MiB pages; this backend's granularity does not divide 2 MiB");
-  auto info = mem_->mem_get_info();
-  if (!info.is_ok()) throw DeviceError(device_error("cudaMemGetInfo", 0, device_, info.status));
-  total_memory_ = info.value.total;
+  read_total_memory();
   stats_.max_split_size = config_.max_split_size_stat();
   if (config_.per_process_memory_fraction)
     set_memory_fraction(*config_.per_process_memory_fraction);
@@ -72,7 +70,7 @@ CachetPolicy::CachetPolicy(std::unique_ptr<DeviceMemory> memory, const Config& c
 
 CachetPolicy::~CachetPolicy() {
   for (auto& [e, b] : events_) mem_->event_destroy(e);
-  for (EventHandle e : event_pool_) mem_->event_destroy(e);
+  event_pool_.destroy_all(*mem_);
   // Unmap every run of mapped pages, then give the reservation back; errors cannot be reported.
   DevicePtr run = 0;
   bool in_run = false;
@@ -118,13 +116,6 @@ void CachetPolicy::release_block(CBlock* b) {
   spare_.push_back(b);
 }
 
-void CachetPolicy::record(TraceAction a, std::uint64_t addr, Bytes size, StreamId stream) {
-  if (!trace_on_) return;
-  const auto now = std::chrono::system_clock::now().time_since_epoch();
-  trace_.push_back(TraceEvent{a, addr, size, stream,
-                              std::chrono::duration_cast<std::chrono::microseconds>(now).count()});
-}
-
 void CachetPolicy::ensure_reserved() {
   if (base_ != 0) return;
   const Bytes n = align_up(std::max<Bytes>(total_memory_, kPage) * kCachetReserveFactor, kPage);
@@ -144,12 +135,7 @@ void CachetPolicy::ensure_reserved() {
 // ===================================================================== allocate
 
 DevicePtr CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
-  if (orig_size >= kMaxRequest) {
-    OomFacts f;
-    f.alloc_size = orig_size;
-    f.device = device_;
-    throw OutOfMemory(oom_message(f));
-  }
+  if (orig_size >= kMaxRequest) throw_request_too_large(orig_size);
   if (orig_size == 0) return 0;
   check_stream(stream, "allocate");
   if (!events_.empty()) process_events();
@@ -451,8 +437,8 @@ CBlock* CachetPolicy::alloc_slow(StreamId stream, Bytes size) {
       const Bytes t = std::max(peak_touched_pages_, touched_after);
       const Bytes budget = mutant(kMutantCachetSlackEighth) ? t + t / 8 : budget_pages(t);
       Bytes need = after > budget ? after - budget : 0;
-      const bool capped = allowed_max_ && !mutant(kMutantCachetIgnoreCap);
-      const Bytes cap_pages = capped ? *allowed_max_ / kPage : 0;
+      const bool capped = cap_.allowed() && !mutant(kMutantCachetIgnoreCap);
+      const Bytes cap_pages = capped ? *cap_.allowed() / kPage : 0;
       if (capped && after > cap_pages) need = std::max(need, after - cap_pages);
       const Bytes avail = need > 0 ? collect_free_pages(ex_lo, ex_hi) : 0;
       if (capped && after > cap_pages && after - cap_pages > avail) fits = false;
@@ -506,7 +492,7 @@ void CachetPolicy::throw_oom(Bytes size) {
     f.device_total = info.value.total;
     f.process_in_use = info.value.process_used;
   }
-  f.allowed = allowed_max_;
+  f.allowed = cap_.allowed();
   f.allocated = static_cast<Bytes>(stats_.allocated_bytes[0].current);
   f.reserved = static_cast<Bytes>(stats_.reserved_bytes[0].current);
   record(TraceAction::Oom, f.device_free, size, 0);
@@ -525,33 +511,10 @@ void CachetPolicy::free(DevicePtr ptr) {
   // failing event call reaches the caller with the block still allocated (its stream uses kept)
   // and the stats and trace untouched, as policy:pytorch does (device_allocator.cpp, free()).
   // The events of this call are appended to events_ from `first` on; a failure gives them back
-  // to the pool.
+  // to the pool (shell/event_pool.h).
   const std::size_t first = events_.size();
-  auto give_back = [this, first] {
-    for (std::size_t i = first; i < events_.size(); ++i) event_pool_.push_back(events_[i].first);
-    events_.resize(first);
-  };
-  for (StreamId s : b->stream_uses) {
-    EventHandle e;
-    if (!event_pool_.empty()) {
-      e = event_pool_.back();
-      event_pool_.pop_back();
-    } else {
-      auto r = mem_->event_create();
-      if (!r.is_ok()) {
-        give_back();
-        throw DeviceError(device_error("cudaEventCreate", 0, device_, r.status));
-      }
-      e = r.value;
-    }
-    Status st = mem_->event_record(e, s);
-    if (!st.is_ok()) {
-      event_pool_.push_back(e);
-      give_back();
-      throw DeviceError(device_error("cudaEventRecord", 0, device_, st));
-    }
-    events_.emplace_back(e, b);
-  }
+  event_pool_.record_on(*mem_, device_, b->stream_uses, events_,
+                        [b](EventHandle e, StreamId) { return std::pair{e, b}; });
 
   const StatType pool = pool_of(b->size);
   const auto n = static_cast<std::int64_t>(b->size);
@@ -560,7 +523,7 @@ void CachetPolicy::free(DevicePtr ptr) {
   record(TraceAction::FreeRequested, b->ptr, b->requested, b->stream);
   if (b->stream_uses.empty()) {
     free_block(b);
-    if (allowed_max_) trim_to_cap();
+    if (cap_.allowed()) trim_to_cap();
     return;
   }
   b->state = CBlock::State::Pending;
@@ -609,11 +572,11 @@ void CachetPolicy::process_events() {
       events_[keep++] = events_[i];
       continue;
     }
-    event_pool_.push_back(e);
+    event_pool_.release(e);
     if (--b->event_count == 0) free_block(b);
   }
   events_.resize(keep);
-  if (allowed_max_) trim_to_cap();
+  if (cap_.allowed()) trim_to_cap();
 }
 
 void CachetPolicy::synchronize_events() {
@@ -623,15 +586,15 @@ void CachetPolicy::synchronize_events() {
     Status st = mem_->event_synchronize(e);
     if (!st.is_ok()) throw DeviceError(device_error("cudaEventSynchronize", 0, device_, st));
     events_.pop_back();
-    event_pool_.push_back(e);
+    event_pool_.release(e);
     if (--b->event_count == 0) free_block(b);
   }
-  if (allowed_max_) trim_to_cap();
+  if (cap_.allowed()) trim_to_cap();
 }
 
 void CachetPolicy::trim_to_cap() {
-  if (!allowed_max_ || base_ == 0 || mutant(kMutantCachetIgnoreCap)) return;
-  const Bytes cap_pages = *allowed_max_ / kPage;
+  if (!cap_.allowed() || base_ == 0 || mutant(kMutantCachetIgnoreCap)) return;
+  const Bytes cap_pages = *cap_.allowed() / kPage;
   const Bytes pages = mapped_ / kPage;
   if (pages > cap_pages) unmap_free_pages(pages - cap_pages, 0, 0);
 }
@@ -644,19 +607,8 @@ void CachetPolicy::empty_cache() {
 // ===================================================================== settings, snapshot
 
 void CachetPolicy::set_memory_fraction(double fraction) {
-  if (!(fraction >= 0.0 && fraction <= 1.0))
-    throw UsageError("invalid fraction: " + std::to_string(fraction) +
-                     ". Please set within [0, 1].");
-  if (fraction < 1.0)
-    allowed_max_ = static_cast<Bytes>(fraction * static_cast<double>(total_memory_));
-  else
-    allowed_max_.reset();
+  cap_.set(fraction, total_memory_);
   trim_to_cap();  // R7: a lowered cap unmaps whole free pages down to it
-}
-
-double CachetPolicy::memory_fraction() const {
-  return allowed_max_ ? static_cast<double>(*allowed_max_) / static_cast<double>(total_memory_)
-                      : 1.0;
 }
 
 void CachetPolicy::apply_config(const Config& c) {
@@ -696,30 +648,15 @@ Snapshot CachetPolicy::snapshot() {
 
 // ===================================================================== checks
 
-void CachetPolicy::check_stream(StreamId stream, const char* op) const {
-  known_streams_.check(*mem_, device_, stream, op);
+CBlock* CachetPolicy::find_active(DevicePtr ptr, const char* op) const {
+  return find_active_in(active_, ptr, op, [this](DevicePtr p) { return holder_of(p); });
 }
 
-CBlock* CachetPolicy::find_active(DevicePtr ptr, const char* op) const {
-  CBlock* b = active_.find(ptr);
-  if (b != nullptr) return b;
-  const std::string what = std::string(op) + "(" + hex(ptr) + "): ";
-  if (base_ != 0 && ptr >= base_ && ptr < base_ + va_size_) {
-    for (const CBlock* c = head_; c != nullptr; c = c->next) {
-      if (ptr < c->ptr || ptr >= c->end()) continue;
-      if (ptr == c->ptr)
-        throw UsageError(
-            what + "double free or never allocated: " + hex(ptr) +
-            " is a free block of this allocator; free each pointer allocate() returned once");
-      throw UsageError(what + "interior pointer: " + hex(ptr) + " is " +
-                       std::to_string(ptr - c->ptr) + " bytes into the block at " + hex(c->ptr) +
-                       " (" + std::to_string(c->size) +
-                       " bytes); pass the pointer allocate() returned");
-    }
-  }
-  throw UsageError(what + "unknown pointer: " + hex(ptr) +
-                   " was not returned by this allocator (device " + std::to_string(device_) +
-                   "); pass a pointer allocate() returned");
+std::optional<BlockAt> CachetPolicy::holder_of(DevicePtr ptr) const {
+  if (base_ == 0 || ptr < base_ || ptr >= base_ + va_size_) return std::nullopt;
+  for (const CBlock* c = head_; c != nullptr; c = c->next)
+    if (ptr >= c->ptr && ptr < c->end()) return BlockAt{c->ptr, c->size, true};  // not active: free
+  return std::nullopt;
 }
 
 // Only a block's first and last pages can be shared with other live blocks: an interior page
@@ -875,8 +812,8 @@ std::vector<std::string> CachetPolicy::invariants() const {
   }
   // [C-6] = [P3]: reserved <= the cap, or (the cap was lowered below the live blocks' pages) no
   // whole free page left to unmap.
-  if (allowed_max_ && mapped > *allowed_max_ && whole_free_pages(0, 0) > 0)
-    fail("[C-6] reserved " + std::to_string(mapped) + " > cap " + std::to_string(*allowed_max_) +
+  if (cap_.allowed() && mapped > *cap_.allowed() && whole_free_pages(0, 0) > 0)
+    fail("[C-6] reserved " + std::to_string(mapped) + " > cap " + std::to_string(*cap_.allowed()) +
          " with " + std::to_string(whole_free_pages(0, 0)) + " whole free pages still mapped");
   return v;
 }

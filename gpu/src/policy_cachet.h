@@ -40,8 +40,8 @@
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
 #include "cachet/trace.h"
-#include "known_streams.h"
 #include "ptr_map.h"
+#include "shell/shell.h"
 #include "size_order.h"
 
 namespace cachet::gpu::detail {
@@ -77,7 +77,9 @@ struct CAddrOrder {
 using CFreeSet = cbi::set<CBlock, cbi::compare<SizeOrder>, cbi::constant_time_size<true>>;
 using CUnmappedSet = cbi::set<CBlock, cbi::compare<CAddrOrder>, cbi::constant_time_size<true>>;
 
-class CachetPolicy {
+// policy:cachet. The shell (shell/shell.h) holds the device, config, stats, cap, stream check,
+// event pool and trace; this class holds the cachet rules over them.
+class CachetPolicy : public Shell {
  public:
   CachetPolicy(std::unique_ptr<DeviceMemory> memory, const Config& config);
   ~CachetPolicy();
@@ -89,19 +91,9 @@ class CachetPolicy {
   void record_stream(DevicePtr ptr, StreamId stream);
   void empty_cache();
   void set_memory_fraction(double fraction);
-  double memory_fraction() const;
-  const DeviceStats& stats() const { return stats_; }
-  DeviceStats& mutable_stats() { return stats_; }
   Snapshot snapshot();
-  void set_trace(bool on) { trace_on_ = on; }
-  const std::vector<TraceEvent>& trace() const { return trace_; }
-  void clear_trace() { trace_.clear(); }
   void apply_config(const Config& c);
-  const Config& config() const { return config_; }
   std::vector<std::string> invariants() const;
-  DeviceMemory& memory() { return *mem_; }
-  DeviceIndex device() const { return device_; }
-  Bytes total_memory() const { return total_memory_; }
 
  private:
   struct Placement {
@@ -133,9 +125,8 @@ class CachetPolicy {
   void process_events();
   void synchronize_events();
   [[noreturn]] void throw_oom(Bytes size);
-  void check_stream(StreamId stream, const char* op) const;
   CBlock* find_active(DevicePtr ptr, const char* op) const;
-  void record(TraceAction a, std::uint64_t addr, Bytes size, StreamId stream);
+  std::optional<BlockAt> holder_of(DevicePtr ptr) const;  // for find_active's diagnostics
   void run_delta(bool left_mapped, bool right_mapped, bool mapping);
   Bytes touched_bytes() const;  // recount from the blocks, for invariants()
   // Adds (live) or removes b's pages from the live-page counts.
@@ -147,14 +138,6 @@ class CachetPolicy {
   // [at, end), free, with f's stream and mapping. Neither goes into a tree here.
   CBlock* split_at(CBlock* f, DevicePtr at);
   void release_block(CBlock* b);
-
-  std::unique_ptr<DeviceMemory> mem_;
-  BackendCaps caps_;
-  DeviceIndex device_;
-  Config config_;
-  Bytes total_memory_ = 0;
-  std::optional<Bytes> allowed_max_;
-  DeviceStats stats_;
 
   DevicePtr base_ = 0;
   Bytes va_size_ = 0;
@@ -169,7 +152,6 @@ class CachetPolicy {
   CUnmappedSet unmapped_;
   PtrMap<CBlock> active_;
   std::vector<std::pair<EventHandle, CBlock*>> events_;
-  std::vector<EventHandle> event_pool_;
   // Blocks live in chunks of kChunk (locality for the trees' walks); released ones in spare_.
   static constexpr std::size_t kChunk = 256;
   std::vector<std::unique_ptr<CBlock[]>> storage_;
@@ -180,9 +162,6 @@ class CachetPolicy {
     DevicePtr lo, hi;
   };
   std::vector<FreeRun> cands_;
-  mutable KnownStreams known_streams_;  // known_streams.h
-  bool trace_on_ = false;
-  std::vector<TraceEvent> trace_;
 };
 
 inline void CachetPolicy::touch(const CBlock* b, bool live) {

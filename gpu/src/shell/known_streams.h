@@ -1,4 +1,4 @@
-// gpu/src/known_streams.h: the "stream of another device" check both policies make on allocate
+// gpu/src/shell/known_streams.h: the "stream of another device" check both policies make on allocate
 // and record_stream. Asking the backend can be a driver call (cudaStreamGetDevice), so streams it
 // accepted are remembered (up to 64; more are simply asked again).
 #pragma once

@@ -226,28 +226,12 @@ std::string run_case(const Case& c) {
   return "";
 }
 
-std::string to_ops_file(const Case& c) {
-  std::string s = "# config: " + c.config + "\n# capacity: " + std::to_string(c.capacity) + "\n";
-  for (const Op& op : c.ops) s += lockstep::show(op) + "\n";
-  return s;
-}
+// The case-file form is the lockstep harness's (cachet/lockstep.h show_case / parse_case).
+std::string to_ops_file(const Case& c) { return lockstep::show_case({c.config, c.capacity, c.ops}); }
 
 Case parse_ops_file(const std::string& text) {
-  Case c;
-  c.capacity = 8 * GiB;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    constexpr std::string_view kConfig = "# config:", kCapacity = "# capacity:";
-    if (line.rfind(kConfig, 0) == 0) {
-      c.config = line.substr(kConfig.size());
-      if (!c.config.empty() && c.config.front() == ' ') c.config.erase(0, 1);
-    } else if (line.rfind(kCapacity, 0) == 0) {
-      c.capacity = std::stoull(line.substr(kCapacity.size()));
-    }
-  }
-  c.ops = lockstep::parse_ops(text);
-  return c;
+  lockstep::Case l = lockstep::parse_case(text);
+  return Case{std::move(l.config), l.capacity, std::move(l.ops)};
 }
 
 const Mix& mix() { return g_mix; }

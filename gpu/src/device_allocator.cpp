@@ -604,6 +604,21 @@ void PytorchPolicy::garbage_collect_cached_blocks() {
   while (reclaimed < target && freed && freeable > 0) {
     const double age_threshold = static_cast<double>(total_age) / freeable;
     freed = false;
+    if constexpr (mutant(kMutantGcLargestFirst)) {  // the same blocks, released largest first
+      std::vector<Block*> round;
+      for (Block& b : large_blocks_.blocks)
+        if (!b.is_split() && !b.expandable() &&
+            static_cast<double>(clock - b.gc_count_base) >= age_threshold)
+          round.push_back(&b);
+      for (auto r = round.rbegin(); r != round.rend(); ++r) {
+        freed = true;
+        reclaimed += (*r)->size;
+        total_age -= static_cast<Bytes>(clock - (*r)->gc_count_base);
+        --freeable;
+        release_block(*r);
+      }
+      continue;
+    }
     for (auto it = large_blocks_.blocks.begin(); it != large_blocks_.blocks.end();) {
       Block* b = &*it;
       ++it;

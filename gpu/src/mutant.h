@@ -3,7 +3,7 @@
 // A build selects one with the compile definition CACHET_MUTANT=N (0 = none, the real
 // allocator). The list, with what each breaks, is in gpu/README.md.
 //
-// Only src/device_allocator.cpp (mutants 1-16) and src/policy_cachet.cpp (17-22) include this
+// Only src/device_allocator.cpp (mutants 1-16, 24) and src/policy_cachet.cpp (17-22) include this
 // header, and only those translation units are compiled with CACHET_MUTANT (gpu/CMakeLists.txt:
 // the other sources are built once and shared by every mutant library). Never include it from a
 // header or from invariants.cpp: the checker must stay the real one (policy_cachet.cpp holds
@@ -45,5 +45,7 @@ inline constexpr int kMutantCachetUnmapKeepsReserved = 20;  // unmap_range does 
 inline constexpr int kMutantCachetIgnoreCap = 21;     // alloc_slow ignores the memory cap
 inline constexpr int kMutantCachetPendingIgnoresEvents = 22;  // process_events frees pending blocks at once
 inline constexpr int kMutantCachetRetrySkipsBestFit = 23;  // R7: the retry goes to the windows without R2
+// The pytorch policy again (src/device_allocator.cpp).
+inline constexpr int kMutantGcLargestFirst = 24;      // GC releases each round's blocks largest first
 
 }  // namespace cachet::gpu::detail

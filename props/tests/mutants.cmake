@@ -4,6 +4,11 @@
 # ("property failed: <check>" in the output): the table below is which check kills which mutant.
 # An entry "<n>:sut-invariants:INV-<k>" also requires that gpu's invariants() reported [INV-<k>]
 # in that failure: every numbered invariant of gpu/README.md kills at least one mutant.
+# An entry "<n>:lockstep:trace" requires that the lockstep failure was the trace-event order
+# ("trace events differ": cachet/lockstep.h compares each op's trace events in order).
+# props_mutant_<n>_regressions (CACHET_PROPS_MUTANT_REGRESSIONS "<n>:<file>") replays a case of
+# props/regressions with the mutant: it must fail the lockstep check (the case catches the bug),
+# with the given first line of the report.
 if(NOT CACHET_MUTANTS)
   return()
 endif()
@@ -24,7 +29,9 @@ set(CACHET_PROPS_MUTANT_KILLS
   "13:sut-invariants:INV-5" "13:lockstep"
   "14:sut-invariants:INV-7"
   "15:sut-invariants:INV-6" "15:lockstep"
-  "16:sut-invariants:INV-3")
+  "16:sut-invariants:INV-3"
+  "24:lockstep:trace")
+set(CACHET_PROPS_MUTANT_REGRESSIONS "24:gc_largest_first.ops:trace events differ")
 set(_built "")
 foreach(pair IN LISTS CACHET_PROPS_MUTANT_KILLS)
   string(REPLACE ":" ";" pl "${pair}")
@@ -37,8 +44,12 @@ foreach(pair IN LISTS CACHET_PROPS_MUTANT_KILLS)
   if(len GREATER 2)
     list(GET pl 2 inv)
     set(name ${check}_${inv})
-    # ... and [INV-k] among the violations listed right after it.
-    set(expect "property failed: ${check}\nsut invariants\\(\\) violated\n(  [^\n]*\n)*  \\[${inv}\\]")
+    if(inv STREQUAL "trace")
+      set(expect "property failed: lockstep\ntrace events differ")
+    else()
+      # ... and [INV-k] among the violations listed right after it.
+      set(expect "property failed: ${check}\nsut invariants\\(\\) violated\n(  [^\n]*\n)*  \\[${inv}\\]")
+    endif()
   endif()
   cachet_gpu_mutant(${n})
   if(NOT n IN_LIST _built)
@@ -50,4 +61,14 @@ foreach(pair IN LISTS CACHET_PROPS_MUTANT_KILLS)
   set_tests_properties(props_mutant_${n}_${name} PROPERTIES LABELS mutants TIMEOUT 600
     ENVIRONMENT "RC_PARAMS=seed=20250501 max_success=1000 max_size=300;CACHET_PROPS_CHECKS=${check};CACHET_PROPS_SKIP=coverage"
     PASS_REGULAR_EXPRESSION "${expect}")
+endforeach()
+foreach(pair IN LISTS CACHET_PROPS_MUTANT_REGRESSIONS)
+  string(REPLACE ":" ";" pl "${pair}")
+  list(GET pl 0 n)
+  list(GET pl 1 file)
+  list(GET pl 2 first_line)
+  add_test(NAME props_mutant_${n}_regressions
+    COMMAND props_mutant_${n} --replay ${PROJECT_SOURCE_DIR}/props/regressions/${file})
+  set_tests_properties(props_mutant_${n}_regressions PROPERTIES LABELS mutants TIMEOUT 600
+    ENVIRONMENT "CACHET_PROPS_CHECKS=lockstep" PASS_REGULAR_EXPRESSION "property failed: lockstep\n${first_line}")
 endforeach()

@@ -11,16 +11,27 @@
 //   CACHET_PROPS_CHECKS  comma-separated names of the checks to run (default: all); the mutant
 //                        tests run one check at a time to show which check kills which mutant
 //   CACHET_PROPS_SKIP    comma-separated properties to skip: machine, replay, coverage
+//   CACHET_PROPS_CASE_OUT  a path: the first failing property's shrunk case is written there as
+//                        a case file (cachet/lockstep.h show_case), ready for props/regressions
 // Exit status 0 when every property holds; 1 otherwise; 77 (GPU build) without a device.
 // A failure prints "property failed: <check>" and the shrunk command sequence, the config and
-// the lockstep replay (parse_ops text), then RapidCheck's reproduce line.
+// the lockstep replay (a case file: "# config:", "# capacity:", the ops), then RapidCheck's
+// reproduce line.
+//
+// props_test --replay PATH...  (host builds): replays case files (a directory: every *.ops in
+// it, by name) through the same steps and enabled checks, outside RapidCheck; prints
+// "ok <file>" or the failure for each; exit 0 when all pass (props/regressions, ctest
+// props_regressions).
 #include <rapidcheck.h>
 #include <rapidcheck/state.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -87,6 +98,15 @@ const std::set<std::string>& enabled_checks() {
 }
 bool on(const char* check) { return enabled_checks().count(check) != 0; }
 
+// --replay: a failed check throws this instead of RC_FAIL (no RapidCheck run is in progress).
+struct ReplayFailure {
+  std::string message;
+};
+bool g_replaying = false;
+// CACHET_PROPS_CASE_OUT: written at every failure (shrinking ends on the smallest failing
+// case, so the last write is the shrunk one); frozen once a property has failed.
+bool g_case_frozen = false;
+
 // ------------------------------------------------------------------------------- coverage
 
 struct Coverage {
@@ -136,12 +156,12 @@ struct PendingBlock {
 
 class PSut {
  public:
-  explicit PSut(const Config& c) : config_(c) { reset(); }
+  explicit PSut(const Config& c, Bytes capacity = 8 * GiB) : config_(c), capacity_(capacity) { reset(); }
 
   void reset() {
     lockstep::Options o;
     o.config = config_;
-    o.capacity = 8 * GiB;
+    o.capacity = capacity_;
 #ifdef CACHET_PROPS_CUDA
     o.events_complete_immediately = true;
     std::unique_ptr<gpu::DeviceMemory> mem =
@@ -191,11 +211,19 @@ class PSut {
     step(lockstep::EmptyCache{});
   }
 
+  // The ops applied so far as a case file (props/regressions/*.ops).
+  std::string case_file() const {
+    return lockstep::show_case({to_string(config_), capacity_, applied_});
+  }
+
   [[noreturn]] void fail(const std::string& check, const std::string& detail) const {
     std::ostringstream m;
     m << "property failed: " << check << "\n" << detail << "\nconfig: '" << to_string(config_)
-      << "'\nlockstep replay (" << applied_.size() << " ops; cachet/lockstep.h parse_ops):\n"
-      << lockstep::show(applied_);
+      << "'\nlockstep replay (" << applied_.size()
+      << " ops; a case file: save it as props/regressions/<name>.ops):\n" << case_file();
+    if (g_replaying) throw ReplayFailure{m.str()};
+    if (const char* out = std::getenv("CACHET_PROPS_CASE_OUT"); out && *out && !g_case_frozen)
+      std::ofstream(out) << "# props: property failed: " << check << "\n" << case_file();
     RC_FAIL(m.str());
   }
 
@@ -205,6 +233,7 @@ class PSut {
                     bool synced);
 
   Config config_;
+  Bytes capacity_;
   std::unique_ptr<Lockstep> ls_;
   std::vector<StreamId> streams_;
   std::vector<std::optional<std::uint32_t>> slot_handle_;
@@ -663,18 +692,80 @@ bool coverage_property() {
   return ok;
 }
 
+#ifndef CACHET_PROPS_CUDA
+// --replay: every case file named (a directory: its *.ops, by name). 0 when all pass.
+int replay_files(const std::vector<std::string>& args) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> files;
+  for (const auto& a : args) {
+    if (fs::is_directory(a)) {
+      std::vector<fs::path> in;
+      for (const auto& e : fs::directory_iterator(a))
+        if (e.path().extension() == ".ops") in.push_back(e.path());
+      std::sort(in.begin(), in.end());
+      files.insert(files.end(), in.begin(), in.end());
+    } else {
+      files.emplace_back(a);
+    }
+  }
+  if (files.empty()) {
+    std::printf("--replay: no case files\n");
+    return 1;
+  }
+  g_replaying = true;
+  int failed = 0;
+  for (const auto& f : files) {
+    std::ifstream in(f);
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    std::string error;
+    std::size_t n = 0;
+    try {
+      if (!in) throw std::runtime_error("cannot read the file");
+      const lockstep::Case c = lockstep::parse_case(text);
+      if (c.ops.empty()) throw std::runtime_error("no ops");
+      n = c.ops.size();
+      PSut sut(parse_config(c.config).config, c.capacity);
+      for (const Op& op : c.ops) sut.step(op);
+    } catch (const ReplayFailure& e) {
+      error = e.message;
+    } catch (const std::exception& e) {
+      error = std::string("error: ") + e.what();
+    }
+    if (error.empty()) {
+      std::printf("ok %s (%zu ops)\n", f.string().c_str(), n);
+    } else {
+      ++failed;
+      std::printf("FAILED %s\n%s\n", f.string().c_str(), error.c_str());
+    }
+  }
+  std::printf("%zu case files, %d failed\n", files.size(), failed);
+  return failed == 0 ? 0 : 1;
+}
+#endif
+
 }  // namespace
 }  // namespace cachet::props
 
-int main() {
+int main(int argc, char** argv) {
   using namespace cachet::props;
-  setenv("RC_PARAMS", "max_success=1000 max_size=300", 0);
 #ifdef CACHET_PROPS_CUDA
   if (cachet::gpu::cuda_device_count() <= 0) {
     std::printf("no CUDA device: skipped\n");
     return 77;
   }
+#else
+  if (argc >= 2 && std::string(argv[1]) == "--replay") {
+    std::printf("checks:");
+    for (const auto& c : enabled_checks()) std::printf(" %s", c.c_str());
+    std::printf("\n");
+    return replay_files(std::vector<std::string>(argv + 2, argv + argc));
+  }
 #endif
+  if (argc >= 2) {
+    std::printf("usage: %s [--replay CASE_FILE_OR_DIR...]\n", argv[0]);
+    return 2;
+  }
+  setenv("RC_PARAMS", "max_success=1000 max_size=300", 0);
   const auto skip = split_list(std::getenv("CACHET_PROPS_SKIP"));
   std::printf("RC_PARAMS=%s\nchecks:", std::getenv("RC_PARAMS"));
   for (const auto& c : enabled_checks()) std::printf(" %s", c.c_str());
@@ -682,8 +773,16 @@ int main() {
   bool ok = true;
   if (!skip.count("machine")) {
     ok = machine_property() && ok;
+    g_case_frozen = !ok;
     if (ok && !skip.count("coverage")) ok = coverage_property() && ok;
   }
   if (!skip.count("replay")) ok = replay_property() && ok;
+  if (!ok) {
+    const char* out = std::getenv("CACHET_PROPS_CASE_OUT");
+    std::printf("props: failed. Reproduce: RC_PARAMS=\"reproduce=...\" from RapidCheck's line above (the run "
+                "used RC_PARAMS=%s and the seed printed at the start). Keep the shrunk case as a regression: "
+                "save its case file (after 'lockstep replay') as props/regressions/<name>.ops%s%s\n",
+                std::getenv("RC_PARAMS"), out && *out ? "; it was written to " : "", out && *out ? out : "");
+  }
   return ok ? 0 : 1;
 }

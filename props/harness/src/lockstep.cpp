@@ -15,6 +15,7 @@
 #include "cachet/model/segment_source.h"
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
+#include "cachet/trace.h"
 
 namespace cachet::lockstep {
 
@@ -210,6 +211,16 @@ std::string show_block(const BlockSnapshot& b) {
          std::string(to_string(b.state));
 }
 
+// A trace event in the form both sides are compared in: action, address, size, stream (the
+// time stamp is each side's own: gpu/ stamps the wall clock, the model records 0).
+std::string show_event(const TraceEvent& e) {
+  return std::string(to_string(e.action)) + " addr " + hex(e.addr) + " size " + std::to_string(e.size) + " stream " +
+         std::to_string(e.stream);
+}
+bool same_event(const TraceEvent& a, const TraceEvent& b) {
+  return a.action == b.action && a.addr == b.addr && a.size == b.size && a.stream == b.stream;
+}
+
 std::string show_segment(const SegmentSnapshot& s) {
   std::string r = "segment " + hex(s.address) + " size " + std::to_string(s.total_size) + " stream " +
                   std::to_string(s.stream) + (s.is_large ? " large" : " small") +
@@ -289,6 +300,33 @@ std::vector<Op> parse_ops(std::string_view text) {
   return ops;
 }
 
+std::string show_case(const Case& c) {
+  return "# config: " + c.config + "\n# capacity: " + std::to_string(c.capacity) + "\n" + show(c.ops);
+}
+
+Case parse_case(std::string_view text) {
+  Case c;
+  constexpr std::string_view kConfig = "# config:", kCapacity = "# capacity:";
+  for (std::string_view rest = text; !rest.empty();) {
+    const std::size_t nl = rest.find('\n');
+    std::string_view line = rest.substr(0, nl);
+    rest = nl == std::string_view::npos ? std::string_view{} : rest.substr(nl + 1);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.starts_with(kConfig)) {
+      line.remove_prefix(kConfig.size());
+      if (!line.empty() && line.front() == ' ') line.remove_prefix(1);
+      c.config = std::string(line);
+    } else if (line.starts_with(kCapacity)) {
+      const auto w = words(line.substr(kCapacity.size()));
+      std::uint64_t v = 0;
+      if (w.size() != 1 || !parse_u64(w[0], v)) throw std::invalid_argument("bad capacity line: " + std::string(line));
+      c.capacity = v;
+    }
+  }
+  c.ops = parse_ops(text);
+  return c;
+}
+
 std::string show(const Outcome& o) {
   switch (o.kind) {
     case Outcome::Kind::Ok: return "ok";
@@ -322,6 +360,7 @@ struct Lockstep::Impl {
   std::vector<Handle> handles;
   std::map<std::uint64_t, std::uint32_t> live_by_addr;
   Bytes over_cap_ceiling = 0;  // reserved when the cap was last lowered below it (0: none)
+  std::size_t model_trace_mark = 0;  // the model's trace events before the current op
 
   void build(std::unique_ptr<gpu::DeviceMemory> memory, bool host) {
     auto logging = std::make_unique<LoggingMemory>(std::move(memory), log);
@@ -329,6 +368,7 @@ struct Lockstep::Impl {
     auto info = raw->mem_get_info();
     const Bytes total = info.is_ok() ? info.value.total : opts.capacity;
     sut = std::make_unique<CachingAllocator>(std::move(logging), opts.config);
+    if (opts.compare_trace) sut->set_trace(true);
     source = std::make_unique<MirrorSource>(log, host ? std::optional<Bytes>(opts.capacity) : std::nullopt, total,
                                             &sut->device_memory());
     model = std::make_unique<model::Allocator>(opts.config, *source);
@@ -345,6 +385,10 @@ struct Lockstep::Impl {
 
   std::optional<std::string> apply(const Op& op) {
     log.clear_pending();
+    // The trace events of this op only: the sut's recorder is emptied (it also holds the
+    // snapshot events of the previous op's checks), the model's trace is read from here on.
+    if (opts.compare_trace) sut->clear_trace();
+    model_trace_mark = model->trace().size();
     Outcome s, m;
     std::visit(
         [&](const auto& o) {
@@ -398,6 +442,26 @@ struct Lockstep::Impl {
     return compare();
   }
 
+  // The op's trace events, in order (trace.h: alloc, free_requested, free_completed,
+  // segment_alloc/free/map/unmap, oom): the first that differs, with both sides' lists.
+  std::optional<std::string> compare_trace() {
+    const auto& all = model->trace();
+    const std::vector<TraceEvent> mt(all.begin() + static_cast<std::ptrdiff_t>(model_trace_mark), all.end());
+    const std::vector<TraceEvent> st = sut->trace();
+    std::size_t i = 0;
+    while (i < mt.size() && i < st.size() && same_event(mt[i], st[i])) ++i;
+    if (i == mt.size() && i == st.size()) return std::nullopt;
+    std::ostringstream r;
+    r << "trace events differ at event #" << i << " of this op (model " << mt.size() << " events, sut " << st.size()
+      << ")\n  model: " << (i < mt.size() ? show_event(mt[i]) : "(no more events)")
+      << "\n  sut:   " << (i < st.size() ? show_event(st[i]) : "(no more events)") << "\n";
+    for (const auto* side : {&mt, &st}) {
+      r << (side == &mt ? "  the model's events:\n" : "  the sut's events:\n");
+      for (std::size_t k = 0; k < side->size(); ++k) r << "    #" << k << " " << show_event((*side)[k]) << "\n";
+    }
+    return r.str();
+  }
+
   std::optional<std::string> compare() {
     std::ostringstream r;
     // Usage and device errors: the same kind (the wording is each implementation's own);
@@ -419,6 +483,9 @@ struct Lockstep::Impl {
         r << "  the sut called " << (c.kind == DeviceCall::Kind::Malloc ? "cudaMalloc" : c.kind == DeviceCall::Kind::Reserve ? "reserve" : "map")
           << "(" << c.size << ") at " << hex(c.addr) << ", the model did not\n";
     if (!r.str().empty()) return "device calls differ\n" + r.str();
+    if (opts.compare_trace) {
+      if (auto d = compare_trace()) return d;
+    }
     if (opts.compare_stats) {
       const auto ms = flatten(model->stats());
       const auto ss = flatten(sut->stats());

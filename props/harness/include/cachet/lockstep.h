@@ -12,8 +12,11 @@
 //   Lockstep  holds cachet::model::Allocator ("model") and cachet::CachingAllocator ("sut"),
 //             applies one op to the sut, then to the model, and returns a divergence report
 //             (nullopt = both agree): the same pointer or the same error (OOM: the same
-//             message text; usage and device errors: the same kind, wording is free), the same 122 stats (flatten), the same snapshot, and both
-//             implementations' invariants clean.
+//             message text; usage and device errors: the same kind, wording is free), the
+//             same device calls (malloc / reserve / map: address, size, outcome), the same
+//             trace events in the same order (action, address, size, stream: so the order of
+//             cudaFree and unmap calls is compared too), the same 122 stats (flatten), the
+//             same snapshot, and both implementations' invariants clean.
 //
 // Addresses: the sut's backend is wrapped so that every malloc / reserve / map it makes is
 // logged; the model's SegmentSource hands the model exactly those addresses, in order (one
@@ -25,6 +28,11 @@
 //   alloc <bytes> s<stream> | free h<handle> | record h<handle> s<stream> | complete s<stream>
 //   | empty_cache | fraction <double>
 // Blank lines and lines starting with '#' are ignored by parse_ops.
+//
+// A case file (.ops: props/regressions, tests/fuzz_regressions; show_case / parse_case):
+//   # config: <CACHET_ALLOC_CONF string>     (absent: the defaults)
+//   # capacity: <bytes>                      (absent: 8 GiB)
+//   <one op per line>                        other '#' lines are comments
 #pragma once
 
 #include <cstdint>
@@ -81,6 +89,17 @@ std::string show(const std::vector<Op>& ops);
 // Lines of show() output; throws std::invalid_argument naming the first bad line (1-based).
 std::vector<Op> parse_ops(std::string_view text);
 
+// A replayable case: the configuration string, the device capacity and the ops.
+struct Case {
+  std::string config;          // CACHET_ALLOC_CONF form ("" = the defaults)
+  Bytes capacity = 8 * GiB;
+  std::vector<Op> ops;
+};
+// "# config: ...\n# capacity: ...\n" then show(ops).
+std::string show_case(const Case& c);
+// The inverse of show_case(); throws std::invalid_argument on a bad op line or capacity.
+Case parse_case(std::string_view text);
+
 // What one side did with one op.
 struct Outcome {
   enum class Kind : std::uint8_t {
@@ -105,6 +124,9 @@ struct Options {
   bool check_invariants = true;  // sut invariants() and model check_invariants() after each op
   bool compare_stats = true;     // all 122 memory_stats() keys
   bool compare_snapshots = true; // memory_snapshot(): segments and blocks
+  // The trace events each side recorded during the op (cachet/trace.h), in order: action,
+  // address, size and stream of each (not the time stamp). Turns the sut's trace on.
+  bool compare_trace = true;
   // Real devices run no kernels, so a recorded event completes at once: the model is told
   // complete_all_events() after every op. (Host backend: false; events wait for CompleteEvents.)
   bool events_complete_immediately = false;

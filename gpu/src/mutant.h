@@ -3,13 +3,14 @@
 // A build selects one with the compile definition CACHET_MUTANT=N (0 = none, the real
 // allocator). The list, with what each breaks, is in gpu/README.md.
 //
-// Only src/device_allocator.cpp (mutants 1-16, 24) and src/policy_cachet.cpp (17-22) include this
-// header, and only those translation units are compiled with CACHET_MUTANT (gpu/CMakeLists.txt:
-// the other sources are built once and shared by every mutant library). Never include it from a
-// header or from invariants.cpp: the checker must stay the real one (policy_cachet.cpp holds
-// CachetPolicy::invariants(): no mutant site may be in it or in what it calls: budget_pages,
-// whole_free_pages, touched_bytes), and an inline function that calls mutant() in two TUs
-// built with different CACHET_MUTANT values would break the one-definition rule.
+// Only the policies' mutated sources include this header: src/policy_pytorch/ (malloc.cpp,
+// free.cpp, release.cpp: mutants 1-16, 24) and src/policy_cachet/ (malloc.cpp, pages.cpp,
+// free.cpp: 17-23). Only those translation units are compiled with CACHET_MUTANT
+// (gpu/CMakeLists.txt: CACHET_GPU_MUTATED_SOURCES; the other sources are built once and shared by
+// every mutant library). Never include it from a header or from a checker
+// (src/policy_pytorch/invariants.cpp, src/policy_cachet/check.cpp: built once, so the checker stays
+// the real one), and an inline function that calls mutant() in two TUs built with different
+// CACHET_MUTANT values would break the one-definition rule.
 #pragma once
 
 #ifndef CACHET_MUTANT
@@ -37,7 +38,7 @@ inline constexpr int kMutantRequestedIsSegment = 13;  // requested_size records 
 inline constexpr int kMutantReleaseKeepsReserved = 14;  // release_block keeps the bytes in reserved
 inline constexpr int kMutantMergeKeepsTreePlace = 15;  // a block grown by a merge keeps its tree place
 inline constexpr int kMutantSegmentSizeShort = 16;   // a cudaMalloc segment records 512 B too few
-// The cachet policy (src/policy_cachet.cpp; never at invariants() or what it calls).
+// The cachet policy (src/policy_cachet/; never at invariants() or what it calls).
 inline constexpr int kMutantCachetLowEndSmall = 17;   // R2: the hot path takes the low end for small requests
 inline constexpr int kMutantCachetMergeAcrossStreams = 18;  // merge_free joins free blocks of different streams
 inline constexpr int kMutantCachetSlackEighth = 19;   // R4: alloc_slow's budget is T + T/8, not T + T/64
@@ -45,7 +46,7 @@ inline constexpr int kMutantCachetUnmapKeepsReserved = 20;  // unmap_range does 
 inline constexpr int kMutantCachetIgnoreCap = 21;     // alloc_slow ignores the memory cap
 inline constexpr int kMutantCachetPendingIgnoresEvents = 22;  // process_events frees pending blocks at once
 inline constexpr int kMutantCachetRetrySkipsBestFit = 23;  // R7: the retry goes to the windows without R2
-// The pytorch policy again (src/device_allocator.cpp).
+// The pytorch policy again (src/policy_pytorch/release.cpp).
 inline constexpr int kMutantGcLargestFirst = 24;      // GC releases each round's blocks largest first
 
 }  // namespace cachet::gpu::detail

@@ -1,5 +1,5 @@
 // gpu/src/shell/shell.h: Shell, what every policy has around its rules, written once. A policy
-// (policy.h) derives from it and uses these members instead of keeping its own: the device
+// (shell/policy.h) derives from it and uses these members instead of keeping its own: the device
 // (backend, capabilities, index, total memory), the configuration, the stats record, the memory
 // cap, the stream check, the event pool, the trace recorder, and the pointer diagnostics. No
 // locking: every member runs with the API layer's mutex held (style note 11).

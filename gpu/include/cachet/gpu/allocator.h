@@ -93,7 +93,7 @@ class CachingAllocator {
   void validate(const char* op) const;  // mutex held
 
   mutable gpu::SpinMutex mu_;  // spin_mutex.h: why not std::mutex
-  std::unique_ptr<gpu::detail::PolicyCore> core_;  // gpu/src/policy_core.h
+  std::unique_ptr<gpu::detail::PolicyCore> core_;  // gpu/src/api/policy_core.h
   bool validate_ = false;
 };
 

@@ -2,7 +2,7 @@
 //
 // The rules R1-R9 and promises P1-P4 are written in gpu/include/cachet/gpu/policy_cachet.h;
 // this is an independent implementation of the same text with plain structures, so that the
-// production policy (gpu/src/policy_cachet.cpp) can be checked against it in lockstep
+// production policy (gpu/src/policy_cachet/) can be checked against it in lockstep
 // (tests/policy_cachet_model). Nothing here is fast: every decision is a linear scan over all
 // blocks, and the mapped pages are a set of page indices that is recounted when asked.
 //

@@ -1,4 +1,4 @@
-// gpu/src/policy_core.h: PolicyCore, the one policy a CachingAllocator runs, chosen at
+// gpu/src/api/policy_core.h: PolicyCore, the one policy a CachingAllocator runs, chosen at
 // construction (Config::policy), and with_policy(), the one place that dispatches to it.
 //
 // A std::variant visited by hand rather than a virtual interface: the policies are few and known,
@@ -10,9 +10,9 @@
 #include <utility>
 #include <variant>
 
-#include "core.h"
-#include "policy.h"
-#include "policy_cachet.h"
+#include "policy_pytorch/policy.h"
+#include "shell/policy.h"
+#include "policy_cachet/policy.h"
 
 namespace cachet::gpu::detail {
 

@@ -205,15 +205,3 @@ std::unique_ptr<DeviceMemory> make_host_memory(HostOptions opts, std::shared_ptr
 }
 
 }  // namespace cachet::gpu
-
-#ifndef CACHET_HAVE_CUDA
-#include "cachet/errors.h"
-#include "cachet/gpu/cuda_backend.h"
-namespace cachet::gpu {
-int cuda_device_count() { return 0; }
-std::unique_ptr<DeviceMemory> make_cuda_memory(DeviceIndex device, bool) {
-  throw DeviceError("CUDA device " + std::to_string(device) +
-                    ": cachet was built without CUDA (CACHET_CUDA=OFF or no CUDA Toolkit); use the host backend");
-}
-}  // namespace cachet::gpu
-#endif

@@ -1,4 +1,4 @@
-// PytorchPolicy::invariants(): the numbered invariants of core.h, checked over the
+// PytorchPolicy::invariants(): the numbered invariants of policy_pytorch/policy.h, checked over the
 // allocator's own state. O(blocks + events); cheap enough to run after every operation
 // (cachet_validate:True). Returns one line per violation, each starting with its ID.
 // § numbers refer to docs/pytorch-allocator.md.
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "core.h"
+#include "policy_pytorch/policy.h"
 #include "messages.h"
 
 namespace cachet::gpu::detail {

@@ -1,7 +1,8 @@
-// gpu/src/policy.h: what a policy is. A policy (policy:pytorch = PytorchPolicy, core.h;
-// policy:cachet = CachetPolicy, policy_cachet.h) holds the rules that place blocks for one device
-// and answers every call of the API layer; the API layer (allocator.cpp) reaches it only through
-// PolicyCore::with_policy (policy_core.h), the one place that dispatches. No locking in a policy:
+// gpu/src/shell/policy.h: what a policy is. A policy (policy:pytorch = PytorchPolicy,
+// policy_pytorch/policy.h; policy:cachet = CachetPolicy, policy_cachet/policy.h) derives from Shell
+// (shell.h), holds the rules that place blocks for one device and answers every call of the API
+// layer; the API layer (api/allocator.cpp) reaches it only through PolicyCore::with_policy
+// (api/policy_core.h), the one place that dispatches. No locking in a policy:
 // every member runs with the API layer's mutex held (style note 11).
 #pragma once
 

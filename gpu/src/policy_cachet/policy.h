@@ -1,6 +1,7 @@
-// The cachet policy's core (design and promises: cachet/gpu/policy_cachet.h). Same member
-// functions as PytorchPolicy, so the API layer (allocator.cpp) forwards to either; no locking
-// here: every member runs with the API layer's mutex held.
+// policy:cachet (CachetPolicy; design and promises: cachet/gpu/policy_cachet.h). It satisfies the
+// Policy concept (shell/policy.h) as PytorchPolicy does; the API layer reaches it through
+// PolicyCore::with_policy (api/policy_core.h). No locking here: every member runs with the API
+// layer's mutex held.
 //
 // Structure: one VA reservation [base_, base_ + va_size_) tiled by CBlocks in address order
 // (prev/next). A free block is either mapped (every page it touches is mapped; it belongs to a
@@ -47,6 +48,7 @@
 namespace cachet::gpu::detail {
 
 namespace cbi = boost::intrusive;
+
 
 // Cache-line aligned: a tree walk reads the hook and the size-order key (stream, size, ptr),
 // which then share one line (the wide random bench window: 241 -> 233 ns per op).
@@ -184,5 +186,40 @@ inline void CachetPolicy::touch(const CBlock* b, bool live) {
       touched_pages_ -= interior;
   }
 }
+
+// Page arithmetic and stats helpers of the policy's source files (policy_cachet/*.cpp).
+namespace cachet_pages {
+inline constexpr Bytes kPage = kCachetPageSize;
+
+inline constexpr Bytes align_up(Bytes n, Bytes a) {
+  return (n + a - 1) / a * a;
+}
+inline constexpr DevicePtr page_floor(DevicePtr p) {
+  return p / kPage * kPage;
+}
+inline constexpr DevicePtr page_ceil(DevicePtr p) {
+  return align_up(p, kPage);
+}
+
+inline StatType pool_of(Bytes size) {
+  return size <= kSmallSize ? StatType::SmallPool : StatType::LargePool;
+}
+
+template <class F>
+void all_and(StatArray& a, StatType pool, F&& f) {
+  DeviceStats::for_all_and(a, pool, std::forward<F>(f));
+}
+
+inline bool mapped_block(const CBlock* b) {
+  return b != nullptr && b->mapped;
+}
+
+// [P1] The pages the policy may keep mapped, given the high-water mark of pages touched by live
+// blocks: that mark plus 1/kCachetSlackDivisor of it (rounded down), so that a training step
+// that moves a few pages finds them still mapped in the next step.
+inline Bytes budget_pages(Bytes peak_touched) {
+  return peak_touched + peak_touched / kCachetSlackDivisor;
+}
+}  // namespace cachet_pages
 
 }  // namespace cachet::gpu::detail

@@ -1,6 +1,6 @@
 // The API layer: the only place that locks (style note 11), runs validate mode, and turns
 // parsed configuration into the policy's Config. Every call reaches the policy through
-// PolicyCore::with_policy (policy_core.h), the one place that dispatches.
+// PolicyCore::with_policy (api/policy_core.h), the one place that dispatches.
 #include "cachet/gpu/allocator.h"
 
 #include <cstdint>
@@ -9,7 +9,7 @@
 #include "cachet/gpu/cuda_backend.h"
 #include "cachet/summary.h"
 #include "check.h"
-#include "policy_core.h"
+#include "api/policy_core.h"
 
 namespace cachet {
 

@@ -1,4 +1,4 @@
-// The allocator's core: blocks, segments, pools and the per-device state, with PyTorch 2.11's
+// policy:pytorch (PytorchPolicy): blocks, segments, pools and the per-device state, with PyTorch 2.11's
 // rules (docs/pytorch-allocator.md §1-3, §5-7, §13) on fast structures. No locking here: every member
 // function of PytorchPolicy runs with the API layer's mutex held (style note 11).
 //
@@ -8,7 +8,7 @@
 // unmapped Block of an expandable segment in its pool's address-ordered `unmapped` set; an
 // allocated Block, or one waiting for stream-use events, in `active_` (address -> Block).
 //
-// Invariants (checked by PytorchPolicy::invariants(), see invariants.cpp and gpu/README.md):
+// Invariants (checked by PytorchPolicy::invariants(), see policy_pytorch/invariants.cpp and gpu/README.md):
 //   [INV-1] the blocks of a segment tile it exactly, in address order, from its base.
 //   [INV-2] prev/next links are mutual; a segment's head has no prev, its tail no next.
 //   [INV-3] every block lies inside its segment; segments do not overlap.
@@ -34,6 +34,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cachet/config.h"
@@ -121,6 +122,12 @@ struct BlockPool {
 };
 
 // Block objects are pooled: a free list over chunks, so the hot path never calls new.
+// f(stat) on the aggregate stat and on `pool`'s (PyTorch's for_each_selected_stat_type).
+template <class F>
+void for_all_and(StatArray& a, StatType pool, F&& f) {
+  DeviceStats::for_all_and(a, pool, std::forward<F>(f));
+}
+
 class BlockArena {
  public:
   BlockArena() = default;

@@ -1,0 +1,190 @@
+// policy:cachet (CachetPolicy, policy_cachet/policy.h; design and promises: cachet/gpu/policy_cachet.h):
+// allocation: the hot path (R2) and the slow path (R3-R7).
+#include <algorithm>
+#include <iterator>
+#include <stdexcept>
+#include <string>
+
+#include "cachet/errors.h"
+#include "cachet/summary.h"
+#include "messages.h"
+#include "mutant.h"
+#include "policy_cachet/policy.h"
+
+namespace cachet::gpu::detail {
+
+using namespace cachet_pages;  // policy_cachet/policy.h
+
+// ===================================================================== allocate
+
+DevicePtr CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
+  if (orig_size >= kMaxRequest) throw_request_too_large(orig_size);
+  if (orig_size == 0) return 0;
+  check_stream(stream, "allocate");
+  if (!events_.empty()) process_events();
+  const Bytes size = align_up(orig_size, kCachetAlign);
+
+  CBlock* b = take_best_fit(stream, size);  // hot path (R2)
+  if (b == nullptr) b = alloc_slow(stream, size);
+  b->state = CBlock::State::Allocated;
+  b->requested = orig_size;
+  b->stream = stream;
+  active_.insert(b->ptr, b);
+  touch(b, true);
+  peak_touched_pages_ = std::max(peak_touched_pages_, touched_pages_);
+  const StatType pool = pool_of(size);
+  const auto n = static_cast<std::int64_t>(size);
+  const auto req = static_cast<std::int64_t>(orig_size);
+  all_and(stats_.allocation, pool, [](Stat& s) { s.increase(1); });
+  all_and(stats_.active, pool, [](Stat& s) { s.increase(1); });
+  all_and(stats_.allocated_bytes, pool, [n](Stat& s) { s.increase(n); });
+  all_and(stats_.active_bytes, pool, [n](Stat& s) { s.increase(n); });
+  all_and(stats_.requested_bytes, pool, [req](Stat& s) { s.increase(req); });
+  record(TraceAction::Alloc, b->ptr, orig_size, stream);
+  return b->ptr;
+}
+
+CBlock* CachetPolicy::take_best_fit(StreamId stream, Bytes size) {
+  auto it = free_.lower_bound(SizeKey{stream, size, 0}, SizeOrder{});
+  if (it == free_.end() || it->stream != stream) return nullptr;
+  CBlock* f = &*it;
+  // Size-class-aware split: small requests take the high end of the block, large ones the low
+  // end, so that small and large blocks collect at opposite ends of free stretches.
+  const bool high = size <= kSmallSize && !mutant(kMutantCachetLowEndSmall);
+  if (f->size > size) {
+    // The new block m is carved at its end of f; f keeps the rest and, when its predecessor in
+    // the size order is still smaller, its place in free_ (a shrunk key that keeps the order
+    // needs no re-insertion).
+    CBlock* m = nullptr;
+    if (high) {
+      m = split_at(f, f->end() - size);
+    } else {
+      m = make_block();
+      m->size = size;
+      m->stream = f->stream;
+      m->ptr = f->ptr;
+      m->prev = f->prev;
+      m->next = f;
+      if (f->prev)
+        f->prev->next = m;
+      else
+        head_ = m;
+      f->prev = m;
+      f->ptr += size;
+      f->size -= size;
+    }
+    if (it != free_.begin() && !SizeOrder{}(*std::prev(it), *f)) {
+      free_.erase(it);
+      free_.insert(*f);
+    }
+    return m;
+  }
+  free_.erase(it);
+  return carve(f, high ? f->end() - size : f->ptr, size);
+}
+
+CBlock* CachetPolicy::split_at(CBlock* f, DevicePtr at) {
+  CBlock* m = make_block();
+  m->ptr = at;
+  m->size = f->end() - at;
+  m->stream = f->stream;
+  m->mapped = f->mapped;
+  m->prev = f;
+  m->next = f->next;
+  if (f->next) f->next->prev = m;
+  f->next = m;
+  f->size = at - f->ptr;
+  return m;
+}
+
+CBlock* CachetPolicy::carve(CBlock* f, DevicePtr at, Bytes size) {
+  if (at > f->ptr) {  // f keeps the low part
+    CBlock* m = split_at(f, at);
+    free_.insert(*f);
+    f = m;
+  }
+  if (f->size > size) free_.insert(*split_at(f, f->ptr + size));  // the high remainder stays free
+  return f;
+}
+
+
+CBlock* CachetPolicy::alloc_slow(StreamId stream, Bytes size) {
+  ensure_reserved();
+  bool retried = false;
+  for (;;) {
+    Placement p = find_placement(stream, size);
+    bool fits = p.found;
+    Bytes give_back = 0;
+    const DevicePtr ex_lo = page_floor(p.at);
+    const DevicePtr ex_hi = page_ceil(p.at + size);
+    if (fits) {
+      // [P1]: keep mapped pages within the budget of the touched high-water mark (counting this
+      // block's pages): beyond it, move whole free pages here instead of growing.
+      const Bytes after = mapped_ / kPage + p.new_pages;
+      const Bytes touched_after = touched_pages_ + untouched_pages(p.at, p.at + size);
+      const Bytes t = std::max(peak_touched_pages_, touched_after);
+      const Bytes budget = mutant(kMutantCachetSlackEighth) ? t + t / 8 : budget_pages(t);
+      Bytes need = after > budget ? after - budget : 0;
+      const bool capped = cap_.allowed() && !mutant(kMutantCachetIgnoreCap);
+      const Bytes cap_pages = capped ? *cap_.allowed() / kPage : 0;
+      if (capped && after > cap_pages) need = std::max(need, after - cap_pages);
+      const Bytes avail = need > 0 ? collect_free_pages(ex_lo, ex_hi) : 0;
+      if (capped && after > cap_pages && after - cap_pages > avail) fits = false;
+      give_back = std::min(need, avail);
+    }
+    if (fits) {
+      if (give_back > 0) unmap_collected(give_back);
+      // The new block's range now lies in one unmapped block plus, at its ends, mapped free
+      // blocks of `stream`: map the unmapped part.
+      auto it = unmapped_.upper_bound(p.at, CAddrOrder{});
+      CBlock* u = nullptr;
+      if (it != unmapped_.begin()) {
+        auto prev = std::prev(it);
+        if (prev->end() > p.at) u = &*prev;
+      }
+      if (u == nullptr) u = &*it;
+      const DevicePtr lo = std::max<DevicePtr>(u->ptr, page_floor(p.at));
+      const DevicePtr hi = std::min<DevicePtr>(u->end(), page_ceil(p.at + size));
+      CBlock* f = nullptr;
+      Status st = map_range(u, lo, hi, stream, &f);
+      if (st.is_ok()) {
+        // The new mapping was merged with the mapped free blocks of `stream` beside it: f holds
+        // the whole placement.
+        if (f->ptr > p.at || f->end() < p.at + size || !f->is_mapped_free())
+          throw std::logic_error("cachet policy: placement not covered after mapping");
+        free_.erase(free_.iterator_to(*f));
+        CBlock* b = carve(f, p.at, size);
+        return b;
+      }
+      if (!st.is_oom()) throw DeviceError(device_error("cuMemMap", hi - lo, device_, st));
+    }
+    if (retried) throw_oom(size);
+    // R7: once: wait for pending events; a block that freed may hold the request (R2); else
+    // give every whole free page back and try the windows once more.
+    retried = true;
+    ++stats_.num_alloc_retries;
+    if (!events_.empty()) synchronize_events();
+    if (!mutant(kMutantCachetRetrySkipsBestFit))
+      if (CBlock* b = take_best_fit(stream, size)) return b;
+    unmap_free_pages(static_cast<Bytes>(-1) / kPage, 0, 0);
+  }
+}
+
+void CachetPolicy::throw_oom(Bytes size) {
+  ++stats_.num_ooms;
+  OomFacts f;
+  f.alloc_size = size;
+  f.device = device_;
+  if (auto info = mem_->mem_get_info(); info.is_ok()) {
+    f.device_free = info.value.free;
+    f.device_total = info.value.total;
+    f.process_in_use = info.value.process_used;
+  }
+  f.allowed = cap_.allowed();
+  f.allocated = static_cast<Bytes>(stats_.allocated_bytes[0].current);
+  f.reserved = static_cast<Bytes>(stats_.reserved_bytes[0].current);
+  record(TraceAction::Oom, f.device_free, size, 0);
+  throw OutOfMemory(oom_message(f));
+}
+
+}  // namespace cachet::gpu::detail

@@ -1,0 +1,201 @@
+// policy:cachet (CachetPolicy, policy_cachet/policy.h; design and promises: cachet/gpu/policy_cachet.h):
+// placement of new pages, mapping, unmapping (R6) and merging.
+#include <algorithm>
+#include <iterator>
+#include <stdexcept>
+#include <string>
+
+#include "cachet/errors.h"
+#include "cachet/summary.h"
+#include "messages.h"
+#include "mutant.h"
+#include "policy_cachet/policy.h"
+
+namespace cachet::gpu::detail {
+
+using namespace cachet_pages;  // policy_cachet/policy.h
+
+CachetPolicy::Placement CachetPolicy::find_placement(StreamId stream, Bytes size) const {
+  Placement best;
+  for (const CBlock& u : unmapped_) {
+    const CBlock* l = u.prev != nullptr && u.prev->is_mapped_free() && u.prev->stream == stream
+                          ? u.prev
+                          : nullptr;
+    const CBlock* r = u.next != nullptr && u.next->is_mapped_free() && u.next->stream == stream
+                          ? u.next
+                          : nullptr;
+    const DevicePtr ws = l ? l->ptr : u.ptr;
+    const DevicePtr we = r ? r->end() : u.end();
+    if (we - ws < size) continue;
+    // Left aligned at the window's start.
+    {
+      const DevicePtr hi = std::min<DevicePtr>(u.end(), page_ceil(ws + size));
+      const DevicePtr lo = u.ptr;
+      const Bytes k = hi > lo ? (hi - lo) / kPage : 0;
+      if (k > 0 && (!best.found || k < best.new_pages)) best = Placement{ws, k, true};
+    }
+    if (r != nullptr) {  // right aligned at the window's end
+      const DevicePtr at = we - size;
+      const DevicePtr lo = std::max<DevicePtr>(u.ptr, page_floor(at));
+      const DevicePtr hi = u.end();
+      const Bytes k = hi > lo ? (hi - lo) / kPage : 0;
+      if (k > 0 && (!best.found || k < best.new_pages)) best = Placement{at, k, true};
+    }
+    if (best.found && best.new_pages == 1) break;
+  }
+  return best;
+}
+
+
+Bytes CachetPolicy::collect_free_pages(DevicePtr ex_lo, DevicePtr ex_hi) {
+  cands_.clear();
+  Bytes pages = 0;
+  // Only blocks of at least a page can hold a whole page: per stream, from its first such block.
+  for (auto it = free_.lower_bound(SizeKey{0, kPage, 0}, SizeOrder{}); it != free_.end();) {
+    CBlock& b = *it;
+    if (b.size < kPage) {  // a smaller block of the next stream: skip to its first page-sized one
+      it = free_.lower_bound(SizeKey{b.stream, kPage, 0}, SizeOrder{});
+      continue;
+    }
+    ++it;
+    DevicePtr lo = page_ceil(b.ptr);
+    DevicePtr hi = page_floor(b.end());
+    if (hi <= lo) continue;
+    // A free block never straddles the excluded range (that range is one placement's window).
+    if (lo < ex_hi && hi > ex_lo) {
+      if (hi > ex_hi)
+        lo = ex_hi;
+      else
+        hi = std::min(hi, ex_lo);
+      if (hi <= lo) continue;
+    }
+    cands_.push_back({&b, lo, hi});
+    pages += (hi - lo) / kPage;
+  }
+  return pages;
+}
+
+Bytes CachetPolicy::unmap_collected(Bytes pages) {
+  // R6 order: most whole free pages first (fewest unmap calls), ties by the lowest address; a
+  // heap, since usually one or two blocks are taken.
+  auto lower = [](const FreeRun& a, const FreeRun& b) {
+    return a.hi - a.lo != b.hi - b.lo ? a.hi - a.lo < b.hi - b.lo : a.lo > b.lo;
+  };
+  std::make_heap(cands_.begin(), cands_.end(), lower);
+  Bytes done = 0;
+  while (done < pages && !cands_.empty()) {
+    std::pop_heap(cands_.begin(), cands_.end(), lower);
+    const FreeRun c = cands_.back();
+    cands_.pop_back();
+    const Bytes take = std::min((c.hi - c.lo) / kPage, pages - done);
+    free_.erase(free_.iterator_to(*c.b));
+    unmap_range(c.b, c.hi - take * kPage, c.hi);
+    done += take;
+  }
+  cands_.clear();
+  return done;
+}
+
+Bytes CachetPolicy::unmap_free_pages(Bytes pages, DevicePtr ex_lo, DevicePtr ex_hi) {
+  if (pages == 0) return 0;
+  collect_free_pages(ex_lo, ex_hi);
+  return unmap_collected(pages);
+}
+
+void CachetPolicy::run_delta(bool left_mapped, bool right_mapped, bool mapping) {
+  int d = 0;
+  if (left_mapped && right_mapped)
+    d = mapping ? -1 : 1;
+  else if (!left_mapped && !right_mapped)
+    d = mapping ? 1 : -1;
+  if (d > 0) all_and(stats_.segment, StatType::LargePool, [](Stat& s) { s.increase(1); });
+  if (d < 0) all_and(stats_.segment, StatType::LargePool, [](Stat& s) { s.decrease(1); });
+}
+
+void CachetPolicy::unmap_range(CBlock* b, DevicePtr lo, DevicePtr hi) {
+  Status st = mem_->unmap(lo, hi - lo);
+  if (!st.is_ok()) {
+    free_.insert(*b);
+    throw DeviceError(device_error("cuMemUnmap", hi - lo, device_, st));
+  }
+  ++stats_.num_device_free;
+  const auto n = static_cast<std::int64_t>(hi - lo);
+  if constexpr (!mutant(kMutantCachetUnmapKeepsReserved))
+    all_and(stats_.reserved_bytes, StatType::LargePool, [n](Stat& s) { s.decrease(n); });
+  mapped_ -= hi - lo;
+  run_delta(lo > b->ptr || mapped_block(b->prev), hi < b->end() || mapped_block(b->next), false);
+  record(TraceAction::SegmentUnmap, lo, hi - lo, b->stream);
+  // Split b into [b->ptr, lo) mapped, [lo, hi) unmapped, [hi, end) mapped.
+  CBlock* mid = carve(b, lo, hi - lo);  // reinserts the mapped pieces into free_
+  mid->mapped = false;
+  mid->stream = 0;
+  merge_free(mid);
+}
+
+Status CachetPolicy::map_range(CBlock* u, DevicePtr lo, DevicePtr hi, StreamId stream,
+                               CBlock** merged) {
+  Status st = mem_->map(lo, hi - lo);
+  if (!st.is_ok()) return st;
+  ++stats_.num_device_alloc;
+  const auto n = static_cast<std::int64_t>(hi - lo);
+  all_and(stats_.reserved_bytes, StatType::LargePool, [n](Stat& s) { s.increase(n); });
+  mapped_ += hi - lo;
+  run_delta(lo == u->ptr && mapped_block(u->prev), hi == u->end() && mapped_block(u->next), true);
+  record(TraceAction::SegmentMap, lo, hi - lo, stream);
+  unmapped_.erase(unmapped_.iterator_to(*u));
+  // Split u into [u->ptr, lo) unmapped, [lo, hi) mapped, [hi, end) unmapped.
+  CBlock* mid = u;
+  if (lo > u->ptr) {
+    mid = split_at(u, lo);
+    unmapped_.insert(*u);
+  }
+  if (mid->end() > hi) unmapped_.insert(*split_at(mid, hi));
+  mid->mapped = true;
+  mid->stream = stream;
+  mid->state = CBlock::State::Free;
+  *merged = merge_free(mid);
+  return Status::ok();
+}
+
+CBlock* CachetPolicy::merge_free(CBlock* b) {
+  auto joinable = [b](const CBlock* o) {
+    return o != nullptr && o->is_free() && o->mapped == b->mapped &&
+           (!b->mapped || mutant(kMutantCachetMergeAcrossStreams) || o->stream == b->stream);
+  };
+  auto erase = [this](CBlock* o) {
+    if (o->mapped)
+      free_.erase(free_.iterator_to(*o));
+    else
+      unmapped_.erase(unmapped_.iterator_to(*o));
+  };
+  if (CBlock* n = b->next; joinable(n)) {
+    erase(n);
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next) n->next->prev = b;
+    release_block(n);
+  }
+  if (CBlock* p = b->prev; joinable(p)) {
+    // p grows in place: its place in unmapped_ (address order) holds; in free_ (size order) it
+    // holds while its successor is still larger, else p is re-inserted.
+    p->size += b->size;
+    p->next = b->next;
+    if (b->next) b->next->prev = p;
+    release_block(b);
+    if (p->mapped) {
+      auto it = free_.iterator_to(*p);
+      if (auto nx = std::next(it); nx != free_.end() && !SizeOrder{}(*p, *nx)) {
+        free_.erase(it);
+        free_.insert(*p);
+      }
+    }
+    return p;
+  }
+  if (b->mapped)
+    free_.insert(*b);
+  else
+    unmapped_.insert(*b);
+  return b;
+}
+
+}  // namespace cachet::gpu::detail

@@ -1,0 +1,64 @@
+// policy:pytorch (PytorchPolicy, policy_pytorch/policy.h): stream uses and their events (§6). Section numbers (§) refer to
+// docs/pytorch-allocator.md.
+#include <algorithm>
+#include <string>
+
+#include "cachet/errors.h"
+#include "cachet/summary.h"
+#include "check.h"
+#include "messages.h"
+#include "policy_pytorch/policy.h"
+
+namespace cachet::gpu::detail {
+
+// ===================================================================== Events (§6)
+
+void PytorchPolicy::record_stream(DevicePtr ptr, StreamId stream) {
+  check_stream(stream, "record_stream");
+  if (config_.no_caching) return;
+  Block* b = find_active(ptr, "record_stream");
+  if (!b->allocated)
+    throw UsageError("record_stream(" + hex(ptr) + ", stream " + std::to_string(stream) +
+                     "): the block was already freed; record stream uses before freeing");
+  if (stream == b->stream) return;  // uses on the allocation stream need no event
+  if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end())
+    b->stream_uses.push_back(stream);
+}
+
+void PytorchPolicy::process_events() {
+  // Per stream FIFO; stop at the first event not yet complete on that stream (§6).
+  for (auto it = cuda_events_.begin(); it != cuda_events_.end();) {
+    auto& q = it->second;
+    while (!q.empty()) {
+      auto [e, b] = q.front();
+      auto r = mem_->event_query(e);
+      if (!r.is_ok()) throw DeviceError(device_error("cudaEventQuery", 0, device_, r.status));
+      if (!r.value) break;
+      q.pop_front();
+      --pending_events_;
+      event_pool_.release(e);
+      if (--b->event_count == 0) free_block(b);
+    }
+    if (q.empty()) it = cuda_events_.erase(it);
+    else ++it;
+  }
+}
+
+void PytorchPolicy::synchronize_and_free_events() {
+  ++stats_.num_sync_all_streams;
+  for (auto it = cuda_events_.begin(); it != cuda_events_.end();) {
+    auto& q = it->second;
+    while (!q.empty()) {
+      auto [e, b] = q.front();
+      auto st = mem_->event_synchronize(e);
+      if (!st.is_ok()) throw DeviceError(device_error("cudaEventSynchronize", 0, device_, st));
+      q.pop_front();
+      --pending_events_;
+      event_pool_.release(e);
+      if (--b->event_count == 0) free_block(b);
+    }
+    it = cuda_events_.erase(it);
+  }
+}
+
+}  // namespace cachet::gpu::detail

@@ -1,0 +1,161 @@
+// policy:pytorch (PytorchPolicy, policy_pytorch/policy.h): free and merge (§2.5). Section numbers (§) refer to
+// docs/pytorch-allocator.md.
+#include <algorithm>
+#include <string>
+
+#include "cachet/errors.h"
+#include "cachet/summary.h"
+#include "check.h"
+#include "messages.h"
+#include "mutant.h"
+#include "policy_pytorch/policy.h"
+
+namespace cachet::gpu::detail {
+
+// ===================================================================== Free and merge (§2.5)
+
+void PytorchPolicy::free(DevicePtr ptr) {
+  if (ptr == 0) return;
+  if (config_.no_caching) {
+    auto it = uncached_.find(ptr);
+    if (it == uncached_.end())
+      throw UsageError("free(" + hex(ptr) + "): not an allocation of this allocator (device " +
+                       std::to_string(device_) + ", caching disabled); pass a pointer allocate() returned");
+    auto st = mem_->free(ptr);
+    if (!st.is_ok()) throw DeviceError(device_error("cudaFree", it->second, device_, st));
+    uncached_.erase(it);
+    return;
+  }
+  Block* b = find_active(ptr, "free");
+  if (!b->allocated)
+    throw UsageError("free(" + hex(ptr) + "): double free: the block was already freed and is waiting for " +
+                     std::to_string(b->event_count) + " stream-use event(s); free each pointer once");
+
+  // Stream uses: record one event per using stream before changing anything, so a failing
+  // event call leaves the block allocated and the stats untouched (§6).
+  std::vector<std::pair<EventHandle, StreamId>> events;
+  const bool wait_for_uses = !b->stream_uses.empty() && !mutant(kMutantIgnorePendingEvent);
+  if (wait_for_uses) {
+    events.reserve(b->stream_uses.size());
+    event_pool_.record_on(*mem_, device_, b->stream_uses, events,
+                          [](EventHandle e, StreamId s) { return std::pair{e, s}; });
+  }
+
+  b->allocated = false;
+  const StatType st = stat_type(pool_for(b));
+  const auto bsize = static_cast<std::int64_t>(b->size);
+  for_all_and(stats_.allocation, st, [](Stat& s) { s.decrease(1); });
+  for_all_and(stats_.allocated_bytes, st, [&](Stat& s) { s.decrease(bsize); });
+  record(TraceAction::FreeRequested, b->ptr, b->requested_size, b->stream);
+  if (b->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
+
+  if (wait_for_uses) {
+    b->stream_uses.clear();
+    for (auto& [e, s] : events) {
+      b->event_count += mutant(kMutantDoubleCountEvent) ? 2 : 1;
+      cuda_events_[s].emplace_back(e, b);
+      ++pending_events_;
+    }
+  } else {
+    b->stream_uses.clear();
+    free_block(b);
+  }
+}
+
+void PytorchPolicy::free_block(Block* b) {
+  CACHET_ASSERT(!b->allocated && b->event_count == 0 && b->stream_uses.empty());
+  record(TraceAction::FreeCompleted, b->ptr, b->requested_size, b->stream);
+  const Bytes original_size = b->size;
+  const Bytes requested = b->requested_size;
+  BlockPool& pool = pool_for(b);
+  active_.erase(b->ptr);  // keyed by address, which a merge with prev changes
+
+  std::int64_t net_blocks = 0;
+  std::int64_t net_bytes = 0;
+  // Merge with the free neighbours (try_merge_blocks' rule). PyTorch keeps the freed block
+  // object and deletes the neighbours; here a neighbour already in the tree keeps its node and
+  // takes on the freed block's requested_size, which is observably the same and saves a tree
+  // erase and insert on the hot path.
+  bool in_tree = false;
+  if (Block* prev = b->prev; mergeable(b, prev)) {
+    net_blocks -= 1;
+    net_bytes -= static_cast<std::int64_t>(prev->size);
+    prev->size += b->size;
+    prev->requested_size = b->requested_size;
+    prev->next = b->next;
+    if (prev->next) prev->next->prev = prev;
+    arena_.release(b);
+    b = prev;
+    in_tree = true;
+  }
+  if (Block* next = mutant(kMutantSkipMergeNext) ? nullptr : b->next; mergeable(b, next)) {
+    net_blocks -= 1;
+    net_bytes -= static_cast<std::int64_t>(next->size);
+    if (in_tree) {
+      pool.blocks.erase(pool.blocks.iterator_to(*next));
+      b->size += next->size;
+      b->next = next->next;
+      if (b->next) b->next->prev = b;
+      arena_.release(next);
+    } else {
+      next->ptr = b->ptr;
+      next->size += b->size;
+      next->requested_size = b->requested_size;
+      next->prev = b->prev;
+      if (next->prev) next->prev->next = next;
+      else next->segment->head = next;
+      arena_.release(b);
+      b = next;
+      in_tree = true;
+    }
+  }
+  if (in_tree) {
+    // The key grew (size up): the order holds unless the successor now sorts before it.
+    b->gc_count_base = pool.get_free_blocks_call_count;
+    auto it = pool.blocks.iterator_to(*b);
+    if (auto nx = std::next(it); !mutant(kMutantMergeKeepsTreePlace) && nx != pool.blocks.end() && !SizeOrder{}(*b, *nx)) {
+      pool.blocks.erase(it);
+      pool.blocks.insert(*b);
+    }
+  } else {
+    pool.insert_into_blocks(b);
+  }
+  if (b->is_split()) {
+    net_blocks += 1;
+    net_bytes += static_cast<std::int64_t>(b->size);
+  }
+
+  const StatType st = stat_type(pool);
+  if (!b->expandable()) {  // inactive_split excludes expandable segments; moves once, by the net (§13.2)
+    if (net_blocks > 0) for_all_and(stats_.inactive_split, st, [&](Stat& s) { s.increase(net_blocks); });
+    else if (net_blocks < 0) for_all_and(stats_.inactive_split, st, [&](Stat& s) { s.decrease(-net_blocks); });
+    if (net_bytes > 0) for_all_and(stats_.inactive_split_bytes, st, [&](Stat& s) { s.increase(net_bytes); });
+    else if (net_bytes < 0) for_all_and(stats_.inactive_split_bytes, st, [&](Stat& s) { s.decrease(-net_bytes); });
+  }
+  for_all_and(stats_.active, st, [](Stat& s) { s.decrease(1); });
+  for_all_and(stats_.active_bytes, st, [&](Stat& s) { s.decrease(static_cast<std::int64_t>(original_size)); });
+  if constexpr (!mutant(kMutantForgetRequested))
+    for_all_and(stats_.requested_bytes, st, [&](Stat& s) { s.decrease(static_cast<std::int64_t>(requested)); });
+}
+
+Bytes PytorchPolicy::try_merge_blocks(Block* dst, Block* src, BlockPool& pool) {
+  if (!src || src->allocated || src->event_count > 0 || !src->stream_uses.empty() || dst->mapped != src->mapped)
+    return 0;
+  if (dst->prev == src) {  // [src dst]: dst takes src's address and place
+    dst->ptr = src->ptr;
+    dst->prev = src->prev;
+    if (dst->prev) dst->prev->next = dst;
+    else dst->segment->head = dst;
+  } else {  // [dst src]
+    dst->next = src->next;
+    if (dst->next) dst->next->prev = dst;
+  }
+  const Bytes subsumed = src->size;
+  dst->size += subsumed;
+  if (src->mapped) pool.blocks.erase(pool.blocks.iterator_to(*src));
+  else pool.unmapped.erase(pool.unmapped.iterator_to(*src));
+  arena_.release(src);
+  return subsumed;
+}
+
+}  // namespace cachet::gpu::detail

@@ -1,0 +1,302 @@
+// policy:pytorch (PytorchPolicy, policy_pytorch/policy.h): construction, rounding (§1.2, §1.3) and
+// allocation (§2.2-2.4, §3.1, §3.2). Section numbers (§) refer to
+// docs/pytorch-allocator.md.
+#include <algorithm>
+#include <bit>
+#include <string>
+
+#include "cachet/errors.h"
+#include "cachet/summary.h"
+#include "check.h"
+#include "messages.h"
+#include "mutant.h"
+#include "policy_pytorch/policy.h"
+
+namespace cachet::gpu::detail {
+
+PytorchPolicy::PytorchPolicy(std::unique_ptr<DeviceMemory> memory, const Config& config)
+    : Shell(std::move(memory), config) {
+  read_total_memory();
+  if (config_.expandable_segments && !caps_.reserve_va)
+    throw UsageError(
+        "expandable_segments:True needs a backend that can reserve and map address space (CUDA VMM or "
+        "the host simulation); this backend cannot. Use expandable_segments:False or another backend.");
+  stats_.max_split_size = config_.max_split_size_stat();  // set once, at construction (§4.1)
+  if (config_.per_process_memory_fraction) set_memory_fraction(*config_.per_process_memory_fraction);
+}
+
+PytorchPolicy::~PytorchPolicy() {
+  // Give everything back to the device; errors cannot be reported from a destructor.
+  for (auto& [s, q] : cuda_events_)
+    for (auto& [e, b] : q) mem_->event_destroy(e);
+  event_pool_.destroy_all(*mem_);
+  for (auto& [base, seg] : segments_) {
+    if (!seg->expandable) {
+      (void)mem_->free(base);
+      continue;
+    }
+    for (Bytes i = 0; i < seg->page_mapped.size(); ++i)
+      if (seg->page_mapped[i]) (void)mem_->unmap(base + i * seg->page_size, seg->page_size);
+    (void)mem_->unreserve(base, seg->size);
+  }
+  for (auto& [p, n] : uncached_) (void)mem_->free(p);
+  large_blocks_.blocks.clear();
+  large_blocks_.unmapped.clear();
+  small_blocks_.blocks.clear();
+  small_blocks_.unmapped.clear();
+  // Blocks still in segments (allocated, pending or cached) own heap memory of their own (a
+  // stream_uses list that outgrew its inline capacity): destroy them, not just their storage.
+  for (auto& [base, seg] : segments_) {
+    for (Block* b = seg->head; b != nullptr;) {
+      Block* next = b->next;
+      arena_.release(b);
+      b = next;
+    }
+    seg->head = nullptr;
+  }
+}
+
+// ===================================================================== Rounding (§1.2, §1.3)
+
+namespace {
+std::uint32_t roundup_divisions(const Config& c, Bytes size) {
+  const int log_size = 63 - std::countl_zero(size);
+  constexpr int interval_start = 20;  // 1 MiB
+  int index = log_size > interval_start ? log_size - interval_start : 0;
+  index = std::min(index, kRoundUpPowerOfTwoIntervals - 1);
+  return c.roundup_power2_divisions[static_cast<std::size_t>(index)];
+}
+
+Bytes roundup_power2_next_division(Bytes size, std::uint32_t divisions) {
+  if (std::has_single_bit(size)) return size;
+  const Bytes power2_floor = std::bit_floor(size);
+  const Bytes power2_division = power2_floor >> (63 - std::countl_zero(static_cast<Bytes>(divisions)));
+  if (power2_division == 0) return power2_floor << 1;
+  const Bytes round_size_floor = size & ~(power2_division - 1);
+  return round_size_floor == size ? size : round_size_floor + power2_division;
+}
+}  // namespace
+
+Bytes PytorchPolicy::round_size(Bytes size) const {
+  constexpr Bytes min_block = mutant(kMutantRound256) ? 256 : kMinBlockSize;  // §1.1
+  if (size < min_block) return min_block;
+  const std::uint32_t divisions = roundup_divisions(config_, size);
+  if (divisions > 1 && size > min_block * divisions) return roundup_power2_next_division(size, divisions);
+  return min_block * ((size + min_block - 1) / min_block);
+}
+
+Bytes PytorchPolicy::allocation_size(Bytes size) const {
+  if (size <= kSmallSize) return kSmallBuffer;
+  if (size < kMinLargeAlloc) return config_.large_segment_size;
+  return kRoundLarge * ((size + kRoundLarge - 1) / kRoundLarge);
+}
+
+// ===================================================================== Allocation (§2.2-2.4, §3.1, §3.2)
+
+DevicePtr PytorchPolicy::malloc(Bytes orig_size, StreamId stream) {
+  if (orig_size >= kMaxRequest) throw_request_too_large(orig_size);  // §1.2: before anything else
+  if (orig_size == 0) return 0;
+  check_stream(stream, "allocate");
+  if (config_.no_caching) {  // §4.1 PYTORCH_NO_CUDA_MEMORY_CACHING: raw device calls, no stats
+    auto r = mem_->malloc(orig_size);
+    if (r.status.is_oom()) {
+      OomFacts f;
+      f.alloc_size = orig_size;
+      f.device = device_;
+      if (auto info = mem_->mem_get_info(); info.is_ok()) {
+        f.device_free = info.value.free;
+        f.device_total = info.value.total;
+      }
+      throw OutOfMemory(oom_message(f));
+    }
+    if (!r.is_ok()) throw DeviceError(device_error("cudaMalloc", orig_size, device_, r.status));
+    uncached_[r.value] = orig_size;
+    return r.value;
+  }
+  if (pending_events_ != 0) process_events();  // §3.1 step 2
+
+  const Bytes size = round_size(orig_size);
+  BlockPool& pool = size <= kSmallSize ? small_blocks_ : large_blocks_;
+  AllocParams p{stream, size, allocation_size(size), &pool, nullptr, Status::ok()};
+
+  bool found = get_free_block(p);  // (no free-memory callbacks are registered: §3.1 step 4)
+  if (!found) {
+    if (cap_.allowed() && config_.garbage_collection_threshold > 0.0) garbage_collect_cached_blocks();
+    found = alloc_block(p, false) || (release_available_cached_blocks(p) && alloc_block(p, false));
+    if (!found) {
+      release_cached_blocks();
+      found = alloc_block(p, true);  // counted as a retry even if the cap refuses it (§13.6)
+    }
+  }
+  if (!found) throw_oom(p);
+  const bool split = should_split(p.block, p.size);
+  Block* b = alloc_found_block(p, orig_size, split);
+  return b->ptr;
+}
+
+bool PytorchPolicy::get_free_block(AllocParams& p) {
+  BlockPool& pool = *p.pool;
+  if (cap_.allowed() && config_.garbage_collection_threshold > 0.0) ++pool.get_free_blocks_call_count;  // §13.3
+  auto it = pool.blocks.lower_bound(SizeKey{p.stream, p.size, 0}, SizeOrder{});  // equal sizes: lowest address
+  if constexpr (mutant(kMutantCrossStreamReuse)) {
+    if (it == pool.blocks.end() || it->stream != p.stream) {
+      it = pool.blocks.begin();
+      while (it != pool.blocks.end() && it->size < p.size) ++it;
+    }
+    if (it == pool.blocks.end()) return false;
+  } else {
+    if (it == pool.blocks.end() || it->stream != p.stream) return false;  // blocks stay on their stream
+  }
+
+  if (it->expandable()) {  // §2.2 step 3
+    if (config_.expandable_segments) {
+      auto expandable_size = [](const Block& b) {
+        return b.size + (b.next && !b.next->mapped ? b.next->size : 0);
+      };
+      auto next = std::next(it);
+      while (it->expandable() && next != pool.blocks.end() && next->stream == p.stream &&
+             expandable_size(*next) < expandable_size(*it)) {
+        it = next++;
+      }
+    } else {
+      do {
+        ++it;
+      } while (it != pool.blocks.end() && it->expandable() && it->stream == p.stream);
+      if (it == pool.blocks.end() || it->stream != p.stream) return false;
+    }
+  }
+
+  const Bytes max_split = config_.max_split_size;
+  // §2.2 step 4: a normal request never takes an oversize block ...
+  if (!mutant(kMutantOversizeToSmall) && p.size < max_split && it->size >= max_split) return false;
+  // ... and an oversize request takes one only within the non-split rounding allowance.
+  if (p.size >= max_split && it->size >= p.size + config_.max_non_split_rounding) return false;
+  // The block stays in the tree: alloc_found_block shrinks it in place when it splits (the
+  // remainder keeps the node), or erases it.
+  p.block = &*it;
+  p.in_pool = true;
+  return true;
+}
+
+bool PytorchPolicy::should_split(const Block* b, Bytes size) const {
+  const Bytes remaining = b->size - size;
+  if (b->is_small || config_.expandable_segments) return remaining >= kMinBlockSize;  // §2.3
+  if constexpr (mutant(kMutantSplitBelowLimit)) return size < config_.max_split_size && remaining >= kMinBlockSize;
+  return size < config_.max_split_size && remaining > kSmallSize;
+}
+
+bool PytorchPolicy::alloc_block(AllocParams& p, bool is_retry) {
+  if (is_retry) ++stats_.num_alloc_retries;  // §3.2: counted before the attempt
+  const Bytes size = p.alloc_size;
+  // The cap is inclusive (§13.4); with expandable segments it is checked against the segment
+  // size of the request, not the pages that will be mapped (§13.5).
+  if (!mutant(kMutantIgnoreCap) && cap_.allowed() && total_allocated_memory_ + size > *cap_.allowed()) {
+    p.err = Status::oom();
+    return false;
+  }
+  if (config_.expandable_segments) {
+    p.block = try_allocate_expandable_block(p.stream, p.pool, p.size);
+    return p.block != nullptr;
+  }
+  auto r = mem_->malloc(size);
+  if (r.status.is_oom()) {
+    p.err = r.status;
+    return false;
+  }
+  if (!r.is_ok()) throw DeviceError(device_error("cudaMalloc", size, device_, r.status));
+
+  auto seg = std::make_unique<Segment>();
+  seg->base = r.value;
+  seg->size = mutant(kMutantSegmentSizeShort) ? size - kMinBlockSize : size;
+  seg->stream = p.stream;
+  seg->is_small = p.pool->is_small;
+  Block* b = arena_.make();
+  b->ptr = r.value;
+  b->size = size;
+  b->stream = p.stream;
+  b->segment = seg.get();
+  b->is_small = p.pool->is_small;
+  seg->head = b;
+  segments_.emplace(r.value, std::move(seg));
+
+  total_allocated_memory_ += size;
+  const StatType st = stat_type(*p.pool);
+  for_all_and(stats_.segment, st, [](Stat& s) { s.increase(1); });
+  for_all_and(stats_.reserved_bytes, st, [&](Stat& s) { s.increase(static_cast<std::int64_t>(size)); });
+  if (size >= config_.max_split_size) stats_.oversize_segments.increase(1);
+  ++stats_.num_device_alloc;
+  record(TraceAction::SegmentAlloc, r.value, size, p.stream);
+  p.block = b;
+  return true;
+}
+
+void PytorchPolicy::link_after(Block* nb, Block* b) {
+  nb->prev = b;
+  nb->next = b->next;
+  if (b->next && !mutant(kMutantLinkAfterNoBackLink)) b->next->prev = nb;
+  b->next = nb;
+}
+
+Block* PytorchPolicy::alloc_found_block(AllocParams& p, Bytes orig_size, bool split) {
+  BlockPool& pool = *p.pool;
+  const StatType st = stat_type(pool);
+  Block* block = p.block;
+  const bool already_split = block->is_split();
+  const bool expandable = block->expandable();
+
+  if (split) {
+    // §2.4: the allocation is a new block at the low address; the original block object is the
+    // remainder and keeps its (stale) requested_size (§13.1).
+    Block* remaining = block;
+    bool reinsert = true;
+    if (p.in_pool) {
+      // Its key shrinks; the tree order still holds unless the predecessor now sorts after it.
+      auto it = pool.blocks.iterator_to(*remaining);
+      const SizeKey k{remaining->stream, remaining->size - p.size, remaining->ptr + p.size};
+      if (it == pool.blocks.begin() || SizeOrder{}(*std::prev(it), k)) reinsert = false;
+      else pool.blocks.erase(it);
+    }
+    block = arena_.make();
+    block->ptr = remaining->ptr;
+    block->size = p.size;
+    block->stream = remaining->stream;
+    block->segment = remaining->segment;
+    block->is_small = remaining->is_small;
+    block->prev = remaining->prev;
+    if (block->prev) block->prev->next = block;
+    else block->segment->head = block;
+    block->next = remaining;
+    remaining->prev = block;
+    remaining->ptr += mutant(kMutantSplitRemainderGap) ? p.size + kMinBlockSize : p.size;
+    remaining->size -= p.size;
+    if (reinsert) pool.insert_into_blocks(remaining);  // resets its GC age
+    else remaining->gc_count_base = pool.get_free_blocks_call_count;
+    if (already_split && !expandable) {
+      for_all_and(stats_.inactive_split_bytes, st, [&](Stat& s) { s.decrease(static_cast<std::int64_t>(block->size)); });
+    } else if (!expandable) {
+      for_all_and(stats_.inactive_split_bytes, st, [&](Stat& s) { s.increase(static_cast<std::int64_t>(remaining->size)); });
+      for_all_and(stats_.inactive_split, st, [](Stat& s) { s.increase(1); });
+    }
+  } else {
+    if (p.in_pool) pool.blocks.erase(pool.blocks.iterator_to(*block));
+  }
+  if (!split && already_split && !expandable) {
+    for_all_and(stats_.inactive_split_bytes, st, [&](Stat& s) { s.decrease(static_cast<std::int64_t>(block->size)); });
+    for_all_and(stats_.inactive_split, st, [](Stat& s) { s.decrease(1); });
+  }
+
+  block->allocated = true;
+  block->requested_size = mutant(kMutantRequestedIsSegment) ? p.alloc_size : orig_size;
+  active_.insert(block->ptr, block);
+  const auto bsize = static_cast<std::int64_t>(block->size);
+  for_all_and(stats_.allocation, st, [](Stat& s) { s.increase(1); });
+  for_all_and(stats_.allocated_bytes, st, [&](Stat& s) { s.increase(bsize); });
+  for_all_and(stats_.active, st, [](Stat& s) { s.increase(1); });
+  for_all_and(stats_.active_bytes, st, [&](Stat& s) { s.increase(bsize); });
+  for_all_and(stats_.requested_bytes, st, [&](Stat& s) { s.increase(static_cast<std::int64_t>(orig_size)); });
+  if (block->size >= config_.max_split_size) stats_.oversize_allocations.increase(1);
+  record(TraceAction::Alloc, block->ptr, orig_size, block->stream);
+  return block;
+}
+
+}  // namespace cachet::gpu::detail

@@ -1,0 +1,172 @@
+// policy:pytorch (PytorchPolicy, policy_pytorch/policy.h): release, garbage collection, the cap and
+// settings (§3.3-3.7). Section numbers (§) refer to
+// docs/pytorch-allocator.md.
+#include <algorithm>
+#include <string>
+
+#include "cachet/errors.h"
+#include "cachet/summary.h"
+#include "check.h"
+#include "messages.h"
+#include "mutant.h"
+#include "policy_pytorch/policy.h"
+
+namespace cachet::gpu::detail {
+
+// ===================================================================== Release and GC (§3.3-3.6)
+
+void PytorchPolicy::empty_cache() {
+  if (config_.no_caching) return;
+  release_cached_blocks();
+}
+
+void PytorchPolicy::release_cached_blocks() {
+  synchronize_and_free_events();
+  release_blocks(large_blocks_);  // large pool first, then small (§3.4, §13.6)
+  release_blocks(small_blocks_);
+}
+
+void PytorchPolicy::release_blocks(BlockPool& pool) {
+  std::vector<Block*> to_unmap;
+  for (auto it = pool.blocks.begin(); it != pool.blocks.end();) {
+    Block* b = &*it;
+    ++it;
+    if (b->expandable()) to_unmap.push_back(b);
+    else if (!b->is_split()) release_block(b);
+  }
+  for (Block* b : to_unmap) {
+    unmap_block(b);
+    if (!b->mapped && !b->is_split()) release_expandable_segment(b);
+  }
+}
+
+void PytorchPolicy::release_block(Block* b) {
+  CACHET_ASSERT(!b->expandable() && !b->is_split() && !b->allocated);
+  auto st = mem_->free(b->ptr);  // device first: a failure changes nothing
+  if (!st.is_ok()) throw DeviceError(device_error("cudaFree", b->size, device_, st));
+  BlockPool& pool = pool_for(b);
+  ++stats_.num_device_free;
+  record(TraceAction::SegmentFree, b->ptr, b->size, b->stream);
+  if constexpr (!mutant(kMutantReleaseKeepsReserved)) total_allocated_memory_ -= b->size;
+  const StatType t = stat_type(pool);
+  for_all_and(stats_.segment, t, [](Stat& s) { s.decrease(1); });
+  for_all_and(stats_.reserved_bytes, t, [&](Stat& s) { s.decrease(static_cast<std::int64_t>(b->size)); });
+  if (b->size >= config_.max_split_size) stats_.oversize_segments.decrease(1);
+  pool.blocks.erase(pool.blocks.iterator_to(*b));
+  segments_.erase(b->segment->base);
+  arena_.release(b);
+}
+
+bool PytorchPolicy::release_available_cached_blocks(const AllocParams& p) {
+  const Bytes max_split = config_.max_split_size;
+  if (max_split == kNoMaxSplit) return false;
+  BlockPool& pool = *p.pool;
+  const Bytes key_size = std::max(p.size, max_split);
+  auto it = pool.blocks.lower_bound(SizeKey{p.stream, key_size, 0}, SizeOrder{});
+  if (it == pool.blocks.end() || it->stream != p.stream || it->expandable()) {
+    // No single block is large enough: release oversize blocks of this stream, largest first.
+    if (it == pool.blocks.begin()) return false;
+    Bytes released = 0;
+    --it;
+    while (released < key_size && it->size >= max_split && it->stream == p.stream) {
+      auto cur = it;
+      const bool is_first = cur == pool.blocks.begin();
+      if (!is_first) --it;
+      if (!cur->expandable()) {
+        const Bytes n = cur->size;
+        release_block(&*cur);
+        released += n;
+      }
+      if (is_first) break;
+    }
+    if (released < key_size) return false;  // what was released stays released
+  } else {
+    release_block(&*it);
+  }
+  return true;
+}
+
+void PytorchPolicy::garbage_collect_cached_blocks() {
+  // §3.5: only the default large pool, only unsplit non-expandable blocks, oldest first by
+  // rounds of "age >= average age"; never syncs.
+  const auto gc_threshold =
+      static_cast<Bytes>(config_.garbage_collection_threshold * static_cast<double>(*cap_.allowed()));
+  if (total_allocated_memory_ <= gc_threshold) return;
+  const Bytes target = total_allocated_memory_ - gc_threshold;
+  Bytes reclaimed = 0;
+  const std::int64_t clock = large_blocks_.get_free_blocks_call_count;
+  Bytes total_age = 0;
+  int freeable = 0;
+  for (const Block& b : large_blocks_.blocks) {
+    if (!b.is_split()) {
+      total_age += static_cast<Bytes>(clock - b.gc_count_base);
+      ++freeable;
+    }
+  }
+  if (freeable == 0) return;
+  bool freed = true;
+  while (reclaimed < target && freed && freeable > 0) {
+    const double age_threshold = static_cast<double>(total_age) / freeable;
+    freed = false;
+    if constexpr (mutant(kMutantGcLargestFirst)) {  // the same blocks, released largest first
+      std::vector<Block*> round;
+      for (Block& b : large_blocks_.blocks)
+        if (!b.is_split() && !b.expandable() &&
+            static_cast<double>(clock - b.gc_count_base) >= age_threshold)
+          round.push_back(&b);
+      for (auto r = round.rbegin(); r != round.rend(); ++r) {
+        freed = true;
+        reclaimed += (*r)->size;
+        total_age -= static_cast<Bytes>(clock - (*r)->gc_count_base);
+        --freeable;
+        release_block(*r);
+      }
+      continue;
+    }
+    for (auto it = large_blocks_.blocks.begin(); it != large_blocks_.blocks.end();) {
+      Block* b = &*it;
+      ++it;
+      const auto age = static_cast<Bytes>(clock - b->gc_count_base);
+      if (!b->is_split() && !b->expandable() && static_cast<double>(age) >= age_threshold) {
+        freed = true;
+        reclaimed += b->size;
+        total_age -= age;
+        --freeable;
+        release_block(b);
+      }
+    }
+  }
+}
+
+void PytorchPolicy::set_memory_fraction(double fraction) {
+  if (mutant(kMutantFractionOneKeepsCap) && MemoryCap::valid(fraction) && fraction >= 1.0) return;
+  cap_.set(fraction, total_memory_);  // §13.4
+}
+
+void PytorchPolicy::apply_config(const Config& c) {
+  if (c.expandable_segments && !caps_.reserve_va)
+    throw UsageError("expandable_segments:True needs a backend that can reserve and map address space; this "
+                     "backend cannot. Use expandable_segments:False.");
+  const auto fraction = c.per_process_memory_fraction;
+  config_ = c;
+  (void)fraction;  // per_process_memory_fraction applies only at construction (§3.6)
+}
+
+[[noreturn]] void PytorchPolicy::throw_oom(const AllocParams& p) {
+  auto info = mem_->mem_get_info();
+  if (!info.is_ok()) throw DeviceError(device_error("cudaMemGetInfo", 0, device_, info.status));
+  record(TraceAction::Oom, info.value.free, p.size, p.stream);
+  ++stats_.num_ooms;
+  OomFacts f;
+  f.alloc_size = p.alloc_size;  // the segment size (§3.7)
+  f.device = device_;
+  f.device_total = info.value.total;
+  f.device_free = info.value.free;
+  f.process_in_use = info.value.process_used;
+  f.allowed = cap_.allowed();
+  f.allocated = static_cast<Bytes>(stats_.allocated_bytes[0].current);
+  f.reserved = static_cast<Bytes>(stats_.reserved_bytes[0].current);
+  throw OutOfMemory(oom_message(f));
+}
+
+}  // namespace cachet::gpu::detail

@@ -1,0 +1,68 @@
+// policy:pytorch (PytorchPolicy, policy_pytorch/policy.h): snapshot and pointer diagnostics. Section numbers (§) refer to
+// docs/pytorch-allocator.md.
+#include <algorithm>
+#include <string>
+
+#include "cachet/errors.h"
+#include "cachet/summary.h"
+#include "check.h"
+#include "messages.h"
+#include "policy_pytorch/policy.h"
+
+namespace cachet::gpu::detail {
+
+// ===================================================================== Snapshot and trace (8)
+
+Snapshot PytorchPolicy::snapshot() {
+  Snapshot out;
+  Bytes total_active = 0;
+  for (const auto& [base, seg] : segments_) {
+    // One snapshot segment per contiguous mapped run (a whole cudaMalloc segment is one run).
+    for (const Block* b = seg->head; b != nullptr;) {
+      if (!b->mapped) {
+        b = b->next;
+        continue;
+      }
+      SegmentSnapshot s;
+      s.address = b->ptr;
+      s.stream = b->stream;
+      s.is_large = !b->is_small;
+      s.is_expandable = seg->expandable;
+      for (; b != nullptr && b->mapped; b = b->next) {
+        BlockSnapshot bs;
+        bs.address = b->ptr;
+        bs.size = b->size;
+        bs.requested_size = b->requested_size;
+        bs.state = b->allocated ? BlockState::ActiveAllocated
+                   : b->is_active() ? BlockState::ActivePendingFree
+                                    : BlockState::Inactive;
+        if (b->is_active()) total_active += b->size;
+        s.total_size += b->size;
+        s.blocks.push_back(bs);
+      }
+      out.push_back(std::move(s));
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.address < b.address; });
+  record(TraceAction::Snapshot, 0, total_active, 0);
+  return out;
+}
+
+// ===================================================================== Errors
+
+Block* PytorchPolicy::find_active(DevicePtr ptr, const char* op) const {
+  return find_active_in(active_, ptr, op, [this](DevicePtr p) { return holder_of(p); });
+}
+
+std::optional<BlockAt> PytorchPolicy::holder_of(DevicePtr ptr) const {
+  auto it = segments_.upper_bound(ptr);
+  if (it == segments_.begin()) return std::nullopt;
+  --it;
+  const Segment& seg = *it->second;
+  if (ptr >= seg.base + seg.size) return std::nullopt;
+  for (const Block* b = seg.head; b != nullptr; b = b->next)
+    if (ptr >= b->ptr && ptr < b->ptr + b->size) return BlockAt{b->ptr, b->size, !b->is_active()};
+  return std::nullopt;
+}
+
+}  // namespace cachet::gpu::detail

@@ -34,14 +34,15 @@ double Allocator::memory_fraction() const {
   return static_cast<double>(*allowed_max_) / static_cast<double>(source_.total_memory());
 }
 
-Block* Allocator::new_block() {
-  auto owned = std::make_unique<Block>();
+Block* Allocator::new_block(BlockState born) {
+  auto owned = std::make_unique<Block>(born);
   Block* b = owned.get();
   owned_.emplace(b, std::move(owned));
   return b;
 }
 
 void Allocator::delete_block(Block* b) {
+  check_born_or_deleted(b->state(), "deleted", b->ptr);
   owned_.erase(b);
 }
 

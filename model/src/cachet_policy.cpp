@@ -69,7 +69,7 @@ std::uint64_t CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
   else
     ptr = allocate_slow(stream, size);
   Block& b = blocks_.at(ptr);
-  b.state = State::Allocated;
+  b.set_state(BlockState::Allocated);  // Free -> Allocated
   b.requested = orig_size;
   b.stream = stream;
   b.uses.clear();
@@ -117,7 +117,7 @@ Snapshot CachetPolicy::snapshot() const {
   Snapshot out;
   bool in_run = false;
   for (const auto& [ptr, b] : blocks_) {
-    if (!b.mapped) {
+    if (!b.mapped()) {
       in_run = false;
       continue;
     }
@@ -136,9 +136,10 @@ Snapshot CachetPolicy::snapshot() const {
     bs.address = ptr;
     bs.size = b.size;
     bs.requested_size = b.live() ? b.requested : 0;
-    bs.state = b.state == State::Allocated ? BlockState::ActiveAllocated
-               : b.state == State::Pending ? BlockState::ActivePendingFree
-                                           : BlockState::Inactive;
+    // The snapshot's states (cachet::BlockState); Unmapped blocks are not shown.
+    bs.state = b.state() == BlockState::Allocated        ? cachet::BlockState::ActiveAllocated
+               : b.state() == BlockState::AwaitingEvents ? cachet::BlockState::ActivePendingFree
+                                                         : cachet::BlockState::Inactive;
     s.blocks.push_back(bs);
   }
   return out;

@@ -23,7 +23,7 @@ void CachetPolicy::check_invariants() const {
     expect = b.end();
     if (b.size == 0 || b.size % kCachetBlockAlign != 0 || b.ptr % kCachetBlockAlign != 0)
       fail("size or alignment" + at);
-    if (b.mapped) {
+    if (b.mapped()) {
       for (std::uint64_t p = page_of(b.ptr); p <= page_of(b.end() - 1); ++p)
         if (!mapped_pages_.count(p)) fail("a mapped block on an unmapped page" + at);
     } else if (auto m = mapped_pages_.lower_bound(page_of(b.ptr));
@@ -34,12 +34,13 @@ void CachetPolicy::check_invariants() const {
       if ((b.ptr - base_) % kCachetPage != 0 || b.size % kCachetPage != 0)
         fail("unmapped block not page aligned" + at);
       if (prev != nullptr && prev->unmapped()) fail("adjacent unmapped blocks" + at);
-    } else if (!b.mapped) {
-      fail("live block not mapped" + at);
-    }
+    }  // (a live block is mapped by its state: Allocated and AwaitingEvents are mapped states)
+    if (!b.uses.empty() && b.state() != BlockState::Allocated)
+      fail(std::string("[INV-STATE-2] stream uses on a block in state ") + state_name(b.state()) +
+           at);
     if (b.mapped_free() && prev != nullptr && prev->mapped_free() && prev->stream == b.stream)
       fail("adjacent free blocks of one stream" + at);
-    if ((b.state == State::Pending) != (events_.count(ptr) == 1))
+    if ((b.state() == BlockState::AwaitingEvents) != (events_.count(ptr) == 1))
       fail("pending block without events (or events without one)" + at);
     if (b.live()) {
       if (b.size != (b.requested + kCachetBlockAlign - 1) / kCachetBlockAlign * kCachetBlockAlign)
@@ -51,7 +52,7 @@ void CachetPolicy::check_invariants() const {
       add(re.active, 1);
       add(re.active_bytes, static_cast<std::int64_t>(b.size));
       add(re.requested_bytes, static_cast<std::int64_t>(b.requested));
-      if (b.state == State::Allocated) {
+      if (b.state() == BlockState::Allocated) {
         add(re.allocation, 1);
         add(re.allocated_bytes, static_cast<std::int64_t>(b.size));
       }

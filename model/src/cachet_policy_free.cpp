@@ -40,7 +40,7 @@ CachetPolicy::Block& CachetPolicy::live_block(std::uint64_t ptr, const char* op)
 void CachetPolicy::free(std::uint64_t ptr) {
   if (ptr == 0) return;
   Block& b = live_block(ptr, "free");
-  if (b.state != State::Allocated) throw UsageError("free(" + hex(ptr) + "): double free");
+  if (b.state() != BlockState::Allocated) throw UsageError("free(" + hex(ptr) + "): double free");
   const StatType pool = pool_of(b.size);
   drop(stats_.allocation, pool, 1);
   drop(stats_.allocated_bytes, pool, static_cast<std::int64_t>(b.size));
@@ -50,27 +50,28 @@ void CachetPolicy::free(std::uint64_t ptr) {
     trim_to_cap();  // R7: only acts while mapped bytes are above a lowered cap
     return;
   }
-  b.state = State::Pending;
+  b.set_state(BlockState::AwaitingEvents);
   for (StreamId s : b.uses) events_[ptr].emplace_back(s, recorded_[s]++);
   b.uses.clear();
 }
 
-// The block leaves the live set: free of its allocation stream, merged with that stream's
-// free neighbours (R8). Only the stream's own allocations see it until its pages are unmapped.
+// The block leaves the live set (Allocated or AwaitingEvents -> Free): free of its allocation
+// stream, merged with that stream's free neighbours (R8). Only the stream's own allocations see
+// it until its pages are unmapped.
 void CachetPolicy::free_completed(Block& b) {
   const StatType pool = pool_of(b.size);
   drop(stats_.active, pool, 1);
   drop(stats_.active_bytes, pool, static_cast<std::int64_t>(b.size));
   drop(stats_.requested_bytes, pool, static_cast<std::int64_t>(b.requested));
   record(TraceAction::FreeCompleted, b.ptr, b.requested, b.stream);
-  b.state = State::Free;
+  b.set_state(BlockState::Free);
   b.uses.clear();
   merge(b.ptr);
 }
 
 void CachetPolicy::record_stream(std::uint64_t ptr, StreamId stream) {
   Block& b = live_block(ptr, "record_stream");
-  if (b.state != State::Allocated)
+  if (b.state() != BlockState::Allocated)
     throw UsageError("record_stream(" + hex(ptr) + "): the block was already freed");
   if (stream != b.stream) b.uses.insert(stream);
 }

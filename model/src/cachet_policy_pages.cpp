@@ -17,10 +17,9 @@ void CachetPolicy::ensure_reserved() {
   base_ = source_.reserve(reservation_size_);
   if (base_ % kCachetPage != 0)
     throw std::logic_error("cachet model: reservation is not page aligned");
-  Block u;
+  Block u(BlockState::Unmapped);
   u.ptr = base_;
   u.size = reservation_size_;
-  u.mapped = false;
   blocks_[base_] = u;
 }
 
@@ -89,7 +88,7 @@ void CachetPolicy::unmap_whole_free_pages(Bytes pages, std::uint64_t ex_lo, std:
     apply_run_change(runs);
     record(TraceAction::SegmentUnmap, lo, hi - lo, blocks_.at(ptr).stream);
     Block& gone = carve(ptr, lo, hi - lo);
-    gone.mapped = false;
+    gone.set_state(BlockState::Unmapped);  // Free -> Unmapped
     gone.stream = 0;
     merge(lo);
     done += take;
@@ -111,7 +110,7 @@ bool CachetPolicy::map_pages(std::uint64_t lo, std::uint64_t hi, StreamId stream
   apply_run_change(runs);
   record(TraceAction::SegmentMap, lo, hi - lo, stream);
   Block& fresh = carve(it->first, lo, hi - lo);
-  fresh.mapped = true;
+  fresh.set_state(BlockState::Free);  // Unmapped -> Free
   fresh.stream = stream;
   merge(lo);
   return true;

@@ -138,10 +138,11 @@ std::optional<std::uint64_t> CachetPolicy::try_place(StreamId stream, Bytes size
   return carve(f.ptr, p->at, size).ptr;
 }
 
-// Splits the free block at `free_ptr` into [ptr, at), [at, at + size), [at + size, end); the
-// outer pieces keep its state, mapping and stream. Returns the middle piece.
+// Splits the Free or Unmapped block at `free_ptr` into [ptr, at), [at, at + size),
+// [at + size, end); every piece keeps its state and stream. Returns the middle piece.
 CachetPolicy::Block& CachetPolicy::carve(std::uint64_t free_ptr, std::uint64_t at, Bytes size) {
   Block whole = blocks_.at(free_ptr);
+  check_born_or_deleted(whole.state(), "carved", whole.ptr);
   if (at < whole.ptr || at + size > whole.end())
     throw std::logic_error("cachet model: carve outside the block");
   blocks_.erase(free_ptr);
@@ -156,11 +157,12 @@ CachetPolicy::Block& CachetPolicy::carve(std::uint64_t free_ptr, std::uint64_t a
   return piece(at, at + size);
 }
 
-// R1: a free block joins its free neighbours: mapped ones of the same stream, or unmapped ones.
+// R1: a Free block joins its Free neighbours of the same stream; an Unmapped block its
+// Unmapped neighbours.
 std::uint64_t CachetPolicy::merge(std::uint64_t ptr) {
+  check_born_or_deleted(blocks_.at(ptr).state(), "merged", ptr);
   auto joins = [](const Block& a, const Block* o) {
-    return o != nullptr && o->state == State::Free && o->mapped == a.mapped &&
-           (!a.mapped || o->stream == a.stream);
+    return o != nullptr && o->state() == a.state() && (a.unmapped() || o->stream == a.stream);
   };
   if (Block* after = block_after(ptr); joins(blocks_.at(ptr), after)) {
     blocks_.at(ptr).size += after->size;

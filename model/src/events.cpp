@@ -8,6 +8,7 @@
 
 namespace cachet::model {
 
+// Allocated -> AwaitingEvents: one event per stream that used the block (§2.5, §6).
 void Allocator::insert_events(Block* block) {
   std::set<StreamId> streams = std::move(block->stream_uses);
   block->stream_uses.clear();
@@ -15,6 +16,7 @@ void Allocator::insert_events(Block* block) {
     ++block->event_count;
     cuda_events_[s].push_back(Event{next_event_seq_++, block});
   }
+  block->set_state(BlockState::AwaitingEvents);
 }
 
 void Allocator::complete_events(StreamId stream) { completed_upto_[stream] = next_event_seq_; }

@@ -22,7 +22,8 @@ Block* Allocator::try_allocate_expandable_block(AllocParams& p) {
   Block* candidate = find_expandable_block(p.stream, *p.pool, p.size);
   // candidate starts a run of free/unmapped blocks with room for p.size:
   //   unmapped -> null | unmapped -> free -> ... | free -> unmapped -> ...
-  if (!candidate->mapped && !map_block(candidate, std::min(candidate->size, p.size))) return nullptr;
+  if (candidate->is_unmapped() && !map_block(candidate, std::min(candidate->size, p.size)))
+    return nullptr;
   while (candidate->size < p.size) {
     // free -> unmapped: map part of the unmapped block, which merges into the free one.
     const Bytes remaining = p.size - candidate->size;
@@ -36,7 +37,7 @@ Block* Allocator::try_allocate_expandable_block(AllocParams& p) {
 
 Block* Allocator::find_expandable_block(StreamId stream, BlockPool& pool, Bytes size) {
   auto allocatable = [](const Block* b) {
-    return b != nullptr && !b->allocated && b->event_count == 0 && b->stream_uses.empty();
+    return b != nullptr && b->is_free_or_unmapped();
   };
   auto has_room = [&](const Block* b) {
     Bytes bytes = 0;
@@ -63,12 +64,11 @@ Block* Allocator::find_expandable_block(StreamId stream, BlockPool& pool, Bytes 
   es->pages = expandable_page_count(source_.total_memory(), es->page_size);
   es->stream = stream;
   es->base = source_.reserve(es->size());
-  Block* c = new_block();
+  Block* c = new_block(BlockState::Unmapped);
   c->stream = stream;
   c->size = es->size();
   c->ptr = es->base;
   c->pool = &pool;
-  c->mapped = false;
   c->expandable = es.get();
   expandable_segments_.push_back(std::move(es));
   pool.unmapped.insert(c);
@@ -87,15 +87,14 @@ bool Allocator::map_block(Block* to_map, Bytes size) {
 
   BlockPool& pool = *to_map->pool;
   pool.unmapped.erase(to_map);
-  to_map->mapped = true;
+  to_map->set_state(BlockState::Free);  // Unmapped -> Free
   if (mapped < to_map->size) {
     // to_map -> remaining (unmapped, a fresh block: requested_size 0, §13.1) -> next
-    Block* remaining = new_block();
+    Block* remaining = new_block(BlockState::Unmapped);
     remaining->stream = to_map->stream;
     remaining->size = to_map->size - mapped;
     remaining->ptr = to_map->ptr + mapped;
     remaining->pool = &pool;
-    remaining->mapped = false;
     remaining->expandable = to_map->expandable;
     remaining->prev = to_map;
     remaining->next = to_map->next;
@@ -149,7 +148,7 @@ void Allocator::unmap_block(Block* block) {
   if (after > 0) splice_free(addr + unmapped, after, block, block->next);
   block->ptr = addr;
   block->size = unmapped;
-  block->mapped = false;
+  block->set_state(BlockState::Unmapped);  // Free -> Unmapped
   try_merge_blocks(block, block->prev, pool);
   try_merge_blocks(block, block->next, pool);
   pool.unmapped.insert(block);

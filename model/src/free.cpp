@@ -32,7 +32,7 @@ void Allocator::free(std::uint64_t ptr) {
     return;
   }
   Block* block = find_active(ptr);
-  if (block == nullptr || !block->allocated) {
+  if (block == nullptr || !block->is_allocated()) {
     throw UsageError(
         "free(" + describe(ptr) + "): " +
         (block != nullptr ? std::string("the block is already freed and waiting for stream-use events")
@@ -42,20 +42,21 @@ void Allocator::free(std::uint64_t ptr) {
   }
   const StatType type = stat_type(*block->pool);
   const auto size = static_cast<std::int64_t>(block->size);
-  block->allocated = false;
   // allocation and allocated_bytes drop now; active* and requested_bytes at completion (§5.3).
   DeviceStats::for_all_and(stats_.allocation, type, [](Stat& s) { s.decrease(1); });
   DeviceStats::for_all_and(stats_.allocated_bytes, type, [&](Stat& s) { s.decrease(size); });
   record(TraceAction::FreeRequested, block->ptr, block->requested_size, block->stream);
   if (block->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
   if (!block->stream_uses.empty()) {
-    insert_events(block);  // completes later, when its events have (§6)
+    insert_events(block);  // Allocated -> AwaitingEvents; completes when its events have (§6)
   } else {
-    free_block(block);
+    free_block(block);  // Allocated -> Free
   }
 }
 
+// Allocated (no stream uses) or AwaitingEvents (its last event completed) -> Free.
 void Allocator::free_block(Block* block) {
+  block->set_state(BlockState::Free);
   record(TraceAction::FreeCompleted, block->ptr, block->requested_size, block->stream);
   const auto original_size = static_cast<std::int64_t>(block->size);
   const auto requested = static_cast<std::int64_t>(block->requested_size);
@@ -91,11 +92,12 @@ void Allocator::free_block(Block* block) {
 }
 
 Bytes Allocator::try_merge_blocks(Block* dst, Block* src, BlockPool& pool) {
-  // Only a free neighbour in the same mapped state merges (§2.5); neighbours share segment,
-  // stream and pool by construction.
-  if (src == nullptr || src->allocated || src->event_count > 0 || !src->stream_uses.empty() ||
-      dst->mapped != src->mapped)
-    return 0;
+  // Only a neighbour in dst's state merges, Free with Free or Unmapped with Unmapped (§2.5):
+  // not an allocated one, nor one waiting for events. Neighbours share segment, stream and
+  // pool by construction.
+  if (!dst->is_free_or_unmapped())
+    state_error(std::string("merging into a block in state ") + state_name(dst->state()), dst->ptr);
+  if (src == nullptr || src->state() != dst->state()) return 0;
   if (dst->prev == src) {  // [src dst]
     dst->ptr = src->ptr;
     dst->prev = src->prev;
@@ -106,7 +108,7 @@ Bytes Allocator::try_merge_blocks(Block* dst, Block* src, BlockPool& pool) {
   }
   const Bytes subsumed = src->size;
   dst->size += subsumed;
-  if (src->mapped)
+  if (src->is_free())
     pool.blocks.erase(src);
   else
     pool.unmapped.erase(src);
@@ -121,7 +123,7 @@ void Allocator::record_stream(std::uint64_t ptr, StreamId stream) {
     return;
   }
   Block* block = find_active(ptr);
-  if (block == nullptr || !block->allocated)
+  if (block == nullptr || !block->is_allocated())
     throw UsageError("record_stream(" + describe(ptr) + ", " + std::to_string(stream) +
                      "): not the start of an allocated block; record_stream needs a live "
                      "allocation, before it is freed");

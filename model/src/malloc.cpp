@@ -66,7 +66,7 @@ bool Allocator::get_free_block(AllocParams& p) {
       // Best fit counts an expandable block as the size it can grow to: its size plus an
       // unmapped block right after it (§2.2 step 3).
       auto expandable_size = [](const Block* b) {
-        return b->size + (b->next != nullptr && !b->next->mapped ? b->next->size : 0);
+        return b->size + (b->next != nullptr && b->next->is_unmapped() ? b->next->size : 0);
       };
       auto next = std::next(it);
       while ((*it)->expandable != nullptr && next != pool.blocks.end() &&
@@ -171,7 +171,7 @@ Block* Allocator::alloc_found_block(AllocParams& p, Bytes orig_size, bool split_
     DeviceStats::for_all_and(stats_.inactive_split, type, [](Stat& s) { s.decrease(1); });
   }
 
-  block->allocated = true;
+  block->set_state(BlockState::Allocated);  // Free -> Allocated
   block->requested_size = orig_size;
   record(TraceAction::Alloc, block->ptr, orig_size, block->stream);
   active_blocks_.emplace(block->ptr, block);

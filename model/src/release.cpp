@@ -32,7 +32,7 @@ void Allocator::release_blocks(BlockPool& pool) {
   }
   for (Block* b : to_unmap) {
     unmap_block(b);
-    if (!b->mapped && !b->is_split()) release_expandable_segment(b);
+    if (b->is_unmapped() && !b->is_split()) release_expandable_segment(b);
   }
 }
 

@@ -9,10 +9,16 @@
 namespace cachet::model {
 
 namespace {
-BlockState state_of(const Block* b) {
-  if (b->allocated) return BlockState::ActiveAllocated;
-  if (b->event_count > 0 || !b->stream_uses.empty()) return BlockState::ActivePendingFree;
-  return BlockState::Inactive;
+// The snapshot's three states (cachet::BlockState, common/snapshot.h) for a mapped block.
+using SnapshotState = cachet::BlockState;
+SnapshotState state_of(const Block* b) {
+  switch (b->state()) {
+    case BlockState::Allocated: return SnapshotState::ActiveAllocated;
+    case BlockState::AwaitingEvents: return SnapshotState::ActivePendingFree;
+    case BlockState::Free: return SnapshotState::Inactive;
+    case BlockState::Unmapped: break;
+  }
+  throw std::logic_error("model: an unmapped block in a snapshot");
 }
 
 // Every mapped block: both pools and the active set (PyTorch's get_all_blocks).
@@ -30,13 +36,13 @@ Snapshot Allocator::snapshot() const {
   for_all_blocks(large_blocks_, small_blocks_, active_blocks_, [&](const Block* head) {
     // One segment per contiguous mapped run (a whole cudaMalloc, or a mapped range of an
     // expandable segment).
-    if (head->prev != nullptr && head->prev->mapped) return;
+    if (head->prev != nullptr && head->prev->is_mapped()) return;
     SegmentSnapshot seg;
     seg.address = head->ptr;
     seg.stream = head->stream;
     seg.is_large = !head->pool->is_small;
     seg.is_expandable = head->expandable != nullptr;
-    for (const Block* b = head; b != nullptr && b->mapped; b = b->next) {
+    for (const Block* b = head; b != nullptr && b->is_mapped(); b = b->next) {
       seg.total_size += b->size;
       seg.blocks.push_back(BlockSnapshot{b->ptr, b->size, b->requested_size, state_of(b)});
     }
@@ -51,23 +57,41 @@ void Allocator::check_invariants() const {
   auto fail = [](const std::string& what) { throw std::logic_error("model invariant: " + what); };
   for (const BlockPool* pool : {&large_blocks_, &small_blocks_}) {
     for (const Block* b : pool->blocks) {
-      if (b->allocated || b->event_count > 0) fail("[INV-POOL-1] a pooled block is in use");
-      if (!b->mapped) fail("[INV-POOL-1] an unmapped block is in the best-fit set");
+      if (!b->is_free())
+        fail(std::string("[INV-POOL-1] a block in state ") + state_name(b->state()) +
+             " is in the best-fit set");
       if (b->pool != pool) fail("[INV-POOL-1] a block is in the wrong pool");
     }
     for (const Block* b : pool->unmapped)
-      if (b->mapped || b->expandable == nullptr) fail("[INV-POOL-1] bad unmapped block");
+      if (!b->is_unmapped() || b->expandable == nullptr) fail("[INV-POOL-1] bad unmapped block");
   }
   for (const auto& [key, owned] : owned_) {
     const Block* b = owned.get();
+    const std::string at = " at " + std::to_string(b->ptr);
     if (b->next != nullptr && (b->next->prev != b || b->next->ptr != b->ptr + b->size))
-      fail("[INV-SEG-1] broken link at " + std::to_string(b->ptr));
-    const bool is_free = !b->allocated && b->event_count == 0 && b->stream_uses.empty();
-    if (is_free && b->next != nullptr && b->next->mapped == b->mapped && !b->next->allocated &&
-        b->next->event_count == 0 && b->next->stream_uses.empty() &&
-        (b->pool->blocks.contains(const_cast<Block*>(b)) || !b->mapped))
-      fail("[INV-SEG-2] two free neighbours not merged at " + std::to_string(b->ptr));
+      fail("[INV-SEG-1] broken link" + at);
+    if (b->is_free_or_unmapped() && b->next != nullptr && b->next->state() == b->state() &&
+        (b->pool->blocks.contains(const_cast<Block*>(b)) || b->is_unmapped()))
+      fail("[INV-SEG-2] two free neighbours not merged" + at);
+    // [INV-STATE-2]: the state agrees with the events, the stream uses and the containers.
+    const BlockState s = b->state();
+    if ((s == BlockState::AwaitingEvents) != (b->event_count > 0))
+      fail(std::string("[INV-STATE-2] ") + state_name(s) + " with " +
+           std::to_string(b->event_count) + " outstanding events" + at);
+    if (s != BlockState::Allocated && !b->stream_uses.empty())
+      fail(std::string("[INV-STATE-2] stream uses on a block in state ") + state_name(s) + at);
+    const bool active = s == BlockState::Allocated || s == BlockState::AwaitingEvents;
+    if (active != (find_active(b->ptr) == b))
+      fail(std::string("[INV-STATE-2] active_blocks disagrees with state ") + state_name(s) + at);
+    if (s == BlockState::Free && !b->pool->blocks.contains(const_cast<Block*>(b)))
+      fail("[INV-STATE-2] a Free block outside its pool" + at);
+    if (s == BlockState::Unmapped && !b->pool->unmapped.contains(const_cast<Block*>(b)))
+      fail("[INV-STATE-2] an Unmapped block outside its pool's unmapped set" + at);
   }
+  if (active_blocks_.size() + large_blocks_.blocks.size() + small_blocks_.blocks.size() +
+          large_blocks_.unmapped.size() + small_blocks_.unmapped.size() !=
+      owned_.size())
+    fail("[INV-STATE-2] a block is in no container, or in two");
   // §5.3: the stats agree with the structure.
   std::int64_t segments = 0, reserved = 0, allocated = 0, active_bytes = 0, allocations = 0,
                active = 0, inactive_split = 0, inactive_split_bytes = 0;
@@ -76,11 +100,11 @@ void Allocator::check_invariants() const {
     reserved += static_cast<std::int64_t>(s.total_size);
     for (const BlockSnapshot& b : s.blocks) {
       const auto size = static_cast<std::int64_t>(b.size);
-      if (b.state == BlockState::ActiveAllocated) {
+      if (b.state == SnapshotState::ActiveAllocated) {
         allocated += size;
         ++allocations;
       }
-      if (b.state != BlockState::Inactive) {
+      if (b.state != SnapshotState::Inactive) {
         active_bytes += size;
         ++active;
       } else if (!s.is_expandable && s.blocks.size() > 1) {

@@ -71,8 +71,8 @@ struct Device {
     alloc.check_invariants();
   }
   // The block layout of segment i: (size, requested, state) in address order.
-  std::vector<std::tuple<Bytes, Bytes, BlockState>> blocks(std::size_t i) const {
-    std::vector<std::tuple<Bytes, Bytes, BlockState>> out;
+  std::vector<std::tuple<Bytes, Bytes, cachet::BlockState>> blocks(std::size_t i) const {
+    std::vector<std::tuple<Bytes, Bytes, cachet::BlockState>> out;
     const Snapshot s = alloc.snapshot();
     if (i >= s.size()) return out;
     for (const auto& b : s[i].blocks) out.emplace_back(b.size, b.requested_size, b.state);
@@ -82,9 +82,10 @@ struct Device {
   Allocator alloc;
 };
 
-inline constexpr BlockState A = BlockState::ActiveAllocated;
-inline constexpr BlockState P = BlockState::ActivePendingFree;
-inline constexpr BlockState I = BlockState::Inactive;
-using Blocks = std::vector<std::tuple<Bytes, Bytes, BlockState>>;
+// The snapshot's states (cachet::BlockState, not the model's cachet::model::BlockState).
+inline constexpr cachet::BlockState A = cachet::BlockState::ActiveAllocated;
+inline constexpr cachet::BlockState P = cachet::BlockState::ActivePendingFree;
+inline constexpr cachet::BlockState I = cachet::BlockState::Inactive;
+using Blocks = std::vector<std::tuple<Bytes, Bytes, cachet::BlockState>>;
 
 }  // namespace cachet::model::test

@@ -2,6 +2,9 @@
 // structural invariants and the stats/snapshot consistency of docs/pytorch-allocator.md §5.3
 // checked after every op (Allocator::check_invariants), plus the stats that must return to zero at the end.
 #include <random>
+#include <set>
+#include <stdexcept>
+#include <utility>
 
 #include "cachet/errors.h"
 #include "harness.h"
@@ -64,6 +67,34 @@ TEST(Invariants, RandomSequences) {
       run_random(conf(text), seed, 4 * GiB);
     }
   }
+}
+
+// [INV-STATE-1]: the transitions block.h allows, and nothing else (docs/pytorch-allocator.md
+// §2.5, §6, §7).
+TEST(Invariants, BlockStateTransitions) {
+  using S = BlockState;
+  const S all[] = {S::Allocated, S::AwaitingEvents, S::Free, S::Unmapped};
+  const std::set<std::pair<S, S>> legal = {
+      {S::Free, S::Allocated},     {S::Allocated, S::Free},  {S::Allocated, S::AwaitingEvents},
+      {S::AwaitingEvents, S::Free}, {S::Free, S::Unmapped}, {S::Unmapped, S::Free}};
+  for (S from : all)
+    for (S to : all)
+      EXPECT_EQ(legal_transition(from, to), legal.contains({from, to}))
+          << state_name(from) << " -> " << state_name(to);
+
+  Block b;  // born Free
+  EXPECT_THROW(b.set_state(S::AwaitingEvents), std::logic_error);  // not from Free
+  b.set_state(S::Allocated);
+  EXPECT_THROW(b.set_state(S::AwaitingEvents), std::logic_error);  // no events outstanding
+  b.event_count = 1;
+  b.set_state(S::AwaitingEvents);
+  EXPECT_THROW(b.set_state(S::Allocated), std::logic_error);
+  EXPECT_THROW(b.set_state(S::Free), std::logic_error);  // an event is still outstanding
+  b.event_count = 0;
+  b.set_state(S::Free);
+  b.set_state(S::Unmapped);
+  EXPECT_THROW(b.set_state(S::Allocated), std::logic_error);
+  EXPECT_THROW(Block{S::Allocated}, std::logic_error);  // blocks are born Free or Unmapped
 }
 
 }  // namespace

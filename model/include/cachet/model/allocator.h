@@ -118,8 +118,8 @@ class Allocator {
   void release_expandable_segment(Block* b);
 
   // Shared helpers.
-  Block* new_block();
-  void delete_block(Block* b);
+  Block* new_block(BlockState born = BlockState::Free);  // Free or Unmapped ([INV-STATE-1])
+  void delete_block(Block* b);                           // Free or Unmapped blocks only
   StatType stat_type(const BlockPool& pool) const {
     return pool.is_small ? StatType::SmallPool : StatType::LargePool;
   }
@@ -137,7 +137,7 @@ class Allocator {
   DeviceStats stats_;
   BlockPool large_blocks_{false};
   BlockPool small_blocks_{true};
-  // Blocks allocated or waiting for events, by address (addresses are unique device-wide).
+  // Allocated and AwaitingEvents blocks, by address (addresses are unique device-wide).
   std::map<std::uint64_t, Block*> active_blocks_;
   std::map<const Block*, std::unique_ptr<Block>> owned_;
   std::vector<std::unique_ptr<ExpandableSegment>> expandable_segments_;

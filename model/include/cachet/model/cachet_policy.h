@@ -8,8 +8,15 @@
 //
 // State:
 //   blocks_        every block of the reservation, by address; they tile [base_, base_ + size).
-//                  A block is live (allocated or pending), mapped free (of one stream) or
-//                  unmapped (free, page aligned, no stream).
+//                  Each is in one BlockState (cachet/model/block.h, the same four states and
+//                  transitions as model::Allocator's): Allocated or AwaitingEvents ("live"),
+//                  Free (mapped, of one stream) or Unmapped (page aligned, no stream).
+//                  Transitions: created Unmapped (the reservation, R1); Free -> Allocated
+//                  (malloc, R2/R5); Allocated -> Free or -> AwaitingEvents (free, R8);
+//                  AwaitingEvents -> Free (events completed, R8); Free -> Unmapped (R6, R7,
+//                  R9); Unmapped -> Free (R5). carve() splits a Free or Unmapped block into
+//                  pieces in its state; merge() joins Free (same stream) or Unmapped
+//                  neighbours. Block::set_state checks each change ([INV-STATE-1]).
 //   mapped_pages_  the indices of the mapped 2 MiB pages (the record of map/unmap calls).
 //   events_        per pending block, the (stream, sequence) of each event recorded at free().
 //
@@ -25,6 +32,7 @@
 #include <vector>
 
 #include "cachet/config.h"
+#include "cachet/model/block.h"
 #include "cachet/model/segment_source.h"
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
@@ -70,19 +78,32 @@ class CachetPolicy {
   // Throws std::logic_error naming the first broken rule or promise.
   void check_invariants() const;
 
-  enum class State : std::uint8_t { Allocated, Pending, Free };
   struct Block {
+    // Created Unmapped (the reservation) or as a copy of a Free or Unmapped block (carve).
+    explicit Block(BlockState born = BlockState::Unmapped) : state_(born) {
+      check_born_or_deleted(born, "created", 0);
+    }
     std::uint64_t ptr = 0;
     Bytes size = 0;
-    State state = State::Free;
-    bool mapped = false;      // false: an unmapped block (free, page aligned, no stream)
-    StreamId stream = 0;      // allocation stream; the owning stream of a mapped free block
+    StreamId stream = 0;      // allocation stream; the owning stream of a Free block
     Bytes requested = 0;      // live blocks: the caller's size
-    std::set<StreamId> uses;  // record_stream() since allocation
+    std::set<StreamId> uses;  // record_stream() since allocation: Allocated only
     std::uint64_t end() const { return ptr + size; }
-    bool live() const { return state != State::Free; }
-    bool mapped_free() const { return state == State::Free && mapped; }
-    bool unmapped() const { return state == State::Free && !mapped; }
+    BlockState state() const { return state_; }
+    // The one writer of the state: throws std::logic_error on an illegal transition.
+    void set_state(BlockState to) {
+      check_transition(state_, to, ptr);
+      state_ = to;
+    }
+    bool live() const {
+      return state_ == BlockState::Allocated || state_ == BlockState::AwaitingEvents;
+    }
+    bool mapped() const { return state_ != BlockState::Unmapped; }
+    bool mapped_free() const { return state_ == BlockState::Free; }
+    bool unmapped() const { return state_ == BlockState::Unmapped; }
+
+   private:
+    BlockState state_;
   };
 
  private:

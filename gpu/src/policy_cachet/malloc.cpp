@@ -172,17 +172,7 @@ CBlock* CachetPolicy::alloc_slow(StreamId stream, Bytes size) {
 
 void CachetPolicy::throw_oom(Bytes size) {
   ++stats_.num_ooms;
-  OomFacts f;
-  f.alloc_size = size;
-  f.device = device_;
-  if (auto info = mem_->mem_get_info(); info.is_ok()) {
-    f.device_free = info.value.free;
-    f.device_total = info.value.total;
-    f.process_in_use = info.value.process_used;
-  }
-  f.allowed = cap_.allowed();
-  f.allocated = static_cast<Bytes>(stats_.allocated_bytes[0].current);
-  f.reserved = static_cast<Bytes>(stats_.reserved_bytes[0].current);
+  const OomFacts f = oom_facts(size, mem_->mem_get_info());
   record(TraceAction::Oom, f.device_free, size, 0);
   throw OutOfMemory(oom_message(f));
 }

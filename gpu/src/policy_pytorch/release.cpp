@@ -157,16 +157,7 @@ void PytorchPolicy::apply_config(const Config& c) {
   if (!info.is_ok()) throw DeviceError(device_error("cudaMemGetInfo", 0, device_, info.status));
   record(TraceAction::Oom, info.value.free, p.size, p.stream);
   ++stats_.num_ooms;
-  OomFacts f;
-  f.alloc_size = p.alloc_size;  // the segment size (§3.7)
-  f.device = device_;
-  f.device_total = info.value.total;
-  f.device_free = info.value.free;
-  f.process_in_use = info.value.process_used;
-  f.allowed = cap_.allowed();
-  f.allocated = static_cast<Bytes>(stats_.allocated_bytes[0].current);
-  f.reserved = static_cast<Bytes>(stats_.reserved_bytes[0].current);
-  throw OutOfMemory(oom_message(f));
+  throw OutOfMemory(oom_message(oom_facts(p.alloc_size, info)));  // the segment size (§3.7)
 }
 
 }  // namespace cachet::gpu::detail

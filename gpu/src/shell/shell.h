@@ -70,6 +70,23 @@ class Shell {
     f.device = device_;
     throw OutOfMemory(oom_message(f));
   }
+  // The facts of an out-of-memory message (docs/pytorch-allocator.md §3.7): the device's free
+  // and total bytes from `info` (when the device could say), the cap and the current allocated
+  // and reserved bytes. Both policies' OOM paths build their message from it.
+  OomFacts oom_facts(Bytes alloc_size, const Result<MemInfo>& info) const {
+    OomFacts f;
+    f.alloc_size = alloc_size;
+    f.device = device_;
+    if (info.is_ok()) {
+      f.device_free = info.value.free;
+      f.device_total = info.value.total;
+      f.process_in_use = info.value.process_used;
+    }
+    f.allowed = cap_.allowed();
+    f.allocated = static_cast<Bytes>(stats_.allocated_bytes[0].current);
+    f.reserved = static_cast<Bytes>(stats_.reserved_bytes[0].current);
+    return f;
+  }
   // The active block at `ptr`; else throw_bad_pointer, with the block `holder(ptr)` names.
   template <class B, class Holder>
   B* find_active_in(const PtrMap<B>& active, DevicePtr ptr, const char* op, Holder&& holder) const {

@@ -2,10 +2,13 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 namespace cachet::io {
 
@@ -48,7 +51,27 @@ std::string gunzip(std::string_view data, std::string_view what) {
   return out;
 }
 
+void check_not_directory(const std::string& path, std::string_view what_is_read) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return;
+  std::vector<std::string> files;
+  for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec))
+    if (it->is_regular_file(ec)) files.push_back(it->path().filename().string());
+  std::sort(files.begin(), files.end());
+  std::string found = "it holds no files";
+  if (!files.empty()) {
+    found = "in it: ";
+    for (std::size_t i = 0; i < files.size() && i < 5; ++i) found += (i ? ", " : "") + files[i];
+    if (files.size() > 5) found += ", and " + std::to_string(files.size() - 5) + " more";
+  }
+  std::string msg = path + ": is a directory, not a file; pass one file (" + found + ")";
+  if (!what_is_read.empty()) msg += ". " + std::string(what_is_read);
+  throw ReadError(msg);
+}
+
 std::string read_file(const std::string& path) {
+  check_not_directory(path, "");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ReadError(path + ": cannot open (" + std::strerror(errno) + ")");
   std::ostringstream ss;

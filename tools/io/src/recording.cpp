@@ -7,10 +7,17 @@
 #include <string_view>
 
 #include "cachet/io/file.h"
+#include "json_damage.h"
 
 namespace cachet::io {
 
 namespace {
+
+constexpr std::string_view kRecording = "an oracle recording (results/res_<regime>_<config>.json.gz)";
+constexpr std::string_view kOpList = "an op list (ops/ops_<regime>.json.gz)";
+constexpr std::string_view kSnapshotReaders =
+    "`cachet conform` compares an oracle recording with its op list; a snapshot is read by `cachet replay` "
+    "(and summary, plot, trace-info, tune)";
 
 using simdjson::dom::array;
 using simdjson::dom::element;
@@ -24,11 +31,43 @@ class Reader {
     throw ReadError(path_ + ": " + where + ": " + problem);
   }
 
-  element parse(simdjson::dom::parser& parser, const std::string& text) const {
+  // `wanted` names the file kind expected, for the message when the file is another kind.
+  element parse(simdjson::dom::parser& parser, const std::string& text, std::string_view wanted) const {
+    if (text.empty()) fail("<document>", "empty file; expected " + std::string(wanted));
+    if (static_cast<unsigned char>(text[0]) == 0x80)
+      throw ReadError(path_ + ": a PyTorch memory snapshot (pickle from torch.cuda.memory._dump_snapshot()), not " +
+                      std::string(wanted) + "; " + std::string(kSnapshotReaders));
     element root;
-    if (auto err = parser.parse(text).get(root))
+    if (auto err = parser.parse(text).get(root)) {
+      if (auto d = detail::find_json_damage(text)) fail(d->where, d->problem);
       throw ReadError(path_ + ": not valid JSON (" + simdjson::error_message(err) + ")");
+    }
     return root;
+  }
+
+  // What a JSON file that is not the wanted kind is: a snapshot, a recording or an op list.
+  void check_kind(element root, std::string_view wanted) const {
+    object o;
+    array a;
+    if (!root.get(o)) {
+      element e;
+      if (wanted != kRecording && !o.at_key("steps").get(e))
+        throw ReadError(path_ + ": an oracle recording, not " + std::string(wanted) +
+                        "; pass the op list first: cachet conform OPS RESULT");
+      if (wanted == kRecording && o.at_key("conf").get(e) &&
+          (!o.at_key("device_traces").get(e) || !o.at_key("segments").get(e)))
+        throw ReadError(path_ + ": a PyTorch memory snapshot as JSON (its dict has \"device_traces\" or "
+                        "\"segments\"), not " + std::string(wanted) + "; " + std::string(kSnapshotReaders));
+      if (wanted != kRecording && (!o.at_key("device_traces").get(e) || !o.at_key("segments").get(e)))
+        throw ReadError(path_ + ": a PyTorch memory snapshot as JSON, not " + std::string(wanted) + "; " +
+                        std::string(kSnapshotReaders));
+    } else if (!root.get(a) && wanted == kRecording) {
+      array first;
+      std::string_view kind;
+      if (a.size() > 0 && !a.at(0).get(first) && first.size() > 0 && !first.at(0).get(kind) && kind.size() == 1)
+        throw ReadError(path_ + ": an op list (ops_*.json), not " + std::string(wanted) +
+                        "; pass the op list first: cachet conform OPS RESULT");
+    }
   }
 
   element field(object o, std::string_view key, const std::string& where) const {
@@ -129,7 +168,9 @@ Recording read_recording(const std::string& path) {
   Reader r(path);
   const std::string text = read_file(path);
   simdjson::dom::parser parser;
-  object root = r.as_object(r.parse(parser, text), "top level");
+  const element doc = r.parse(parser, text, kRecording);
+  r.check_kind(doc, kRecording);
+  object root = r.as_object(doc, "top level");
   Recording rec;
   rec.path = path;
   rec.conf = r.as_string(r.field(root, "conf", "top level"), "conf");
@@ -195,7 +236,9 @@ std::vector<Op> read_ops(const std::string& path) {
   Reader r(path);
   const std::string text = read_file(path);
   simdjson::dom::parser parser;
-  array ops = r.as_array(r.parse(parser, text), "top level");
+  const element doc = r.parse(parser, text, kOpList);
+  r.check_kind(doc, kOpList);
+  array ops = r.as_array(doc, "top level");
   std::vector<Op> out;
   out.reserve(ops.size());
   std::size_t i = 0;

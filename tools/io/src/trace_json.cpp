@@ -7,6 +7,7 @@
 
 #include "cachet/io/file.h"
 #include "cachet/io/trace_reader.h"
+#include "json_damage.h"
 #include "trace_build.h"
 
 namespace cachet::io {
@@ -102,6 +103,13 @@ class JsonReader {
         what = "malformed or truncated JSON";
         break;
       default: what = simdjson::error_message(e);
+    }
+    // A structural error is reported where simdjson noticed it (often the root, offset 0):
+    // name where the text really ends or the brackets stop matching.
+    if (e != simdjson::INCORRECT_TYPE && e != simdjson::NUMBER_OUT_OF_RANGE) {
+      if (auto d = detail::find_json_damage(std::string_view(buf_.data(), buf_.size())))
+        detail::fail(name_, d->where, d->problem);
+      if (what == "malformed or truncated JSON") what = "malformed JSON";  // the brackets balance
     }
     detail::fail(name_, where, what + offset_text());
   }

@@ -16,6 +16,10 @@ class ReadError : public std::runtime_error {
 // The bytes of `path`, gunzipped when they start with the gzip magic. Throws ReadError.
 std::string read_file(const std::string& path);
 
+// Throws ReadError when `path` is a directory: "<path>: is a directory, not a file; pass one
+// file (in it: a, b, ...). <what_is_read>". read_file() checks this with no what_is_read.
+void check_not_directory(const std::string& path, std::string_view what_is_read);
+
 // Gunzips `data` (which must be gzip). `what` names the source in errors.
 std::string gunzip(std::string_view data, std::string_view what);
 

@@ -1,0 +1,183 @@
+// Bad input to the `cachet` command: each case runs the real binary and checks the exit status
+// (2, bad input) and the exact message: what was wrong, what the file is, and what to pass.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kData = std::string(CACHET_TEST_DATA) + "/oracle/";
+
+struct Out {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+fs::path tmp_dir() {
+  fs::path d = fs::temp_directory_path() / ("cachet_bad_input_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+
+void write(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
+
+Out run(const std::string& args) {
+  const fs::path d = tmp_dir();
+  const std::string cmd =
+      std::string(CACHET_EXE) + " " + args + " >" + (d / "stdout").string() + " 2>" + (d / "stderr").string();
+  Out o;
+  const int st = std::system(cmd.c_str());
+  o.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  o.out = slurp(d / "stdout");
+  o.err = slurp(d / "stderr");
+  return o;
+}
+
+const std::string kFormats =
+    "cachet reads a PyTorch memory snapshot (a pickle from torch.cuda.memory._dump_snapshot(), or the same dict as "
+    "JSON: {\"segments\": ..., \"device_traces\": ...}) or a cachet oracle recording (results/res_*.json), either one "
+    "optionally gzipped";
+
+// Was: "<dir>: empty file".
+TEST(BadInput, DirectoryAsTraceSaysDirectoryAndWhatToPass) {
+  const fs::path dir = tmp_dir() / "traces";
+  fs::create_directories(dir / "sub");
+  write(dir / "run1.pickle", "x");
+  write(dir / "run2.json.gz", "x");
+  for (const char* cmd : {"replay", "trace-info", "summary", "tune"}) {
+    const Out o = run(std::string(cmd) + " " + dir.string());
+    EXPECT_EQ(o.rc, 2) << cmd;
+    EXPECT_EQ(o.err, "cachet " + std::string(cmd) + ": " + dir.string() +
+                         ": is a directory, not a file; pass one file (in it: run1.pickle, run2.json.gz). " + kFormats +
+                         "\n")
+        << cmd;
+  }
+  const fs::path empty = tmp_dir() / "nothing_here";
+  fs::create_directories(empty);
+  Out o = run("plot " + empty.string() + " -o " + (tmp_dir() / "p.svg").string());
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet plot: " + empty.string() + ": is a directory, not a file; pass one file (it holds no files). " +
+                       kFormats + "\n");
+  o = run("conform " + empty.string());
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet conform: " + empty.string() + ": is a directory, not a file; pass one file (it holds no files)\n");
+}
+
+// Was: "unrecognised format (first byte 0x5b)".
+TEST(BadInput, JsonArraySaysWhatItIs) {
+  const fs::path list = tmp_dir() / "list.json";
+  write(list, "  [1, 2, 3]\n");
+  Out o = run("replay " + list.string());
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet replay: " + list.string() + ": a JSON array (a list), not a trace: " + kFormats + "\n");
+  // torch.cuda.memory_snapshot() written as JSON: segments, no trace.
+  const fs::path segs = tmp_dir() / "segments.json";
+  write(segs, R"([{"device": 0, "address": 0, "total_size": 2097152, "stream": 0, "segment_type": "small", "blocks": []}])");
+  o = run("trace-info " + segs.string());
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet trace-info: " + segs.string() +
+                       ": a JSON array of segments (torch.cuda.memory_snapshot()): segments only, no trace events to "
+                       "replay; save torch.cuda.memory._snapshot() (a dict with \"device_traces\") instead: " +
+                       kFormats + "\n");
+  // An oracle op list handed to replay.
+  o = run("replay " + kData + "ops/ops_small.json.gz");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet replay: " + kData +
+                       "ops/ops_small.json.gz: a JSON array of ops, a cachet op list (ops_*.json), which `cachet "
+                       "conform OPS RESULT` reads, not a trace: " +
+                       kFormats + "\n");
+  // torch.save() output (a zip archive).
+  const fs::path zip = tmp_dir() / "model.pt";
+  write(zip, std::string("PK\x03\x04", 4) + "archive/data.pkl");
+  o = run("summary " + zip.string());
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet summary: " + zip.string() +
+                       ": a zip archive (torch.save() writes these: a model or tensors, not a memory trace): " +
+                       kFormats + "\n");
+}
+
+// Was: "<root>: malformed or truncated JSON (byte offset 0)".
+TEST(BadInput, TruncatedJsonSaysWhereItEnds) {
+  const std::string head =
+      R"({"segments": [], "device_traces": [[{"action": "segment_alloc", "addr": 139901982998528, "size": 155189248, )"
+      R"("stream": 0, "time_us": 1}, {"action": "alloc", "addr": 139901982998528, "size": 15438)";
+  const fs::path cut = tmp_dir() / "cut.json";
+  write(cut, head);
+  Out o = run("trace-info " + cut.string());
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet trace-info: " + cut.string() + ": device_traces[0][1].size: truncated JSON: the text ends at byte " +
+                       std::to_string(head.size()) +
+                       ", with 4 objects or arrays left open; the file was cut short (an interrupted write or copy?): "
+                       "save or copy it again\n");
+  // Cut inside a string.
+  write(cut, head.substr(0, 49));  // ...[[{"action": "s
+  o = run("replay " + cut.string());
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet replay: " + cut.string() +
+                       ": device_traces[0][0].action: truncated JSON: the text ends at byte 49 inside a string, with 4 "
+                       "objects or arrays left open; the file was cut short (an interrupted write or copy?): save or "
+                       "copy it again\n");
+  // A bracket that does not match is not a truncation.
+  write(cut, R"({"device_traces": [[{"action": "alloc"]]]})");
+  o = run("replay " + cut.string());
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet replay: " + cut.string() +
+                       ": device_traces[0][0].action: malformed JSON: the ']' at byte 38 does not close the '{' opened "
+                       "at byte 20\n");
+  // A recording cut short, given to conform.
+  write(cut, R"({"conf": "", "cap": 0, "total_memory": 100, "steps": [[null, 1, 2)");
+  o = run("conform " + kData + "ops/ops_small.json.gz " + cut.string());
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet conform: " + cut.string() +
+                       ": steps[0][2]: truncated JSON: the text ends at byte 65, with 3 objects or arrays left open; the "
+                       "file was cut short (an interrupted write or copy?): save or copy it again\n");
+}
+
+// Was: `top level: missing field "conf"`.
+TEST(BadInput, ConformSaysASnapshotIsNotARecording) {
+  const std::string readers =
+      "`cachet conform` compares an oracle recording with its op list; a snapshot is read by `cachet replay` (and "
+      "summary, plot, trace-info, tune)\n";
+  Out o = run("conform " + kData + "snapshots/mlp_train.pickle.gz");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet conform: " + kData +
+                       "snapshots/mlp_train.pickle.gz: a PyTorch memory snapshot (pickle from "
+                       "torch.cuda.memory._dump_snapshot()), not an oracle recording "
+                       "(results/res_<regime>_<config>.json.gz); " +
+                       readers);
+  o = run("conform " + kData + "workloads/gpt2_train.trace.json.gz");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet conform: " + kData +
+                       "workloads/gpt2_train.trace.json.gz: a PyTorch memory snapshot as JSON (its dict has "
+                       "\"device_traces\" or \"segments\"), not an oracle recording "
+                       "(results/res_<regime>_<config>.json.gz); " +
+                       readers);
+  // A snapshot in the OPS place.
+  o = run("conform " + kData + "snapshots/mlp_train.pickle.gz " + kData + "results/res_small_default.json.gz");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet conform: " + kData +
+                       "snapshots/mlp_train.pickle.gz: a PyTorch memory snapshot (pickle from "
+                       "torch.cuda.memory._dump_snapshot()), not an op list (ops/ops_<regime>.json.gz); " +
+                       readers);
+  // OPS and RESULT swapped.
+  o = run("conform " + kData + "results/res_small_default.json.gz " + kData + "ops/ops_small.json.gz");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet conform: " + kData +
+                       "ops/ops_small.json.gz: an op list (ops_*.json), not an oracle recording "
+                       "(results/res_<regime>_<config>.json.gz); pass the op list first: cachet conform OPS RESULT\n");
+}
+
+}  // namespace

@@ -1,7 +1,10 @@
 // The `cachet` command: subcommands register themselves (see command.h).
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "command.h"
@@ -18,6 +21,47 @@ bool register_command(Command c) {
   return true;
 }
 
+// Edit distance, for "did you mean".
+static std::size_t distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The message for a missing or unknown command (nullopt: argv names a command, or a flag that
+// CLI11 handles). The commands are listed, and the nearest one suggested when it is near.
+static std::optional<std::string> command_problem(int argc, char** argv, const std::vector<Command>& commands) {
+  std::string list;
+  for (const auto& c : commands) list += (list.empty() ? "" : ", ") + c.name;
+  const std::string tail = "commands: " + list + " (cachet --help says what each does)";
+  if (argc < 2) return "cachet: a command is required; " + tail;
+  const std::string given = argv[1];
+  if (given.empty() || given[0] == '-') return std::nullopt;
+  const Command* nearest = nullptr;
+  std::size_t best = SIZE_MAX;
+  for (const auto& c : commands) {
+    if (c.name == given) return std::nullopt;
+    std::size_t d = distance(given, c.name);
+    if (given.size() >= 3 && c.name.find(given) != std::string::npos) d = std::min<std::size_t>(d, 1);
+    if (d < best) best = d, nearest = &c;
+  }
+  std::string msg = "cachet: unknown command '" + given + "'";
+  if (nearest && best <= std::max<std::size_t>(2, given.size() / 3))
+    msg += "; did you mean '" + nearest->name + "'?";
+  else
+    msg += ".";
+  return msg + " The " + tail;
+}
+
 }  // namespace cachet::cli
 
 int main(int argc, char** argv) {
@@ -30,6 +74,10 @@ int main(int argc, char** argv) {
   auto& commands = registry();
   std::sort(commands.begin(), commands.end(),
             [](const Command& a, const Command& b) { return a.name < b.name; });
+  if (auto problem = command_problem(argc, argv, commands)) {
+    std::fprintf(stderr, "%s\n", problem->c_str());
+    return kExitBadInput;
+  }
   std::vector<std::pair<CLI::App*, Runner>> subs;
   for (auto& c : commands) {
     CLI::App* sub = app.add_subcommand(c.name, c.help);

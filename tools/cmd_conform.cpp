@@ -5,6 +5,7 @@
 // with the driver figures masked). Exit 0: no mismatch; 1: mismatches; 2: bad input.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -304,6 +305,47 @@ std::size_t conform_one(const std::string& engine_name, const EngineFactory& fac
   return done;
 }
 
+// An op list and a recording belong together when every allocation's step returned a pointer
+// or ran out of memory, every free's and empty_cache's step neither, and (requested_bytes being
+// exact) each allocation that succeeded grew requested_bytes.all.current by its size. The first
+// op that breaks this, with how many do; "" when none does.
+std::string pairing_problem(const std::vector<io::Op>& ops, const io::Recording& rec, const std::string& ops_path,
+                            const std::string& rec_path) {
+  const auto req = std::find(rec.stat_keys.begin(), rec.stat_keys.end(), "requested_bytes.all.current");
+  const std::size_t k = static_cast<std::size_t>(req - rec.stat_keys.begin());
+  auto op_text = [](const io::Op& op) {
+    switch (op.kind) {
+      case io::Op::Kind::Alloc: return fmt::format("an allocation of {} bytes", op.size);
+      case io::Op::Kind::Free: return std::string("a free");
+      case io::Op::Kind::EmptyCache: break;
+    }
+    return std::string("empty_cache()");
+  };
+  std::string first;
+  std::size_t bad = 0;
+  std::int64_t requested = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const io::Step& st = rec.steps[i];
+    const bool alloc = ops[i].kind == io::Op::Kind::Alloc;
+    std::string why;
+    if (alloc != (st.oom || st.result.has_value())) {
+      why = fmt::format("op {} of {} is {}, but step {} of {} {}", i, ops_path, op_text(ops[i]), i, rec_path,
+                        st.oom ? "ran out of memory" : st.result ? "returned a pointer" : "returned no pointer");
+    } else if (alloc && st.result && k < 6 && st.stats[k] - requested != static_cast<std::int64_t>(ops[i].size)) {
+      why = fmt::format("op {} of {} allocates {} bytes, but at step {} of {} requested_bytes.all.current grew by {}",
+                        i, ops_path, ops[i].size, i, rec_path, st.stats[k] - requested);
+    }
+    if (k < 6) requested = st.stats[k];
+    if (why.empty()) continue;
+    if (bad++ == 0) first = why;
+  }
+  if (bad == 0) return "";
+  return fmt::format("the op list and the recording do not belong together: {} ({} of {} ops disagree with their "
+                     "steps); pass the op list the recording was made from (results/res_<regime>_<config> pairs "
+                     "with ops/ops_<regime>)",
+                     first, bad, ops.size());
+}
+
 struct Options {
   std::vector<std::string> files;
   std::string ops;
@@ -364,6 +406,10 @@ int run(const Options& o) {
                  "cachet conform: %s has %zu ops but %s has %zu steps; they do not belong together "
                  "(pass the right --ops FILE)\n",
                  ops_path.c_str(), ops.size(), result_path.c_str(), rec.steps.size());
+    return kExitBadInput;
+  }
+  if (const std::string why = pairing_problem(ops, rec, ops_path, result_path); !why.empty()) {
+    std::fprintf(stderr, "cachet conform: %s\n", why.c_str());
     return kExitBadInput;
   }
   try {

@@ -4,7 +4,10 @@
 #if __has_include("cachet/replay/replay.h")
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -31,8 +34,30 @@ std::string base_name(const std::string& p) {
   return s == std::string::npos ? p : p.substr(s + 1);
 }
 
+// Why `path` cannot be written, checked before the replay (a missing folder, a folder given as
+// the file), or "" when it looks writable.
+std::string output_problem(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec))
+    return fmt::format("{} is a folder; give a file name, for example {}/memory.svg", path,
+                       path.ends_with('/') ? path.substr(0, path.size() - 1) : path);
+  const fs::path parent = fs::path(path).parent_path();
+  if (parent.empty()) return "";
+  const fs::file_status st = fs::status(parent, ec);
+  if (ec || !fs::exists(st))
+    return fmt::format("the folder {} does not exist ({}); create it first", parent.string(),
+                       ec ? ec.message() : std::strerror(ENOENT));
+  if (!fs::is_directory(st)) return fmt::format("{} is not a folder ({})", parent.string(), std::strerror(ENOTDIR));
+  return "";
+}
+
 int run_plot(const Args& a) {
   using namespace cachet::replay;
+  if (const std::string why = output_problem(a.output); !why.empty()) {
+    std::fprintf(stderr, "cachet plot: -o %s: cannot write there: %s\n", a.output.c_str(), why.c_str());
+    return kExitBadInput;
+  }
   auto in = load_trace_input("plot", a.path, a.conf, a.device_memory);
   if (!in) return kExitBadInput;
   const LoadedTrace& lt = in->loaded;
@@ -73,9 +98,11 @@ int run_plot(const Args& a) {
                            r.conf.empty() ? "(default)" : r.conf, human_bytes(r.peak_allocated()),
                            human_bytes(r.peak_reserved()), r.fragmentation(), t.events);
   const std::string svg = render_svg(d);
+  errno = 0;
   std::ofstream f(a.output, std::ios::binary);
-  if (!f || !f.write(svg.data(), static_cast<std::streamsize>(svg.size()))) {
-    std::fprintf(stderr, "cachet plot: cannot write %s\n", a.output.c_str());
+  if (!f || !f.write(svg.data(), static_cast<std::streamsize>(svg.size())) || !f.flush()) {
+    std::fprintf(stderr, "cachet plot: -o %s: cannot write there: %s\n", a.output.c_str(),
+                 errno ? std::strerror(errno) : "write error");
     return kExitBadInput;
   }
   if (auto note = trace_note(t); !note.empty()) std::fprintf(stderr, "%s\n", note.c_str());

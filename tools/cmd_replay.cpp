@@ -62,7 +62,7 @@ int run_replay(const Args& a) {
         Config c = parse_config(text, ConfigSource::Cachet).config;
         jobs.push_back({c, lt.recorded_config ? c == *lt.recorded_config : text.empty() && !lt.file.settings.conf});
       } catch (const ConfigError& e) {
-        std::fprintf(stderr, "cachet replay: --conf '%s': %s (column %zu)\n", text.c_str(), e.what(), e.column());
+        std::fprintf(stderr, "cachet replay: --conf '%s': %s\n", text.c_str(), e.what());
         return kExitBadInput;
       }
     }

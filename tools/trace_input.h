@@ -41,8 +41,7 @@ inline std::optional<TraceInput> load_trace_input(const char* cmd, const std::st
     try {
       in.config = parse_config(*conf, ConfigSource::Cachet).config;
     } catch (const ConfigError& e) {
-      std::fprintf(stderr, "cachet %s: --conf '%s': %s (column %zu)\n", cmd, conf->c_str(), e.what(),
-                   e.column());
+      std::fprintf(stderr, "cachet %s: --conf '%s': %s\n", cmd, conf->c_str(), e.what());
       return std::nullopt;
     }
     in.recorded = in.config == in.loaded.run.config;

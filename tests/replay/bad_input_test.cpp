@@ -2,12 +2,16 @@
 // (2, bad input) and the exact message: what was wrong, what the file is, and what to pass.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
+
+#include "cachet/io/file.h"
 
 namespace {
 
@@ -178,6 +182,99 @@ TEST(BadInput, ConformSaysASnapshotIsNotARecording) {
   EXPECT_EQ(o.err, "cachet conform: " + kData +
                        "ops/ops_small.json.gz: an op list (ops_*.json), not an oracle recording "
                        "(results/res_<regime>_<config>.json.gz); pass the op list first: cachet conform OPS RESULT\n");
+}
+
+// Was: "A subcommand is required" for a misspelt command. The list is checked by name (other
+// commands may join it), the suggestion exactly.
+TEST(BadInput, UnknownCommandIsNamedWithTheNearest) {
+  auto check = [](const std::string& args, const std::string& head) {
+    const Out o = run(args);
+    EXPECT_EQ(o.rc, 2) << args;
+    EXPECT_EQ(o.out, "") << args;
+    ASSERT_EQ(o.err.substr(0, head.size()), head) << o.err;
+    const std::string tail = " (cachet --help says what each does)\n";
+    ASSERT_GT(o.err.size(), head.size() + tail.size()) << o.err;
+    ASSERT_EQ(o.err.substr(o.err.size() - tail.size()), tail) << o.err;
+    std::vector<std::string> names;
+    std::stringstream list(o.err.substr(head.size(), o.err.size() - head.size() - tail.size()));
+    for (std::string n; std::getline(list, n, ',');) names.push_back(n.substr(n[0] == ' ' ? 1 : 0));
+    EXPECT_TRUE(std::is_sorted(names.begin(), names.end())) << o.err;
+    for (const char* want : {"check-conf", "conform", "plot", "replay", "summary", "trace-info", "tune"})
+      EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want << " in " << o.err;
+  };
+  check("replya x.pickle", "cachet: unknown command 'replya'; did you mean 'replay'? The commands: ");
+  check("trace x.pickle", "cachet: unknown command 'trace'; did you mean 'trace-info'? The commands: ");
+  check("chek-conf x", "cachet: unknown command 'chek-conf'; did you mean 'check-conf'? The commands: ");
+  check("frobnicate", "cachet: unknown command 'frobnicate'. The commands: ");
+  check("", "cachet: a command is required; commands: ");
+}
+
+// Was: "... ('12x' at column 21). Accepted: ... (column 21)": the column once.
+TEST(BadInput, ConfigurationErrorSaysItsColumnOnce) {
+  const std::string msg =
+      "--conf 'max_split_size_mb:12x': max_split_size_mb: unexpected text 'x' after the number ('12x' at column 21). "
+      "Accepted: a whole number of MiB >= large_segment_size_mb (20 by default), e.g. max_split_size_mb:128\n";
+  const std::string trace = kData + "snapshots/mlp_train.pickle.gz";
+  Out o = run("replay " + trace + " --conf 'max_split_size_mb:12x'");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet replay: " + msg);
+  o = run("summary " + trace + " --conf 'max_split_size_mb:12x'");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet summary: " + msg);
+  o = run("plot " + trace + " --conf 'max_split_size_mb:12x' -o " + (tmp_dir() / "c.svg").string());
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet plot: " + msg);
+}
+
+// Was: "cachet plot: cannot write DIR/x.svg", no reason.
+TEST(BadInput, PlotIntoAMissingFolderNamesTheFolderAndTheReason) {
+  const std::string trace = kData + "snapshots/mlp_train.pickle.gz";
+  const fs::path missing = tmp_dir() / "no_such_folder";
+  Out o = run("plot " + trace + " -o " + (missing / "mem.svg").string());
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet plot: -o " + (missing / "mem.svg").string() + ": cannot write there: the folder " +
+                       missing.string() + " does not exist (No such file or directory); create it first\n");
+  EXPECT_FALSE(fs::exists(missing));
+  // A file where the folder should be.
+  const fs::path file = tmp_dir() / "a_file";
+  write(file, "x");
+  o = run("plot " + trace + " -o " + (file / "mem.svg").string());
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet plot: -o " + (file / "mem.svg").string() + ": cannot write there: " + file.string() +
+                       " is not a folder (Not a directory)\n");
+  // A folder given as the file.
+  o = run("plot " + trace + " -o " + tmp_dir().string());
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet plot: -o " + tmp_dir().string() + ": cannot write there: " + tmp_dir().string() +
+                       " is a folder; give a file name, for example " + tmp_dir().string() + "/memory.svg\n");
+}
+
+// Was: 1596 mismatches listed for ops of another sequence with as many ops as the recording.
+TEST(BadInput, ConformDetectsAnOpListOfAnotherSequence) {
+  const std::string tail =
+      " ops disagree with their steps); pass the op list the recording was made from "
+      "(results/res_<regime>_<config> pairs with ops/ops_<regime>)\n";
+  // mixed and mixed_empty both have 3000 ops.
+  const std::string ops = kData + "ops/ops_mixed.json.gz";
+  const std::string res = kData + "results/res_mixed_empty_default.json.gz";
+  Out o = run("conform " + ops + " " + res);
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.out, "");
+  EXPECT_EQ(o.err, "cachet conform: the op list and the recording do not belong together: op 4 of " + ops +
+                       " allocates 28 bytes, but at step 4 of " + res +
+                       " requested_bytes.all.current grew by 2 (2326 of 3000" + tail);
+  // ops_small with its first alloc and free swapped: op 0 is a free where PyTorch returned a pointer.
+  std::string text = cachet::io::read_file(kData + "ops/ops_small.json.gz");
+  const std::string head = R"([["a", 0, 89, 0], ["f", 0], )";
+  ASSERT_EQ(text.substr(0, head.size()), head);
+  text.replace(0, head.size(), R"([["f", 0], ["a", 0, 89, 0], )");
+  const fs::path swapped = tmp_dir() / "ops_small_swapped.json";
+  write(swapped, text);
+  const std::string small = kData + "results/res_small_default.json.gz";
+  o = run("conform " + swapped.string() + " " + small);
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet conform: the op list and the recording do not belong together: op 0 of " + swapped.string() +
+                       " is a free, but step 0 of " + small + " returned a pointer (2 of 3000" + tail);
 }
 
 }  // namespace

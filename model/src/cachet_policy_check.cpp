@@ -7,11 +7,13 @@
 namespace cachet::model {
 
 void CachetPolicy::check_invariants() const {
-  auto fail = [](const std::string& what) {
-    throw std::logic_error("cachet model invariant: " + what);
+  // The rules of docs/invariants.md whose policy is cachet or both; a violation's message starts
+  // with its ID.
+  auto fail = [](const char* id, const std::string& what) {
+    throw std::logic_error(std::string(id) + " cachet model: " + what);
   };
   if (reservation_size_ == 0) {
-    if (!blocks_.empty() || !mapped_pages_.empty()) fail("blocks or pages before the reservation");
+    if (!blocks_.empty() || !mapped_pages_.empty()) fail("[INV-SEG-1]", "blocks or pages before the reservation");
     return;
   }
   DeviceStats re;
@@ -19,32 +21,31 @@ void CachetPolicy::check_invariants() const {
   const Block* prev = nullptr;
   for (const auto& [ptr, b] : blocks_) {
     const std::string at = " at block " + std::to_string(ptr - base_);
-    if (ptr != b.ptr || ptr != expect) fail("blocks do not tile the reservation" + at);
+    if (ptr != b.ptr || ptr != expect) fail("[INV-SEG-1]", "blocks do not tile the reservation" + at);
     expect = b.end();
     if (b.size == 0 || b.size % kCachetBlockAlign != 0 || b.ptr % kCachetBlockAlign != 0)
-      fail("size or alignment" + at);
+      fail("[INV-SIZE-1]", "size or alignment" + at);
     if (b.mapped()) {
       for (std::uint64_t p = page_of(b.ptr); p <= page_of(b.end() - 1); ++p)
-        if (!mapped_pages_.count(p)) fail("a mapped block on an unmapped page" + at);
+        if (!mapped_pages_.count(p)) fail("[INV-MAP-4]", "a mapped block on an unmapped page" + at);
     } else if (auto m = mapped_pages_.lower_bound(page_of(b.ptr));
                m != mapped_pages_.end() && *m <= page_of(b.end() - 1)) {
-      fail("a mapped page inside an unmapped block" + at);
+      fail("[INV-MAP-4]", "a mapped page inside an unmapped block" + at);
     }
     if (b.unmapped()) {
       if ((b.ptr - base_) % kCachetPage != 0 || b.size % kCachetPage != 0)
-        fail("unmapped block not page aligned" + at);
-      if (prev != nullptr && prev->unmapped()) fail("adjacent unmapped blocks" + at);
+        fail("[INV-MAP-3]", "unmapped block not page aligned" + at);
+      if (prev != nullptr && prev->unmapped()) fail("[INV-MERGE-1]", "adjacent unmapped blocks" + at);
     }  // (a live block is mapped by its state: Allocated and AwaitingEvents are mapped states)
     if (!b.uses.empty() && b.state() != BlockState::Allocated)
-      fail(std::string("[INV-STATE-2] stream uses on a block in state ") + state_name(b.state()) +
-           at);
+      fail("[INV-EVENT-3]", std::string("stream uses on a block in state ") + state_name(b.state()) + at);
     if (b.mapped_free() && prev != nullptr && prev->mapped_free() && prev->stream == b.stream)
-      fail("adjacent free blocks of one stream" + at);
+      fail("[INV-MERGE-1]", "adjacent free blocks of one stream" + at);
     if ((b.state() == BlockState::AwaitingEvents) != (events_.count(ptr) == 1))
-      fail("pending block without events (or events without one)" + at);
+      fail("[INV-EVENT-1]", "pending block without events (or events without one)" + at);
     if (b.live()) {
       if (b.size != (b.requested + kCachetBlockAlign - 1) / kCachetBlockAlign * kCachetBlockAlign)
-        fail("size is not the rounded request" + at);
+        fail("[INV-SIZE-4]", "size is not the rounded request" + at);
       const StatType pool = b.size <= kSmallSize ? StatType::SmallPool : StatType::LargePool;
       auto add = [pool](StatArray& a, std::int64_t n) {
         DeviceStats::for_all_and(a, pool, [n](Stat& s) { s.current += n; });
@@ -59,11 +60,11 @@ void CachetPolicy::check_invariants() const {
     }
     prev = &b;
   }
-  if (expect != base_ + reservation_size_) fail("blocks do not reach the reservation's end");
+  if (expect != base_ + reservation_size_) fail("[INV-SEG-1]", "blocks do not reach the reservation's end");
   auto same = [&](const char* name, const StatArray& got, const StatArray& want) {
     for (int i = 0; i < kNumStatTypes; ++i)
       if (got[i].current != want[i].current)
-        fail(std::string(name) + "[" + std::to_string(i) + "] = " + std::to_string(got[i].current) +
+        fail("[INV-STATS-1]", std::string(name) + "[" + std::to_string(i) + "] = " + std::to_string(got[i].current) +
              ", recount " + std::to_string(want[i].current));
   };
   same("allocation", stats_.allocation, re.allocation);
@@ -74,11 +75,11 @@ void CachetPolicy::check_invariants() const {
   const auto mapped = static_cast<std::int64_t>(mapped_bytes());
   if (stats_.reserved_bytes[0].current != mapped || stats_.reserved_bytes[2].current != mapped ||
       stats_.reserved_bytes[1].current != 0)
-    fail("reserved_bytes is not the mapped bytes");
+    fail("[INV-STATS-1]", "reserved_bytes is not the mapped bytes");
   if (stats_.segment[0].current != mapped_runs() || stats_.segment[2].current != mapped_runs())
-    fail("segment is not the number of runs of mapped pages");
-  if (touched_pages() > peak_touched_) fail("touched pages above their high-water mark");
-  // [P1]: mapped pages <= budget(T) + free pages split between free blocks of different streams.
+    fail("[INV-STATS-1]", "segment is not the number of runs of mapped pages");
+  if (touched_pages() > peak_touched_) fail("[INV-PAGE-2]", "touched pages above their high-water mark");
+  // [INV-BUDGET-1]: mapped pages <= budget(T) + free pages split between free blocks of different streams.
   {
     const Bytes idle =
         mapped_pages_.size() - touched_pages();  // live blocks touch mapped pages only
@@ -86,13 +87,12 @@ void CachetPolicy::check_invariants() const {
     const Bytes split = idle - whole;
     const Bytes budget = peak_touched_ + peak_touched_ / kCachetSlack;
     if (mapped_pages_.size() > budget + split)
-      fail("[P1] " + std::to_string(mapped_pages_.size()) + " pages mapped, budget " +
+      fail("[INV-BUDGET-1]", std::to_string(mapped_pages_.size()) + " pages mapped, budget " +
            std::to_string(budget) + " + " + std::to_string(split) + " split free pages");
   }
-  // [P3]: the cap.
-  // [P3]: the cap; above it (a lowered cap) only while no whole free page is left to unmap.
+  // [INV-CAP-1]: the cap; above it (a lowered cap) only while no whole free page is left to unmap.
   if (allowed_max_ && mapped_bytes() > *allowed_max_ && count_whole_free_pages(0, 0) > 0)
-    fail("[P3] mapped bytes above the cap with whole free pages still mapped");
+    fail("[INV-CAP-1]", "mapped bytes above the cap with whole free pages still mapped");
 }
 
 }  // namespace cachet::model

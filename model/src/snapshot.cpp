@@ -1,6 +1,6 @@
-// memory_snapshot() (docs/pytorch-allocator.md §8) and the structural invariants (block.h; §5.3's
-// consistency rule).
+// memory_snapshot() (docs/pytorch-allocator.md §8) and check_invariants() (docs/invariants.md).
 #include <algorithm>
+#include <map>
 #include <stdexcept>
 #include <string>
 
@@ -54,45 +54,63 @@ Snapshot Allocator::snapshot() const {
 }
 
 void Allocator::check_invariants() const {
-  auto fail = [](const std::string& what) { throw std::logic_error("model invariant: " + what); };
+  // The rules of docs/invariants.md whose policy is pytorch or both; a violation's message starts
+  // with its ID.
+  auto fail = [](const char* id, const std::string& what) {
+    throw std::logic_error(std::string(id) + " model: " + what);
+  };
   for (const BlockPool* pool : {&large_blocks_, &small_blocks_}) {
     for (const Block* b : pool->blocks) {
       if (!b->is_free())
-        fail(std::string("[INV-POOL-1] a block in state ") + state_name(b->state()) +
-             " is in the best-fit set");
-      if (b->pool != pool) fail("[INV-POOL-1] a block is in the wrong pool");
+        fail("[INV-POOL-1]", std::string("a block in state ") + state_name(b->state()) +
+                                 " is in the best-fit set");
+      if (b->pool != pool) fail("[INV-POOL-1]", "a block is in the wrong pool");
     }
-    for (const Block* b : pool->unmapped)
-      if (!b->is_unmapped() || b->expandable == nullptr) fail("[INV-POOL-1] bad unmapped block");
+    for (const Block* b : pool->unmapped) {
+      if (!b->is_unmapped())
+        fail("[INV-POOL-1]", std::string("a block in state ") + state_name(b->state()) +
+                                 " is in the unmapped set");
+      if (b->expandable == nullptr) fail("[INV-MAP-2]", "an unmapped block of a cudaMalloc segment");
+    }
   }
+  std::map<const Block*, int> queued;  // [INV-EVENT-2]
+  for (const auto& [stream, events] : cuda_events_)
+    for (const Event& e : events) ++queued[e.block];
   for (const auto& [key, owned] : owned_) {
     const Block* b = owned.get();
     const std::string at = " at " + std::to_string(b->ptr);
-    if (b->next != nullptr && (b->next->prev != b || b->next->ptr != b->ptr + b->size))
-      fail("[INV-SEG-1] broken link" + at);
+    if (b->size == 0 || b->size % kMinBlockSize != 0)
+      fail("[INV-SIZE-1]", "size " + std::to_string(b->size) + " is not a multiple of 512" + at);
+    if (b->next != nullptr && b->next->ptr != b->ptr + b->size)
+      fail("[INV-SEG-1]", "the next block does not start where this one ends" + at);
+    if (b->next != nullptr && b->next->prev != b) fail("[INV-SEG-2]", "broken link" + at);
     if (b->is_free_or_unmapped() && b->next != nullptr && b->next->state() == b->state() &&
         (b->pool->blocks.contains(const_cast<Block*>(b)) || b->is_unmapped()))
-      fail("[INV-SEG-2] two free neighbours not merged" + at);
-    // [INV-STATE-2]: the state agrees with the events, the stream uses and the containers.
+      fail("[INV-MERGE-1]", "two free neighbours not merged" + at);
+    // The state agrees with the events, the stream uses and the containers.
     const BlockState s = b->state();
     if ((s == BlockState::AwaitingEvents) != (b->event_count > 0))
-      fail(std::string("[INV-STATE-2] ") + state_name(s) + " with " +
-           std::to_string(b->event_count) + " outstanding events" + at);
+      fail("[INV-EVENT-1]", std::string(state_name(s)) + " with " +
+                                std::to_string(b->event_count) + " outstanding events" + at);
+    const int q = queued.count(b) ? queued.at(b) : 0;
+    if (q != b->event_count)
+      fail("[INV-EVENT-2]", "event_count " + std::to_string(b->event_count) + " but " +
+                                std::to_string(q) + " queued events" + at);
     if (s != BlockState::Allocated && !b->stream_uses.empty())
-      fail(std::string("[INV-STATE-2] stream uses on a block in state ") + state_name(s) + at);
+      fail("[INV-EVENT-3]", std::string("stream uses on a block in state ") + state_name(s) + at);
     const bool active = s == BlockState::Allocated || s == BlockState::AwaitingEvents;
     if (active != (find_active(b->ptr) == b))
-      fail(std::string("[INV-STATE-2] active_blocks disagrees with state ") + state_name(s) + at);
+      fail("[INV-POOL-1]", std::string("active_blocks disagrees with state ") + state_name(s) + at);
     if (s == BlockState::Free && !b->pool->blocks.contains(const_cast<Block*>(b)))
-      fail("[INV-STATE-2] a Free block outside its pool" + at);
+      fail("[INV-POOL-1]", "a Free block outside its pool" + at);
     if (s == BlockState::Unmapped && !b->pool->unmapped.contains(const_cast<Block*>(b)))
-      fail("[INV-STATE-2] an Unmapped block outside its pool's unmapped set" + at);
+      fail("[INV-POOL-1]", "an Unmapped block outside its pool's unmapped set" + at);
   }
   if (active_blocks_.size() + large_blocks_.blocks.size() + small_blocks_.blocks.size() +
           large_blocks_.unmapped.size() + small_blocks_.unmapped.size() !=
       owned_.size())
-    fail("[INV-STATE-2] a block is in no container, or in two");
-  // §5.3: the stats agree with the structure.
+    fail("[INV-POOL-1]", "a block is in no container, or in two");
+  // [INV-STATS-1]: the stats agree with the structure (§5.3).
   std::int64_t segments = 0, reserved = 0, allocated = 0, active_bytes = 0, allocations = 0,
                active = 0, inactive_split = 0, inactive_split_bytes = 0;
   for (const SegmentSnapshot& s : snapshot()) {
@@ -115,7 +133,7 @@ void Allocator::check_invariants() const {
   }
   auto check = [&](const char* name, std::int64_t counted, std::int64_t stat) {
     if (counted != stat)
-      fail(std::string(name) + ": structure has " + std::to_string(counted) + ", stats say " +
+      fail("[INV-STATS-1]", std::string(name) + ": structure has " + std::to_string(counted) + ", stats say " +
            std::to_string(stat));
   };
   check("segment", segments, stats_.segment[0].current);

@@ -2,8 +2,8 @@
 # cachet_gpu_mutant_<n> (gpu/src/mutant.h). Each ctest runs it with a fixed seed and ONE check
 # (CACHET_PROPS_CHECKS), the lockstep comparison off, and passes only when that check failed
 # ("property failed: <check>" in the output): the table below is which check kills which mutant.
-# An entry "<n>:sut-invariants:INV-<k>" also requires that gpu's invariants() reported [INV-<k>]
-# in that failure: every numbered invariant of gpu/README.md kills at least one mutant.
+# An entry "<n>:sut-invariants:<ID>" also requires that gpu's invariants() reported [<ID>] (an ID
+# of docs/invariants.md) in that failure.
 # An entry "<n>:lockstep:trace" requires that the lockstep failure was the trace-event order
 # ("trace events differ": cachet/lockstep.h compares each op's trace events in order).
 # props_mutant_<n>_regressions (CACHET_PROPS_MUTANT_REGRESSIONS "<n>:<file>") replays a case of
@@ -20,16 +20,16 @@ set(CACHET_PROPS_MUTANT_KILLS
   "5:stream" "5:lockstep"
   "6:pending-event" "6:lockstep"
   "7:split-limit" "7:lockstep"
-  "1:sut-invariants:INV-4"
-  "8:no-overlap" "8:tiling" "8:sut-invariants:INV-1"
+  "1:sut-invariants:INV-MERGE-1"
+  "8:no-overlap" "8:tiling" "8:sut-invariants:INV-SEG-1"
   "9:memory-cap" "9:lockstep"
-  "10:sut-invariants:INV-8" "10:lockstep"
-  "11:sut-invariants:INV-2"
-  "12:sut-invariants:INV-9" "12:replay" "12:lockstep"
-  "13:sut-invariants:INV-5" "13:lockstep"
-  "14:sut-invariants:INV-7"
-  "15:sut-invariants:INV-6" "15:lockstep"
-  "16:sut-invariants:INV-3"
+  "10:sut-invariants:INV-CAP-1" "10:lockstep"
+  "11:sut-invariants:INV-SEG-2"
+  "12:sut-invariants:INV-EVENT-2" "12:replay" "12:lockstep"
+  "13:sut-invariants:INV-SIZE-2" "13:lockstep"
+  "14:sut-invariants:INV-STATS-1"
+  "15:sut-invariants:INV-POOL-1" "15:lockstep"
+  "16:sut-invariants:INV-SEG-3"
   "24:lockstep:trace")
 set(CACHET_PROPS_MUTANT_REGRESSIONS "24:gc_largest_first.ops:trace events differ")
 set(_built "")
@@ -47,7 +47,7 @@ foreach(pair IN LISTS CACHET_PROPS_MUTANT_KILLS)
     if(inv STREQUAL "trace")
       set(expect "property failed: lockstep\ntrace events differ")
     else()
-      # ... and [INV-k] among the violations listed right after it.
+      # ... and [<ID>] among the violations listed right after it.
       set(expect "property failed: ${check}\nsut invariants\\(\\) violated\n(  [^\n]*\n)*  \\[${inv}\\]")
     endif()
   endif()

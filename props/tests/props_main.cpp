@@ -66,7 +66,7 @@ using lockstep::Op;
 // Every named check; CACHET_PROPS_CHECKS selects a subset.
 const std::vector<std::string> kChecks{
     "lockstep",        // same pointer or error, same 122 stats, same snapshot, both invariants
-    "sut-invariants",  // the allocator's invariants() (gpu/README.md INV-1..9)
+    "sut-invariants",  // the allocator's invariants() (docs/invariants.md)
     "no-overlap",      // segments and live blocks never overlap; every block inside its segment
     "tiling",          // blocks tile each segment exactly, in address order
     "coalescing",      // no two adjacent free blocks (no pending events) in one segment

@@ -178,7 +178,7 @@ TEST_P(Fault, FailedEventCreateLeavesTheBlockAllocated) {
 // caller as a DeviceError naming the call and leaves the block allocated, with its stream uses,
 // the stats, the snapshot and the trace as they were; freeing it again once the device works
 // gives every byte back. Before the fix, policy:cachet took the block off the allocated stats
-// and marked it pending with fewer events than stream uses (none for k = 1: leaked, [C-4]).
+// and marked it pending with fewer events than stream uses (none for k = 1: leaked, [INV-EVENT-1]).
 using EventFailParam = std::tuple<Policy, std::uint64_t>;
 class FaultDuringFree : public ::testing::TestWithParam<EventFailParam> {};
 

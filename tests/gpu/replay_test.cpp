@@ -139,7 +139,7 @@ TEST_P(Replay, MatchesPyTorch) {
 }
 
 
-// The same replays in validate mode: invariants() after every op (INV-1..9 of gpu/README.md).
+// The same replays in validate mode: invariants() after every op (docs/invariants.md).
 TEST_P(Replay, InvariantsHoldAfterEveryOp) {
   const io::Recording rec = io::read_recording(recording_path(GetParam()));
   const std::vector<io::Op> ops = io::read_ops(io::ops_path_for(rec.path));

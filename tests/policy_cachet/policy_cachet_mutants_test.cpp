@@ -4,10 +4,10 @@
 //
 //   R2-ends        a hot-path allocation (no map call) lies at the HIGH end of the free block it
 //                  came from when small (<= 1 MiB), at its low end when large
-//   P2-stream      no allocation gets memory another stream freed, unless unmapped since
+//   stream-reuse   no allocation gets memory another stream freed, unless unmapped since
 //   pending-event  a block freed with stream uses stays pending (in the snapshot, and no
 //                  allocation overlaps it) until the events of those streams have completed
-//   P1             mapped pages <= T + T/64 + free pages split between free blocks, T the
+//   budget         mapped pages <= T + T/64 + free pages split between free blocks, T the
 //                  high-water mark of pages touched by live blocks (kept here)
 //   cap            reserved <= the memory cap (set once, never lowered here)
 //   R7-fit         no OutOfMemory while a free block of the requesting stream, freed by it and
@@ -15,7 +15,7 @@
 //   reserved       reserved_bytes == the mapped pages of the snapshot
 //   stats          allocated_bytes == the live blocks' rounded sizes; allocated <= reserved
 //   no-overlap, align   live blocks are disjoint and 512-aligned
-//   [C-n], [P1]    an invariant of CachetPolicy::invariants(), by its tag
+//   [INV-...]      an invariant of CachetPolicy::invariants(), by its ID (docs/invariants.md)
 //
 // On the real library (cachet_gpu) no check fires. Linked against cachet_gpu_mutant_<n> with
 // CACHET_EXPECT_MUTANT=<n> in the environment (ctest policy_cachet_mutant_<n>_test, label
@@ -45,8 +45,8 @@ namespace {
 
 // The check that must fire for each mutant.
 const std::map<int, std::string> kKilledBy = {
-    {17, "R2-ends"}, {18, "P2-stream"},     {19, "[P1]"},  {20, "[C-5]"},
-    {21, "[C-6]"},   {22, "pending-event"}, {23, "R7-fit"}};
+    {17, "R2-ends"},     {18, "stream-reuse"},  {19, "[INV-BUDGET-1]"}, {20, "[INV-STATS-1]"},
+    {21, "[INV-CAP-1]"}, {22, "pending-event"}, {23, "R7-fit"}};
 
 struct Fired {
   std::string check, detail;
@@ -66,7 +66,7 @@ struct Failed {
   throw Failed{{check, detail}};
 }
 
-// The tag of the first invariant in an InvariantViolation message ("[C-5]", "[P1]").
+// The tag of the first invariant in an InvariantViolation message ("[INV-STATS-1]").
 std::string tag_of(const std::string& msg) {
   const auto a = msg.find("\n  [");
   if (a == std::string::npos) return "invariant";
@@ -106,14 +106,14 @@ Fired run(std::uint64_t seed, bool capped, int ops) {
   Bytes peak_touched = 0;
   int op = 0;
   auto at = [&op](const std::string& s) { return "op " + std::to_string(op) + ": " + s; };
-  // [P2], from the trace; keeps `dirty` (freed memory per stream, not unmapped since).
+  // The stream-reuse promise, from the trace; keeps `dirty` (freed memory per stream, not unmapped since).
   auto scan_trace = [&] {
     for (const TraceEvent& e : a->trace()) {
       if (e.action == TraceAction::Alloc) {
         const Bytes sz = rounded(e.size);
         for (auto& [s, rg] : dirty)
           if (s != e.stream && rg.intersects(e.addr, e.addr + sz))
-            fire("P2-stream", at("stream " + std::to_string(e.stream) + " got stream " +
+            fire("stream-reuse", at("stream " + std::to_string(e.stream) + " got stream " +
                                  std::to_string(s) + "'s freed memory"));
         dirty[e.stream].remove(e.addr, e.addr + sz);
       } else if (e.action == TraceAction::FreeCompleted) {
@@ -220,7 +220,7 @@ Fired run(std::uint64_t seed, bool capped, int ops) {
         fire("reserved", at("reserved " + std::to_string(reserved) + " != mapped pages " +
                             std::to_string(pg.mapped)));
       if (pg.mapped > peak_touched + peak_touched / 64 + pg.split)
-        fire("P1", at(std::to_string(pg.mapped) + " pages mapped, touched high-water mark " +
+        fire("budget", at(std::to_string(pg.mapped) + " pages mapped, touched high-water mark " +
                       std::to_string(peak_touched)));
       if (capped && reserved > static_cast<std::int64_t>(cap))
         fire("cap", at("reserved above the cap"));

@@ -4,7 +4,8 @@
 // whole free pages moved instead of growing); addresses are relative to the reservation's
 // base, which the first allocation of an empty allocator always gets. Every allocator here
 // runs in validate mode (CachetPolicy::invariants() after each operation); the random
-// sequences also check promises [P1]-[P3] from outside, on snapshots and the trace only.
+// sequences also check the promises [INV-BUDGET-1], stream reuse and [INV-CAP-1] from outside,
+// on snapshots and the trace only.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -131,7 +132,7 @@ TEST(PolicyCachet, BlocksPackIntoPages) {
   EXPECT_EQ(g.a->stats().num_device_alloc, 5);
 }
 
-// [P1]: pages move to where they are needed instead of reserved growing.
+// [INV-BUDGET-1]: pages move to where they are needed instead of reserved growing.
 TEST(PolicyCachet, FreePagesMoveInsteadOfGrowing) {
   auto h = make();
   void* a = h.a->allocate(2 * MiB, 0);
@@ -156,7 +157,7 @@ TEST(PolicyCachet, FreePagesMoveInsteadOfGrowing) {
   (void)b;
 }
 
-// [P2]: a stream's freed memory goes to another stream only through an unmap.
+// Stream reuse: a stream's freed memory goes to another stream only through an unmap.
 TEST(PolicyCachet, OtherStreamsGetMemoryOnlyAfterUnmap) {
   auto h = make();
   const StreamId s1 = 11, s2 = 22;
@@ -180,7 +181,7 @@ TEST(PolicyCachet, OtherStreamsGetMemoryOnlyAfterUnmap) {
   EXPECT_EQ(s.num_device_alloc, 4);
 }
 
-// [P2]: stream uses hold the block until their events complete.
+// Stream reuse: stream uses hold the block until their events complete.
 TEST(PolicyCachet, PendingFreeWaitsForEvents) {
   auto h = make();
   void* p = h.a->allocate(2 * MiB, 0);
@@ -200,7 +201,7 @@ TEST(PolicyCachet, PendingFreeWaitsForEvents) {
   EXPECT_EQ(h.sim->live_events(), 1u);  // pooled for reuse
 }
 
-// [P3]: under a cap, free pages of any stream are given back before an OOM.
+// [INV-CAP-1]: under a cap, free pages of any stream are given back before an OOM.
 TEST(PolicyCachet, CapMovesPagesBetweenStreamsThenOoms) {
   auto h = make(64 * MiB);
   h.a->set_memory_fraction(1.0 / 32);  // 2 MiB
@@ -333,7 +334,7 @@ void random_run(std::uint64_t seed, bool capped, OomCounts out[3] = nullptr) {
   std::map<StreamId, Ranges> dirty;  // freed memory per stream, not unmapped since
   std::set<StreamId> streams_used;
   OomCounts ooms[3];
-  Bytes peak_touched = 0;  // [P1]'s T, kept here from the snapshots
+  Bytes peak_touched = 0;  // [INV-BUDGET-1]'s T, kept here from the snapshots
   auto uniform = [&](std::uint64_t lo, std::uint64_t hi) {
     return std::uniform_int_distribution<std::uint64_t>(lo, hi)(rng);
   };
@@ -362,7 +363,7 @@ void random_run(std::uint64_t seed, bool capped, OomCounts out[3] = nullptr) {
           // touched pages); counted, not asserted: see bench/RESULTS.md.
           if (requested + size + kPage * streams_used.size() <= cap) ++ooms[i].under;
           if (i == 0) {
-            // [P3]: an OOM only after every whole free page was given back: then every mapped
+            // [INV-CAP-1]: an OOM only after every whole free page was given back: then every mapped
             // page holds live bytes.
             const Pages pg = pages_of(h.a->snapshot());
             EXPECT_EQ(I(pg.touched * kPage), cur(h.a->stats().reserved_bytes)) << "op " << op;
@@ -387,7 +388,7 @@ void random_run(std::uint64_t seed, bool capped, OomCounts out[3] = nullptr) {
     } else {
       for (auto& x : hs) x.a->empty_cache();
     }
-    // The trace, read from outside: [P2] no block goes to another stream before an unmap.
+    // The trace, read from outside, the stream-reuse promise: no block goes to another stream before an unmap.
     for (const TraceEvent& e : h.a->trace()) {
       switch (e.action) {
         case TraceAction::Alloc: {
@@ -413,14 +414,14 @@ void random_run(std::uint64_t seed, bool capped, OomCounts out[3] = nullptr) {
     }
     h.a->clear_trace();
     const auto st = h.a->stats();
-    // [P1], from the snapshot: mapped pages <= budget(T) = T + floor(T / 64), T the high-water
+    // [INV-BUDGET-1], from the snapshot: mapped pages <= budget(T) = T + floor(T / 64), T the high-water
     // mark of pages touched by live blocks, plus the free pages split between free blocks of
     // different streams.
     const Pages pg = pages_of(h.a->snapshot());
     peak_touched = std::max(peak_touched, pg.touched);
     EXPECT_EQ(I(pg.mapped * kPage), cur(st.reserved_bytes)) << "op " << op;
     EXPECT_LE(pg.mapped, peak_touched + peak_touched / 64 + pg.split)
-        << "op " << op << ": [P1] " << pg.mapped << " pages mapped, touched high-water mark "
+        << "op " << op << ": [INV-BUDGET-1] " << pg.mapped << " pages mapped, touched high-water mark "
         << peak_touched << ", " << pg.split << " split free pages";
     if (capped) {
       EXPECT_LE(cur(st.reserved_bytes), I(cap)) << "op " << op;

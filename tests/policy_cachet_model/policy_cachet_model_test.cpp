@@ -659,7 +659,7 @@ TEST(Lockstep, LoweredCapTrimsToTheCap) {
   m.set_memory_fraction(0.0085);  // below the live blocks' 10 pages: nothing to unmap yet
   EXPECT_EQ(m.mapped_bytes(), 20 * MiB);
   EXPECT_EQ(m.stats().num_device_free, 0);
-  m.check_invariants();  // [P3] allows it: no whole free page is mapped
+  m.check_invariants();  // [INV-CAP-1] allows it: no whole free page is mapped
   m.free(a);             // pages 0-4 whole free, 6 over the cap: all 5 unmapped, in one call
   EXPECT_EQ(m.mapped_bytes(), 10 * MiB);
   EXPECT_EQ(m.stats().num_device_free, 1);

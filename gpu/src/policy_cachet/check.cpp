@@ -1,6 +1,7 @@
 // policy:cachet (CachetPolicy, policy_cachet/policy.h; design and promises: cachet/gpu/policy_cachet.h):
-// invariants() and what it calls (never mutated: built once, without
-// mutant.h, so the checker stays the real one).
+// invariants(): the rules of docs/invariants.md whose policy is cachet or both, each violation
+// starting with its ID; and what it calls (never mutated: built once, without mutant.h, so the
+// checker stays the real one).
 #include <algorithm>
 #include <iterator>
 #include <stdexcept>
@@ -52,54 +53,54 @@ std::vector<std::string> CachetPolicy::invariants() const {
   Bytes mapped = 0;
   std::size_t n_free = 0, n_unmapped = 0, n_active = 0, n_events = 0;
   std::int64_t runs = 0;
-  // [C-4] the trees are in their order (blocks grow and shrink in place when the order holds).
+  // [INV-POOL-2] the trees are in their order (blocks grow and shrink in place when the order holds).
   for (auto it = free_.begin(); it != free_.end() && std::next(it) != free_.end(); ++it)
     if (!SizeOrder{}(*it, *std::next(it)))
-      fail("[C-4] free_ out of size order at block " + hex(it->ptr));
+      fail("[INV-POOL-2] free_ out of size order at block " + hex(it->ptr));
   for (auto it = unmapped_.begin(); it != unmapped_.end() && std::next(it) != unmapped_.end(); ++it)
     if (!(it->ptr < std::next(it)->ptr))
-      fail("[C-4] unmapped_ out of address order at block " + hex(it->ptr));
+      fail("[INV-POOL-2] unmapped_ out of address order at block " + hex(it->ptr));
   DevicePtr expect = base_;
   const CBlock* prev = nullptr;
   for (const CBlock* b = head_; b != nullptr; prev = b, b = b->next) {
     const std::string at = " (block " + hex(b->ptr) + ")";
-    if (b->ptr != expect) fail("[C-1] gap or overlap at " + hex(expect) + at);
-    if (b->prev != prev) fail("[C-1] prev link broken" + at);
+    if (b->ptr != expect) fail("[INV-SEG-1] gap or overlap at " + hex(expect) + at);
+    if (b->prev != prev) fail("[INV-SEG-2] prev link broken" + at);
     expect = b->end();
     if (b->size == 0 || b->size % kCachetAlign != 0 || b->ptr % kCachetAlign != 0)
-      fail("[C-2] size/alignment" + at);
+      fail("[INV-SIZE-1] size/alignment" + at);
     if (b->mapped) {
       mapped += b->size;
       if (prev == nullptr || !prev->mapped) ++runs;
     }
     if (b->state == CBlock::State::Free) {
-      if (b->event_count != 0) fail("[C-4] free block with events" + at);
+      if (b->event_count != 0) fail("[INV-EVENT-1] free block with events" + at);
       if (!b->mapped) {
         ++n_unmapped;
         if (b->ptr % kPage != 0 || b->size % kPage != 0)
-          fail("[C-3] unmapped block not page aligned" + at);
+          fail("[INV-MAP-3] unmapped block not page aligned" + at);
         if (b->next != nullptr && b->next->is_unmapped())
-          fail("[C-3] adjacent unmapped blocks" + at);
+          fail("[INV-MERGE-1] adjacent unmapped blocks" + at);
         if (auto u = unmapped_.find(b->ptr, CAddrOrder{}); u == unmapped_.end() || &*u != b)
-          fail("[C-4] unmapped block not in unmapped_" + at);
+          fail("[INV-POOL-1] unmapped block not in unmapped_" + at);
       } else {
         ++n_free;
         if (b->next != nullptr && b->next->is_mapped_free() && b->next->stream == b->stream)
-          fail("[C-3] adjacent free blocks of one stream" + at);
+          fail("[INV-MERGE-1] adjacent free blocks of one stream" + at);
         auto it = free_.find(SizeKey{b->stream, b->size, b->ptr}, SizeOrder{});
-        if (it == free_.end() || &*it != b) fail("[C-4] free block not in free_" + at);
+        if (it == free_.end() || &*it != b) fail("[INV-POOL-1] free block not in free_" + at);
         // A mapped free block touches only mapped pages: its neighbours on shared pages are mapped.
         if (b->ptr % kPage != 0 && b->prev != nullptr && !b->prev->mapped)
-          fail("[C-3] free block on an unmapped page" + at);
+          fail("[INV-MAP-4] free block on an unmapped page" + at);
       }
     } else {
       ++n_active;
-      if (!b->mapped) fail("[C-3] active block not mapped" + at);
-      if (active_.find(b->ptr) != b) fail("[C-4] active block not in active_" + at);
+      if (!b->mapped) fail("[INV-MAP-1] active block not mapped" + at);
+      if (active_.find(b->ptr) != b) fail("[INV-POOL-1] active block not in active_" + at);
       if (b->size != align_up(b->requested, kCachetAlign))
-        fail("[C-2] size is not the rounded request" + at);
+        fail("[INV-SIZE-4] size is not the rounded request" + at);
       if ((b->state == CBlock::State::Pending) != (b->event_count > 0))
-        fail("[C-4] pending/event_count mismatch" + at);
+        fail("[INV-EVENT-1] pending/event_count mismatch" + at);
       n_events += static_cast<std::size_t>(b->event_count);
       const StatType pool = pool_of(b->size);
       const auto n = static_cast<std::int64_t>(b->size);
@@ -114,19 +115,19 @@ std::vector<std::string> CachetPolicy::invariants() const {
     }
   }
   if (base_ != 0 && expect != base_ + va_size_)
-    fail("[C-1] blocks end at " + hex(expect) + ", not at the reservation's end");
+    fail("[INV-SEG-1] blocks end at " + hex(expect) + ", not at the reservation's end");
   if (n_free != free_.size())
-    fail("[C-4] free_ holds " + std::to_string(free_.size()) + " blocks, " +
+    fail("[INV-POOL-1] free_ holds " + std::to_string(free_.size()) + " blocks, " +
          std::to_string(n_free) + " expected");
-  if (n_unmapped != unmapped_.size()) fail("[C-4] unmapped_ size mismatch");
-  if (n_active != active_.size()) fail("[C-4] active_ size mismatch");
-  if (n_events != events_.size()) fail("[C-4] event count mismatch");
+  if (n_unmapped != unmapped_.size()) fail("[INV-POOL-1] unmapped_ size mismatch");
+  if (n_active != active_.size()) fail("[INV-POOL-1] active_ size mismatch");
+  if (n_events != events_.size()) fail("[INV-EVENT-2] event count mismatch");
   if (mapped != mapped_)
-    fail("[C-5] mapped bytes " + std::to_string(mapped) + " != " + std::to_string(mapped_));
+    fail("[INV-STATS-1] mapped bytes " + std::to_string(mapped) + " != " + std::to_string(mapped_));
   auto cmp = [&](const char* name, const StatArray& got, const StatArray& want) {
     for (int i = 0; i < kNumStatTypes; ++i)
       if (got[i].current != want[i].current)
-        fail(std::string("[C-5] ") + name + "[" + std::to_string(i) + "] = " +
+        fail(std::string("[INV-STATS-1] ") + name + "[" + std::to_string(i) + "] = " +
              std::to_string(got[i].current) + ", recount " + std::to_string(want[i].current));
   };
   cmp("allocation", stats_.allocation, re.allocation);
@@ -137,12 +138,12 @@ std::vector<std::string> CachetPolicy::invariants() const {
   if (stats_.reserved_bytes[0].current != static_cast<std::int64_t>(mapped) ||
       stats_.reserved_bytes[2].current != static_cast<std::int64_t>(mapped) ||
       stats_.reserved_bytes[1].current != 0)
-    fail("[C-5] reserved_bytes != mapped bytes " + std::to_string(mapped));
+    fail("[INV-STATS-1] reserved_bytes != mapped bytes " + std::to_string(mapped));
   if (stats_.segment[0].current != runs || stats_.segment[2].current != runs)
-    fail("[C-5] segment = " + std::to_string(stats_.segment[0].current) +
+    fail("[INV-STATS-1] segment = " + std::to_string(stats_.segment[0].current) +
          ", runs of mapped pages " + std::to_string(runs));
   if (touched_bytes() != touched_pages_ * kPage)
-    fail("[C-7] touched pages " + std::to_string(touched_pages_) + ", recount " +
+    fail("[INV-PAGE-1] touched pages " + std::to_string(touched_pages_) + ", recount " +
          std::to_string(touched_bytes() / kPage));
   {
     // Counts are kept for the first and last page of each live block (touch()).
@@ -153,23 +154,24 @@ std::vector<std::string> CachetPolicy::invariants() const {
         ++live[first];
         if (last != first) ++live[last];
       }
-    if (live != page_live_) fail("[C-7] live-page counts differ from a recount");
+    if (live != page_live_) fail("[INV-PAGE-1] live-page counts differ from a recount");
   }
   {
-    // Free pages split between free blocks of different streams cannot be unmapped (R6).
+    // [INV-BUDGET-1]; free pages split between free blocks of different streams cannot be
+    // unmapped (R6).
     const Bytes idle = mapped / kPage - touched_pages_;
     const Bytes whole = whole_free_pages(0, 0);
     const Bytes split = idle > whole ? idle - whole : 0;
     if (mapped / kPage > budget_pages(peak_touched_pages_) + split)
-      fail("[P1] " + std::to_string(mapped / kPage) + " pages mapped, budget " +
+      fail("[INV-BUDGET-1] " + std::to_string(mapped / kPage) + " pages mapped, budget " +
            std::to_string(budget_pages(peak_touched_pages_)) + " (touched high-water mark " +
            std::to_string(peak_touched_pages_) + ") + " + std::to_string(split) +
            " split free pages");
   }
-  // [C-6] = [P3]: reserved <= the cap, or (the cap was lowered below the live blocks' pages) no
+  // [INV-CAP-1]: reserved <= the cap, or (the cap was lowered below the live blocks' pages) no
   // whole free page left to unmap.
   if (cap_.allowed() && mapped > *cap_.allowed() && whole_free_pages(0, 0) > 0)
-    fail("[C-6] reserved " + std::to_string(mapped) + " > cap " + std::to_string(*cap_.allowed()) +
+    fail("[INV-CAP-1] reserved " + std::to_string(mapped) + " > cap " + std::to_string(*cap_.allowed()) +
          " with " + std::to_string(whole_free_pages(0, 0)) + " whole free pages still mapped");
   return v;
 }

@@ -118,7 +118,7 @@ CBlock* CachetPolicy::alloc_slow(StreamId stream, Bytes size) {
     const DevicePtr ex_lo = page_floor(p.at);
     const DevicePtr ex_hi = page_ceil(p.at + size);
     if (fits) {
-      // [P1]: keep mapped pages within the budget of the touched high-water mark (counting this
+      // [INV-BUDGET-1]: keep mapped pages within the budget of the touched high-water mark (counting this
       // block's pages): beyond it, move whole free pages here instead of growing.
       const Bytes after = mapped_ / kPage + p.new_pages;
       const Bytes touched_after = touched_pages_ + untouched_pages(p.at, p.at + size);

@@ -8,22 +8,8 @@
 // stream and sits in free_, ordered by stream, size, address) or unmapped (page aligned, no
 // stream, in unmapped_, ordered by address). Allocated and pending blocks are in active_.
 //
-// Invariants (CachetPolicy::invariants()):
-//   [C-1] the blocks tile the reservation exactly, in address order; prev/next links are mutual.
-//   [C-2] every block size and address is a multiple of 512; an active block's size is its
-//         requested size rounded up to 512.
-//   [C-3] an unmapped block is free, page aligned in address and size, and has no unmapped
-//         neighbour; a mapped free block has no mapped free neighbour of its stream.
-//   [C-4] every mapped free block is in free_, every unmapped block in unmapped_, every active
-//         block in active_, each exactly once; free_ and unmapped_ are in their orders (blocks
-//         shrink and grow in place when the order holds); a pending block has event_count > 0
-//         and no other block does.
-//   [C-5] stats equal a recount from the blocks (allocation, active, the byte counters,
-//         reserved = mapped bytes, segment = runs of mapped pages).
-//   [C-6] reserved <= the memory cap, or no whole free page is mapped (a cap lowered below the
-//         pages live blocks touch, R7).
-//   [C-7] page_live_ and touched_pages_ equal a recount from the live blocks.
-//   [P1]  mapped pages <= budget_pages(peak_touched_pages_) + free pages split between streams.
+// Invariants: CachetPolicy::invariants() (policy_cachet/check.cpp) checks the rules of
+// docs/invariants.md whose policy is cachet or both; each violation line starts with its ID.
 #pragma once
 
 #include <boost/container/small_vector.hpp>
@@ -148,7 +134,7 @@ class CachetPolicy : public Shell {
   std::vector<std::uint32_t> page_live_;
   Bytes touched_pages_ = 0;  // pages with page_live_ > 0
   Bytes peak_touched_pages_ =
-      0;  // high-water mark of touched_pages_ ([P1]; not reset by reset_peak_stats)
+      0;  // high-water mark of touched_pages_ ([INV-BUDGET-1]; not reset by reset_peak_stats)
   CBlock* head_ = nullptr;
   CFreeSet free_;
   CUnmappedSet unmapped_;
@@ -214,7 +200,7 @@ inline bool mapped_block(const CBlock* b) {
   return b != nullptr && b->mapped;
 }
 
-// [P1] The pages the policy may keep mapped, given the high-water mark of pages touched by live
+// [INV-BUDGET-1] The pages the policy may keep mapped, given the high-water mark of pages touched by live
 // blocks: that mark plus 1/kCachetSlackDivisor of it (rounded down), so that a training step
 // that moves a few pages finds them still mapped in the next step.
 inline Bytes budget_pages(Bytes peak_touched) {

@@ -1,5 +1,5 @@
-// PytorchPolicy::invariants(): the numbered invariants of policy_pytorch/policy.h, checked over the
-// allocator's own state. O(blocks + events); cheap enough to run after every operation
+// PytorchPolicy::invariants(): policy:pytorch's invariants (docs/invariants.md, the IDs and
+// where each is checked), over the allocator's own state. O(blocks + events); cheap enough to run after every operation
 // (cachet_validate:True). Returns one line per violation, each starting with its ID.
 // § numbers refer to docs/pytorch-allocator.md.
 #include <map>
@@ -15,7 +15,7 @@ std::vector<std::string> PytorchPolicy::invariants() const {
   std::vector<std::string> out;
   auto fail = [&](const char* id, const std::string& msg) { out.push_back(std::string(id) + " " + msg); };
 
-  // Recount of the stats (INV-7), per StatType index.
+  // Recount of the stats ([INV-STATS-1]), per StatType index.
   struct Count {
     std::int64_t allocation = 0, segment = 0, active = 0, inactive_split = 0;
     std::int64_t allocated_bytes = 0, reserved_bytes = 0, active_bytes = 0, inactive_split_bytes = 0,
@@ -23,7 +23,7 @@ std::vector<std::string> PytorchPolicy::invariants() const {
   };
   Count c[3];
   std::int64_t oversize_allocations = 0, oversize_segments = 0;
-  std::map<const Block*, int> queued;  // INV-9
+  std::map<const Block*, int> queued;  // [INV-EVENT-2]
   for (const auto& [s, q] : cuda_events_)
     for (const auto& [e, b] : q) ++queued[b];
 
@@ -33,10 +33,10 @@ std::vector<std::string> PytorchPolicy::invariants() const {
   Bytes max_page = 0;
   for (const auto& [base, seg] : segments_) {
     const std::string where = "segment " + hex(base);
-    if (base < prev_end) fail("[INV-3]", where + " overlaps the previous segment");
+    if (base < prev_end) fail("[INV-SEG-3]", where + " overlaps the previous segment");
     prev_end = base + seg->size;
     if (seg->head == nullptr || seg->head->prev != nullptr) {
-      fail("[INV-2]", where + " has no head block, or its head has a prev link");
+      fail("[INV-SEG-2]", where + " has no head block, or its head has a prev link");
       continue;
     }
     if (seg->expandable) max_page = std::max(max_page, seg->page_size);
@@ -52,27 +52,27 @@ std::vector<std::string> PytorchPolicy::invariants() const {
     for (const Block* b = seg->head; b != nullptr; b = b->next) {
       ++nblocks;
       const std::string bw = "block " + hex(b->ptr) + " (" + std::to_string(b->size) + " B) of " + where;
-      if (b->segment != seg.get()) fail("[INV-3]", bw + " points to another segment");
-      if (b->ptr != at) fail("[INV-1]", bw + " starts at " + hex(b->ptr) + ", expected " + hex(at));
+      if (b->segment != seg.get()) fail("[INV-SEG-3]", bw + " points to another segment");
+      if (b->ptr != at) fail("[INV-SEG-1]", bw + " starts at " + hex(b->ptr) + ", expected " + hex(at));
       at = b->ptr + b->size;
-      if (at > base + seg->size) fail("[INV-3]", bw + " ends past its segment");
-      if (b->next && b->next->prev != b) fail("[INV-2]", bw + ": next->prev is not this block");
-      if (b->stream != seg->stream) fail("[INV-3]", bw + " has stream " + std::to_string(b->stream));
-      if (b->is_small != seg->is_small) fail("[INV-3]", bw + " is in the other pool");
-      if (b->size == 0 || b->size % kMinBlockSize != 0) fail("[INV-5]", bw + ": size is not a multiple of 512");
+      if (at > base + seg->size) fail("[INV-SEG-3]", bw + " ends past its segment");
+      if (b->next && b->next->prev != b) fail("[INV-SEG-2]", bw + ": next->prev is not this block");
+      if (b->stream != seg->stream) fail("[INV-SEG-3]", bw + " has stream " + std::to_string(b->stream));
+      if (b->is_small != seg->is_small) fail("[INV-SEG-3]", bw + " is in the other pool");
+      if (b->size == 0 || b->size % kMinBlockSize != 0) fail("[INV-SIZE-1]", bw + ": size is not a multiple of 512");
       if (b->allocated && b->size < round_size(b->requested_size))
-        fail("[INV-5]", bw + ": smaller than round_size(" + std::to_string(b->requested_size) + ")");
+        fail("[INV-SIZE-2]", bw + ": smaller than round_size(" + std::to_string(b->requested_size) + ")");
       // Split-size limit (§2.3): a large-pool split leaves more than 1 MiB and large requests are
       // larger than 1 MiB, so no block of a cudaMalloc large-pool segment is 1 MiB or smaller;
       // a small-pool allocation is at most 1 MiB.
       if (!seg->expandable && !seg->is_small && b->size <= kSmallSize)
-        fail("[INV-5]", bw + ": a large-pool block of 1 MiB or less (split below the limit)");
+        fail("[INV-SIZE-3]", bw + ": a large-pool block of 1 MiB or less (split below the limit)");
       if (seg->is_small && b->allocated && b->size > kSmallSize)
-        fail("[INV-5]", bw + ": a small-pool allocation larger than 1 MiB");
-      if (!b->mapped && !seg->expandable) fail("[INV-6]", bw + " is unmapped in a cudaMalloc segment");
+        fail("[INV-SIZE-3]", bw + ": a small-pool allocation larger than 1 MiB");
+      if (!b->mapped && !seg->expandable) fail("[INV-MAP-2]", bw + " is unmapped in a cudaMalloc segment");
       const int q = queued.count(b) ? queued.at(b) : 0;
       if (q != b->event_count)
-        fail("[INV-9]", bw + ": event_count " + std::to_string(b->event_count) + " but " + std::to_string(q) +
+        fail("[INV-EVENT-2]", bw + ": event_count " + std::to_string(b->event_count) + " but " + std::to_string(q) +
                             " queued events");
 
       const BlockPool& pool = b->is_small ? small_blocks_ : large_blocks_;
@@ -84,16 +84,16 @@ std::vector<std::string> PytorchPolicy::invariants() const {
       const bool in_active = active_.find(b->ptr) == b;
       if (!b->mapped) {
         ++unmapped_count;
-        if (!in_unmapped) fail("[INV-6]", bw + " is unmapped but not in its pool's unmapped set");
-        if (b->allocated || b->is_active()) fail("[INV-6]", bw + " is unmapped and active");
-        if (b->next && !b->next->mapped) fail("[INV-4]", bw + " and the next block are both unmapped");
+        if (!in_unmapped) fail("[INV-POOL-1]", bw + " is unmapped but not in its pool's unmapped set");
+        if (b->allocated || b->is_active()) fail("[INV-MAP-1]", bw + " is unmapped and active");
+        if (b->next && !b->next->mapped) fail("[INV-MERGE-1]", bw + " and the next block are both unmapped");
         continue;
       }
       if (seg->expandable) c[p].reserved_bytes += static_cast<std::int64_t>(b->size), reserved += b->size;
       if (b->is_active()) {
         ++active_count;
-        if (!in_active) fail("[INV-6]", bw + " is active but not in the active table");
-        if (in_free) fail("[INV-6]", bw + " is active (or waiting for events) and in a free pool");
+        if (!in_active) fail("[INV-POOL-1]", bw + " is active but not in the active table");
+        if (in_free) fail("[INV-POOL-1]", bw + " is active (or waiting for events) and in a free pool");
         c[p].active += 1;
         c[p].active_bytes += static_cast<std::int64_t>(b->size);
         c[p].requested_bytes += static_cast<std::int64_t>(b->requested_size);
@@ -104,13 +104,13 @@ std::vector<std::string> PytorchPolicy::invariants() const {
         }
       } else {
         ++free_count;
-        if (!in_free) fail("[INV-6]", bw + " is free but not in its pool");
+        if (!in_free) fail("[INV-POOL-1]", bw + " is free but not in its pool");
         if (b->next && b->next->mapped && !b->next->is_active())
-          fail("[INV-4]", bw + " and the next block are both free: they should have merged");
+          fail("[INV-MERGE-1]", bw + " and the next block are both free: they should have merged");
       }
     }
     if (at != base + seg->size)
-      fail("[INV-1]", where + ": blocks cover " + std::to_string(at - base) + " of " + std::to_string(seg->size) + " B");
+      fail("[INV-SEG-1]", where + ": blocks cover " + std::to_string(at - base) + " of " + std::to_string(seg->size) + " B");
     if (!seg->expandable && nblocks > 1) {
       for (const Block* b = seg->head; b != nullptr; b = b->next)
         if (!b->is_active()) {
@@ -120,18 +120,18 @@ std::vector<std::string> PytorchPolicy::invariants() const {
     }
   }
   if (small_blocks_.blocks.size() + large_blocks_.blocks.size() != free_count)
-    fail("[INV-6]", "the pools hold " + std::to_string(small_blocks_.blocks.size() + large_blocks_.blocks.size()) +
+    fail("[INV-POOL-1]", "the pools hold " + std::to_string(small_blocks_.blocks.size() + large_blocks_.blocks.size()) +
                         " free blocks, the segments " + std::to_string(free_count));
   if (small_blocks_.unmapped.size() + large_blocks_.unmapped.size() != unmapped_count)
-    fail("[INV-6]", "the unmapped sets and the segments disagree on the number of unmapped blocks");
+    fail("[INV-POOL-1]", "the unmapped sets and the segments disagree on the number of unmapped blocks");
   if (active_.size() != active_count)
-    fail("[INV-6]", "the active table holds " + std::to_string(active_.size()) + " blocks, the segments " +
+    fail("[INV-POOL-1]", "the active table holds " + std::to_string(active_.size()) + " blocks, the segments " +
                         std::to_string(active_count));
   if (reserved != total_allocated_memory_)
-    fail("[INV-7]", "total reserved " + std::to_string(total_allocated_memory_) + " but segments hold " +
+    fail("[INV-STATS-1]", "total reserved " + std::to_string(total_allocated_memory_) + " but segments hold " +
                         std::to_string(reserved));
 
-  // INV-7: every pool's current values equal the recount.
+  // [INV-STATS-1]: every pool's current values equal the recount.
   c[0] = Count{};
   for (int p = 1; p <= 2; ++p) {
     c[0].allocation += c[p].allocation;
@@ -148,7 +148,7 @@ std::vector<std::string> PytorchPolicy::invariants() const {
   auto cmp = [&](const char* name, const StatArray& a, std::int64_t Count::*m) {
     for (int p = 0; p < 3; ++p)
       if (a[static_cast<std::size_t>(p)].current != c[p].*m)
-        fail("[INV-7]", std::string(name) + "." + kPool[p] + ".current is " +
+        fail("[INV-STATS-1]", std::string(name) + "." + kPool[p] + ".current is " +
                             std::to_string(a[static_cast<std::size_t>(p)].current) + ", recount " +
                             std::to_string(c[p].*m));
   };
@@ -162,15 +162,15 @@ std::vector<std::string> PytorchPolicy::invariants() const {
   cmp("inactive_split_bytes", stats_.inactive_split_bytes, &Count::inactive_split_bytes);
   cmp("requested_bytes", stats_.requested_bytes, &Count::requested_bytes);
   if (stats_.oversize_allocations.current != oversize_allocations)
-    fail("[INV-7]", "oversize_allocations.current is " + std::to_string(stats_.oversize_allocations.current) +
+    fail("[INV-STATS-1]", "oversize_allocations.current is " + std::to_string(stats_.oversize_allocations.current) +
                         ", recount " + std::to_string(oversize_allocations));
   if (stats_.oversize_segments.current != oversize_segments)
-    fail("[INV-7]", "oversize_segments.current is " + std::to_string(stats_.oversize_segments.current) +
+    fail("[INV-STATS-1]", "oversize_segments.current is " + std::to_string(stats_.oversize_segments.current) +
                         ", recount " + std::to_string(oversize_segments));
 
-  // INV-8: the cap (expandable: may be exceeded by less than one page, §13.5).
+  // [INV-CAP-1]: the cap (expandable: may be exceeded by less than one page, §13.5).
   if (cap_.allowed() && total_allocated_memory_ > *cap_.allowed() + (max_page ? max_page - 1 : 0))
-    fail("[INV-8]", "reserved " + std::to_string(total_allocated_memory_) + " B exceeds the cap of " +
+    fail("[INV-CAP-1]", "reserved " + std::to_string(total_allocated_memory_) + " B exceeds the cap of " +
                         std::to_string(*cap_.allowed()) + " B");
   return out;
 }

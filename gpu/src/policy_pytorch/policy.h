@@ -8,21 +8,8 @@
 // unmapped Block of an expandable segment in its pool's address-ordered `unmapped` set; an
 // allocated Block, or one waiting for stream-use events, in `active_` (address -> Block).
 //
-// Invariants (checked by PytorchPolicy::invariants(), see policy_pytorch/invariants.cpp and gpu/README.md):
-//   [INV-1] the blocks of a segment tile it exactly, in address order, from its base.
-//   [INV-2] prev/next links are mutual; a segment's head has no prev, its tail no next.
-//   [INV-3] every block lies inside its segment; segments do not overlap.
-//   [INV-4] no two adjacent free blocks of one segment (both mapped, neither waiting for
-//           events): free_block merges them.
-//   [INV-5] every block size is a multiple of 512; an allocated block's size is at least
-//           round_size(requested) of PyTorch's rounding; a non-expandable large-pool block
-//           split off a larger one leaves no remainder of 1 MiB or less (split-size limit).
-//   [INV-6] a free block is in its pool's set, an unmapped block in `unmapped`, an active
-//           block in active_; each exactly once; a block waiting for events is never in a pool.
-//   [INV-7] stats equal a recount from the blocks (allocation, active, segment, the byte
-//           counters, inactive_split, oversize), per pool and in total.
-//   [INV-8] reserved bytes <= the memory cap; with expandable segments, by less than a page.
-//   [INV-9] event_count of each block equals the number of its queued events.
+// Invariants: PytorchPolicy::invariants() (policy_pytorch/invariants.cpp) checks the rules of
+// docs/invariants.md whose policy is pytorch or both; each violation line starts with its ID.
 #pragma once
 
 #include <boost/container/small_vector.hpp>

@@ -500,12 +500,12 @@ struct Lockstep::Impl {
     if (opts.check_invariants) {
       auto bad = sut->invariants();
       // Lowering the fraction below what is reserved leaves reserved over the cap (PyTorch
-      // frees nothing then); INV-8 is then tolerated while reserved does not grow.
+      // frees nothing then); [INV-CAP-1] is then tolerated while reserved does not grow.
       const Bytes reserved = static_cast<Bytes>(sut->stats().reserved_bytes[0].current);
       const auto cap = model->allowed_memory_maximum();
       if (!cap || reserved <= *cap) over_cap_ceiling = 0;
       std::erase_if(bad, [&](const std::string& v) {
-        return v.find("[INV-8]") != std::string::npos && reserved <= over_cap_ceiling;
+        return v.find("[INV-CAP-1]") != std::string::npos && reserved <= over_cap_ceiling;
       });
       if (!bad.empty()) {
         r << "sut invariants() violated\n";

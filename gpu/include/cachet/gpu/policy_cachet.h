@@ -73,20 +73,22 @@
 //     moved ~40 pages (gpt2_train: 28 calls in the second half, resnet50_train: 31); with 1/64,
 //     none.
 //
-// Promises (checked by CachetPolicy::invariants() after every operation in validate mode and in
-// tests; by the reference model in lockstep):
-//   [P1] mapped pages <= budget(T) (R4), plus pages that are free but split between free blocks
+// Promises. Two are invariants of the state (docs/invariants.md), checked by
+// CachetPolicy::invariants() after every operation in validate mode and in tests, and by the
+// reference model in lockstep; the stream-reuse and hot-path promises are about the sequence of
+// operations and are checked from outside (tests/policy_cachet, fuzz_cachet_policy).
+//   [INV-BUDGET-1] mapped pages <= budget(T) (R4), plus pages that are free but split between free blocks
 //        of different streams (which R6 cannot unmap). Hence peak reserved <= (1 + 1/64) x the
 //        peak of pages touched by live blocks.
-//   [P2] a block freed on stream s without stream uses is handed to stream s only, until the
+//   Stream reuse: a block freed on stream s without stream uses is handed to stream s only, until the
 //        page holding it is unmapped; a block with stream uses is handed to nobody until the
 //        events recorded at its free() have completed.
-//   [P3] reserved <= the memory cap after every operation, except after the cap was lowered
+//   [INV-CAP-1] reserved <= the memory cap after every operation, except after the cap was lowered
 //        below the pages live blocks touch: then no whole free page stays mapped while
 //        reserved is above the cap. An allocation fails only when, after waiting for pending
 //        events, no mapped free block of its stream holds it and no window fits with its new
 //        pages under the cap once every whole free page was unmapped.
-//   [P4] a request that fits a mapped free block of its stream is served from it with no device
+//   Hot path: a request that fits a mapped free block of its stream is served from it with no device
 //        call.
 //
 // Stats, snapshot and trace keep PyTorch's names: reserved_bytes = mapped bytes (large_pool),
@@ -102,7 +104,7 @@ namespace cachet::gpu {
 
 inline constexpr Bytes kCachetPageSize = 2 * MiB;  // the mapping granularity
 inline constexpr Bytes kCachetAlign = 512;         // block sizes and addresses
-// [P1] slack: mapped pages may exceed the touched high-water mark by 1/kCachetSlackDivisor.
+// [INV-BUDGET-1] slack: mapped pages may exceed the touched high-water mark by 1/kCachetSlackDivisor.
 inline constexpr Bytes kCachetSlackDivisor = 64;
 // The address-space reservation, in multiples of the device's total memory.
 inline constexpr Bytes kCachetReserveFactor = 2;

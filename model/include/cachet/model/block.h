@@ -25,14 +25,9 @@
 //   Unmapped -> Free                map_block (§7)
 //   Free or Unmapped -> deleted     merged into a neighbour in the same state (§2.5), given
 //                                   back by release_block (§3.4) or release_expandable_segment
-// Invariants (checked by Allocator::check_invariants):
-//   [INV-STATE-2] event_count > 0 exactly in AwaitingEvents; stream_uses only in Allocated;
-//               active_blocks holds exactly the Allocated and AwaitingEvents blocks; every
-//               Free block is in its pool's `blocks`, every Unmapped one in `unmapped`.
-//   [INV-SEG-1] next->ptr == ptr + size and next->prev == this for every linked pair.
-//   [INV-SEG-2] two neighbours both Free (or both Unmapped) never both sit in the pool: free
-//               completion merges them (§2.5).
-//   [INV-POOL-1] a pool's `blocks` hold Free blocks only, its `unmapped` Unmapped ones only.
+// Invariants: Allocator::check_invariants and CachetPolicy::check_invariants check the rules of
+// docs/invariants.md ([INV-POOL-1]: the state names the one container a block is in;
+// [INV-EVENT-1], [INV-EVENT-3]: events and stream uses only in their states; and the rest).
 #pragma once
 
 #include <cstdint>
@@ -73,8 +68,7 @@ constexpr bool legal_transition(BlockState from, BlockState to) {
 [[noreturn]] inline void state_error(const std::string& what, std::uint64_t ptr) {
   char at[32];
   std::snprintf(at, sizeof at, "0x%llx", static_cast<unsigned long long>(ptr));
-  throw std::logic_error("model invariant: [INV-STATE-1] block at " + std::string(at) + ": " +
-                         what);
+  throw std::logic_error("[INV-STATE-1] model: block at " + std::string(at) + ": " + what);
 }
 inline void check_transition(BlockState from, BlockState to, std::uint64_t ptr) {
   if (!legal_transition(from, to))

@@ -1,6 +1,6 @@
 // cachet/model/cachet_policy.h: the `cachet` policy (policy:cachet, issue 9) as a model.
 //
-// The rules R1-R9 and promises P1-P4 are written in gpu/include/cachet/gpu/policy_cachet.h;
+// The rules R1-R9 and the promises are written in gpu/include/cachet/gpu/policy_cachet.h;
 // this is an independent implementation of the same text with plain structures, so that the
 // production policy (gpu/src/policy_cachet/) can be checked against it in lockstep
 // (tests/policy_cachet_model). Nothing here is fast: every decision is a linear scan over all

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cachet/model/allocator.h"
+#include "cachet/model/sizes.h"
 
 namespace cachet::model {
 
@@ -84,11 +85,21 @@ void Allocator::check_invariants() const {
     if (b->next != nullptr && b->next->ptr != b->ptr + b->size)
       fail("[INV-SEG-1]", "the next block does not start where this one ends" + at);
     if (b->next != nullptr && b->next->prev != b) fail("[INV-SEG-2]", "broken link" + at);
+    if (b->next != nullptr && (b->next->stream != b->stream || b->next->pool != b->pool ||
+                               b->next->expandable != b->expandable))
+      fail("[INV-SEG-3]", "the next block has another stream, pool or segment" + at);
     if (b->is_free_or_unmapped() && b->next != nullptr && b->next->state() == b->state() &&
         (b->pool->blocks.contains(const_cast<Block*>(b)) || b->is_unmapped()))
       fail("[INV-MERGE-1]", "two free neighbours not merged" + at);
     // The state agrees with the events, the stream uses and the containers.
     const BlockState s = b->state();
+    if (s == BlockState::Allocated && b->size < round_size(config_, b->requested_size))
+      fail("[INV-SIZE-2]", "smaller than round_size(" + std::to_string(b->requested_size) + ")" + at);
+    // The split-size limit (§2.3): see docs/invariants.md.
+    if (b->expandable == nullptr && !b->pool->is_small && b->size <= kSmallSize)
+      fail("[INV-SIZE-3]", "a large-pool block of 1 MiB or less in a cudaMalloc segment" + at);
+    if (b->pool->is_small && s == BlockState::Allocated && b->size > kSmallSize)
+      fail("[INV-SIZE-3]", "a small-pool allocation larger than 1 MiB" + at);
     if ((s == BlockState::AwaitingEvents) != (b->event_count > 0))
       fail("[INV-EVENT-1]", std::string(state_name(s)) + " with " +
                                 std::to_string(b->event_count) + " outstanding events" + at);

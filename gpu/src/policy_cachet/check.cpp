@@ -73,6 +73,8 @@ std::vector<std::string> CachetPolicy::invariants() const {
       mapped += b->size;
       if (prev == nullptr || !prev->mapped) ++runs;
     }
+    if (b->state != CBlock::State::Allocated && !b->stream_uses.empty())
+      fail("[INV-EVENT-3] stream uses on a block that is not allocated" + at);
     if (b->state == CBlock::State::Free) {
       if (b->event_count != 0) fail("[INV-EVENT-1] free block with events" + at);
       if (!b->mapped) {

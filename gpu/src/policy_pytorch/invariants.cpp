@@ -69,6 +69,8 @@ std::vector<std::string> PytorchPolicy::invariants() const {
         fail("[INV-SIZE-3]", bw + ": a large-pool block of 1 MiB or less (split below the limit)");
       if (seg->is_small && b->allocated && b->size > kSmallSize)
         fail("[INV-SIZE-3]", bw + ": a small-pool allocation larger than 1 MiB");
+      if (!b->allocated && !b->stream_uses.empty())
+        fail("[INV-EVENT-3]", bw + ": stream uses on a block that is not allocated");
       if (!b->mapped && !seg->expandable) fail("[INV-MAP-2]", bw + " is unmapped in a cudaMalloc segment");
       const int q = queued.count(b) ? queued.at(b) : 0;
       if (q != b->event_count)

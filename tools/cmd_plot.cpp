@@ -106,6 +106,7 @@ int run_plot(const Args& a) {
     return kExitBadInput;
   }
   if (auto note = trace_note(t); !note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
+  if (!r.note.empty()) std::fprintf(stderr, "note: %s\n", r.note.c_str());
   std::printf("wrote %s (%zu bytes)\n", a.output.c_str(), svg.size());
   return kExitOk;
 }

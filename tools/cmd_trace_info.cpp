@@ -54,10 +54,19 @@ int run_trace_info(const std::string& path, bool all_settings) {
       reserved += s.total_size;
     }
     out += fmt::format("device {}:\n", d.device);
-    out += fmt::format("  segments at end: {} ({} blocks, {} reserved)\n", d.segments.size(),
-                       blocks, gib(reserved));
     const io::TraceStats st = io::analyze_trace(d.events);
+    // The snapshot's segments (the end state) and the trace's live blocks come from two parts
+    // of the file; an empty segment list beside live blocks means it was not saved.
+    if (d.segments.empty() && (st.allocs_never_freed > 0 || st.segments_at_end > 0))
+      out += fmt::format("  segments at end: not in the file (its \"segments\" list is empty, yet the trace "
+                         "ends with {} blocks live{}); the replay does not need them\n",
+                         st.allocs_never_freed,
+                         st.segments_at_end ? fmt::format(" and {} segments not freed", st.segments_at_end) : "");
+    else
+      out += fmt::format("  segments at end: {} ({} blocks, {} reserved)\n", d.segments.size(), blocks,
+                         gib(reserved));
     out += fmt::format("  trace: {}\n", st.one_line());
+    if (st.lacks_segment_events()) out += fmt::format("  note: {}\n", io::kNoSegmentEvents);
     if (st.last_time_us > st.first_time_us)
       out += fmt::format("  recorded span: {:.3f} s\n",
                          static_cast<double>(st.last_time_us - st.first_time_us) / 1e6);

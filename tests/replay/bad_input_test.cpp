@@ -277,4 +277,59 @@ TEST(BadInput, ConformDetectsAnOpListOfAnotherSequence) {
                        " is a free, but step 0 of " + small + " returned a pointer (2 of 3000" + tail);
 }
 
+// Was: "segments at end: 0 (0 blocks, ...)" then "live at end: 3 blocks". PyTorch's own
+// memory_stats() beside the trace says 154 segments (segment.all.current) and 3 blocks
+// (active.all.current) at the end.
+TEST(BadInput, TraceInfoSaysTheSegmentListIsMissingNotEmpty) {
+  const Out o = run("trace-info " + kData + "workloads/gpt2_train.trace.json.gz");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(o.out.find("\n  segments at end: not in the file (its \"segments\" list is empty, yet the trace ends with "
+                       "3 blocks live and 154 segments not freed); the replay does not need them\n  trace: 18685 events"),
+            std::string::npos)
+      << o.out;
+  EXPECT_EQ(o.out.find("segments at end: 0"), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("note: the trace has no segment"), std::string::npos) << o.out;
+  // A snapshot with its segment list keeps the count.
+  const Out p = run("trace-info " + kData + "snapshots/mlp_train.pickle.gz");
+  ASSERT_EQ(p.rc, 0) << p.err;
+  EXPECT_NE(p.out.find("\n  segments at end: 15 (52 blocks, "), std::string::npos) << p.out;
+}
+
+// Was: "malloc needs address #1 but the recording has only 0" (in the replay's note).
+TEST(BadInput, TraceWithoutSegmentEventsSaysWhatItMeans) {
+  const fs::path p = tmp_dir() / "no_segment_events.json";
+  write(p, R"({"segments": [], "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""}, "device_traces": [[)"
+           R"({"action": "alloc", "addr": 140000002097152, "size": 1024, "stream": 0, "time_us": 1},)"
+           R"({"action": "alloc", "addr": 140000002098176, "size": 1024, "stream": 0, "time_us": 2},)"
+           R"({"action": "free_requested", "addr": 140000002098176, "size": 1024, "stream": 0, "time_us": 3},)"
+           R"({"action": "free_completed", "addr": 140000002098176, "size": 1024, "stream": 0, "time_us": 4})"
+           "]]}");
+  const std::string why =
+      "the trace has no segment_alloc or segment_map events: its segments were reserved before "
+      "torch.cuda.memory._record_memory_history() was called, or the max_entries ring buffer dropped those events, so "
+      "PyTorch's segment addresses are unknown and the replay uses its own (as with --addresses synthetic); to record "
+      "them, call _record_memory_history() before the first CUDA allocation";
+  Out o = run("trace-info " + p.string());
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(o.out.find("\n  segments at end: not in the file (its \"segments\" list is empty, yet the trace ends with "
+                       "1 blocks live); the replay does not need them\n"),
+            std::string::npos)
+      << o.out;
+  EXPECT_NE(o.out.find("\n  note: " + why + "\n"), std::string::npos) << o.out;
+  o = run("replay " + p.string());
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(o.out.find("\nnote ((default)): " + why + "\n"), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("needs address"), std::string::npos) << o.out;
+  o = run("replay " + p.string() + " --json");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(o.out.find("\"addresses\": \"synthetic\""), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("\"note\": \"" + why + "\""), std::string::npos) << o.out;
+  o = run("summary " + p.string());
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(o.out.find("\nnote: " + why + "\n"), std::string::npos) << o.out;
+  o = run("plot " + p.string() + " -o " + (tmp_dir() / "noseg.svg").string());
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(o.err, "note: " + why + "\n");
+}
+
 }  // namespace

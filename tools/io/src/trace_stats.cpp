@@ -67,6 +67,7 @@ TraceStats analyze_trace(std::span<const TraceEvent> events) {
     }
   }
   s.allocs_never_freed = live.size();
+  s.segments_at_end = segments.size();
   s.bytes_never_freed = live_bytes;
   for (const auto& [addr, n] : pending) s.frees_pending_at_end += n;
   return s;

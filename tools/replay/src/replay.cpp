@@ -344,7 +344,10 @@ ReplayResult replay(const Trace& t, const Config& config, const ReplayOptions& o
   r.events = t.events;
   Runner runner{t, opts, r, {}};
   bool recorded = opts.addresses == AddressMode::Recorded;
-  if (recorded && runner.run(config, true) == RunStatus::Diverged) {
+  if (recorded && t.recorded_addresses.empty() && t.stats.lacks_segment_events()) {
+    r.note = std::string(io::kNoSegmentEvents);  // the first segment would find no address
+    recorded = false;
+  } else if (recorded && runner.run(config, true) == RunStatus::Diverged) {
     r.note = "the replay left the recorded addresses (" + runner.divergence + "); replayed with synthetic addresses";
     recorded = false;
   } else if (recorded) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "cachet/trace.h"
 #include "cachet/types.h"
@@ -32,6 +33,8 @@ struct TraceStats {
   // Blocks allocated in the trace and not freed (free_requested) by its end, and their bytes.
   std::uint64_t allocs_never_freed = 0;
   Bytes bytes_never_freed = 0;
+  // Segments the trace allocated (segment_alloc) and did not free by its end.
+  std::uint64_t segments_at_end = 0;
   // Blocks whose free_requested has no free_completed by the end of the trace.
   std::uint64_t frees_pending_at_end = 0;
   // Events whose time_us is earlier than the previous event's (0 times are ignored).
@@ -47,10 +50,24 @@ struct TraceStats {
     return frees_without_alloc > 0 || completions_without_request > 0 ||
            segment_frees_without_alloc > 0;
   }
+  // Allocations (or out-of-memory requests) but no segment_alloc or segment_map: the segments
+  // were reserved before recording started, and PyTorch's segment addresses are unknown.
+  bool lacks_segment_events() const {
+    return (count(TraceAction::Alloc) > 0 || count(TraceAction::Oom) > 0) &&
+           count(TraceAction::SegmentAlloc) == 0 && count(TraceAction::SegmentMap) == 0;
+  }
   // "18685 events: alloc 6179, free_requested 6176, ...; anomalies: none" (actions with a zero
   // count are left out).
   std::string one_line() const;
 };
+
+// What lacks_segment_events() means for the user, and what to do (trace-info, replay).
+inline constexpr std::string_view kNoSegmentEvents =
+    "the trace has no segment_alloc or segment_map events: its segments were reserved before "
+    "torch.cuda.memory._record_memory_history() was called, or the max_entries ring buffer dropped "
+    "those events, so PyTorch's segment addresses are unknown and the replay uses its own (as with "
+    "--addresses synthetic); to record them, call _record_memory_history() before the first CUDA "
+    "allocation";
 
 TraceStats analyze_trace(std::span<const TraceEvent> events);
 

@@ -274,15 +274,16 @@ class Run {
     }
   }
 
-  // The stream-reuse promise (cachet/gpu/policy_cachet.h), from the trace: no allocation gets memory another stream freed, unless unmapped since.
+  // The stream-reuse promise (cachet/gpu/policy_cachet.h), from the trace: no allocation gets
+  // memory another stream freed, unless unmapped since.
   void check_trace() {
     for (const TraceEvent& e : a_->trace()) {
       const Bytes n = align_up(e.size, gpu::kCachetAlign);
       if (e.action == TraceAction::Alloc) {
         for (auto& [s, rg] : dirty_)
           if (s != e.stream && overlaps_range(rg, e.addr, e.addr + n))
-            throw Failure{"stream-reuse: stream " + std::to_string(e.stream) + " got memory stream " + std::to_string(s) +
-                          " freed, not unmapped since"};
+            throw Failure{"stream-reuse: stream " + std::to_string(e.stream) +
+                          " got memory stream " + std::to_string(s) + " freed, not unmapped since"};
         remove_range(dirty_[e.stream], e.addr, e.addr + n);
       } else if (e.action == TraceAction::FreeCompleted) {
         remove_range(dirty_[e.stream], e.addr, e.addr + n);

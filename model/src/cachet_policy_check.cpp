@@ -13,7 +13,8 @@ void CachetPolicy::check_invariants() const {
     throw std::logic_error(std::string(id) + " cachet model: " + what);
   };
   if (reservation_size_ == 0) {
-    if (!blocks_.empty() || !mapped_pages_.empty()) fail("[INV-SEG-1]", "blocks or pages before the reservation");
+    if (!blocks_.empty() || !mapped_pages_.empty())
+      fail("[INV-SEG-1]", "blocks or pages before the reservation");
     return;
   }
   DeviceStats re;
@@ -21,7 +22,8 @@ void CachetPolicy::check_invariants() const {
   const Block* prev = nullptr;
   for (const auto& [ptr, b] : blocks_) {
     const std::string at = " at block " + std::to_string(ptr - base_);
-    if (ptr != b.ptr || ptr != expect) fail("[INV-SEG-1]", "blocks do not tile the reservation" + at);
+    if (ptr != b.ptr || ptr != expect)
+      fail("[INV-SEG-1]", "blocks do not tile the reservation" + at);
     expect = b.end();
     if (b.size == 0 || b.size % kCachetBlockAlign != 0 || b.ptr % kCachetBlockAlign != 0)
       fail("[INV-SIZE-1]", "size or alignment" + at);
@@ -35,10 +37,12 @@ void CachetPolicy::check_invariants() const {
     if (b.unmapped()) {
       if ((b.ptr - base_) % kCachetPage != 0 || b.size % kCachetPage != 0)
         fail("[INV-MAP-3]", "unmapped block not page aligned" + at);
-      if (prev != nullptr && prev->unmapped()) fail("[INV-MERGE-1]", "adjacent unmapped blocks" + at);
+      if (prev != nullptr && prev->unmapped())
+        fail("[INV-MERGE-1]", "adjacent unmapped blocks" + at);
     }  // (a live block is mapped by its state: Allocated and AwaitingEvents are mapped states)
     if (!b.uses.empty() && b.state() != BlockState::Allocated)
-      fail("[INV-EVENT-3]", std::string("stream uses on a block in state ") + state_name(b.state()) + at);
+      fail("[INV-EVENT-3]",
+           std::string("stream uses on a block in state ") + state_name(b.state()) + at);
     if (b.mapped_free() && prev != nullptr && prev->mapped_free() && prev->stream == b.stream)
       fail("[INV-MERGE-1]", "adjacent free blocks of one stream" + at);
     if ((b.state() == BlockState::AwaitingEvents) != (events_.count(ptr) == 1))
@@ -60,12 +64,14 @@ void CachetPolicy::check_invariants() const {
     }
     prev = &b;
   }
-  if (expect != base_ + reservation_size_) fail("[INV-SEG-1]", "blocks do not reach the reservation's end");
+  if (expect != base_ + reservation_size_)
+    fail("[INV-SEG-1]", "blocks do not reach the reservation's end");
   auto same = [&](const char* name, const StatArray& got, const StatArray& want) {
     for (int i = 0; i < kNumStatTypes; ++i)
       if (got[i].current != want[i].current)
-        fail("[INV-STATS-1]", std::string(name) + "[" + std::to_string(i) + "] = " + std::to_string(got[i].current) +
-             ", recount " + std::to_string(want[i].current));
+        fail("[INV-STATS-1]", std::string(name) + "[" + std::to_string(i) +
+                                  "] = " + std::to_string(got[i].current) + ", recount " +
+                                  std::to_string(want[i].current));
   };
   same("allocation", stats_.allocation, re.allocation);
   same("active", stats_.active, re.active);
@@ -78,8 +84,10 @@ void CachetPolicy::check_invariants() const {
     fail("[INV-STATS-1]", "reserved_bytes is not the mapped bytes");
   if (stats_.segment[0].current != mapped_runs() || stats_.segment[2].current != mapped_runs())
     fail("[INV-STATS-1]", "segment is not the number of runs of mapped pages");
-  if (touched_pages() > peak_touched_) fail("[INV-PAGE-2]", "touched pages above their high-water mark");
-  // [INV-BUDGET-1]: mapped pages <= budget(T) + free pages split between free blocks of different streams.
+  if (touched_pages() > peak_touched_)
+    fail("[INV-PAGE-2]", "touched pages above their high-water mark");
+  // [INV-BUDGET-1]: mapped pages <= budget(T) + free pages split between free blocks of different
+  // streams.
   {
     const Bytes idle =
         mapped_pages_.size() - touched_pages();  // live blocks touch mapped pages only
@@ -88,7 +96,8 @@ void CachetPolicy::check_invariants() const {
     const Bytes budget = peak_touched_ + peak_touched_ / kCachetSlack;
     if (mapped_pages_.size() > budget + split)
       fail("[INV-BUDGET-1]", std::to_string(mapped_pages_.size()) + " pages mapped, budget " +
-           std::to_string(budget) + " + " + std::to_string(split) + " split free pages");
+                                 std::to_string(budget) + " + " + std::to_string(split) +
+                                 " split free pages");
   }
   // [INV-CAP-1]: the cap; above it (a lowered cap) only while no whole free page is left to unmap.
   if (allowed_max_ && mapped_bytes() > *allowed_max_ && count_whole_free_pages(0, 0) > 0)

@@ -63,15 +63,16 @@ void Allocator::check_invariants() const {
   for (const BlockPool* pool : {&large_blocks_, &small_blocks_}) {
     for (const Block* b : pool->blocks) {
       if (!b->is_free())
-        fail("[INV-POOL-1]", std::string("a block in state ") + state_name(b->state()) +
-                                 " is in the best-fit set");
+        fail("[INV-POOL-1]",
+             std::string("a block in state ") + state_name(b->state()) + " is in the best-fit set");
       if (b->pool != pool) fail("[INV-POOL-1]", "a block is in the wrong pool");
     }
     for (const Block* b : pool->unmapped) {
       if (!b->is_unmapped())
-        fail("[INV-POOL-1]", std::string("a block in state ") + state_name(b->state()) +
-                                 " is in the unmapped set");
-      if (b->expandable == nullptr) fail("[INV-MAP-2]", "an unmapped block of a cudaMalloc segment");
+        fail("[INV-POOL-1]",
+             std::string("a block in state ") + state_name(b->state()) + " is in the unmapped set");
+      if (b->expandable == nullptr)
+        fail("[INV-MAP-2]", "an unmapped block of a cudaMalloc segment");
     }
   }
   std::map<const Block*, int> queued;  // [INV-EVENT-2]
@@ -94,15 +95,16 @@ void Allocator::check_invariants() const {
     // The state agrees with the events, the stream uses and the containers.
     const BlockState s = b->state();
     if (s == BlockState::Allocated && b->size < round_size(config_, b->requested_size))
-      fail("[INV-SIZE-2]", "smaller than round_size(" + std::to_string(b->requested_size) + ")" + at);
+      fail("[INV-SIZE-2]",
+           "smaller than round_size(" + std::to_string(b->requested_size) + ")" + at);
     // The split-size limit (§2.3): see docs/invariants.md.
     if (b->expandable == nullptr && !b->pool->is_small && b->size <= kSmallSize)
       fail("[INV-SIZE-3]", "a large-pool block of 1 MiB or less in a cudaMalloc segment" + at);
     if (b->pool->is_small && s == BlockState::Allocated && b->size > kSmallSize)
       fail("[INV-SIZE-3]", "a small-pool allocation larger than 1 MiB" + at);
     if ((s == BlockState::AwaitingEvents) != (b->event_count > 0))
-      fail("[INV-EVENT-1]", std::string(state_name(s)) + " with " +
-                                std::to_string(b->event_count) + " outstanding events" + at);
+      fail("[INV-EVENT-1]", std::string(state_name(s)) + " with " + std::to_string(b->event_count) +
+                                " outstanding events" + at);
     const int q = queued.count(b) ? queued.at(b) : 0;
     if (q != b->event_count)
       fail("[INV-EVENT-2]", "event_count " + std::to_string(b->event_count) + " but " +
@@ -144,8 +146,8 @@ void Allocator::check_invariants() const {
   }
   auto check = [&](const char* name, std::int64_t counted, std::int64_t stat) {
     if (counted != stat)
-      fail("[INV-STATS-1]", std::string(name) + ": structure has " + std::to_string(counted) + ", stats say " +
-           std::to_string(stat));
+      fail("[INV-STATS-1]", std::string(name) + ": structure has " + std::to_string(counted) +
+                                ", stats say " + std::to_string(stat));
   };
   check("segment", segments, stats_.segment[0].current);
   check("reserved_bytes", reserved, stats_.reserved_bytes[0].current);

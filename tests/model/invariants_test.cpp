@@ -95,6 +95,15 @@ TEST(Invariants, BlockStateTransitions) {
   b.set_state(S::Unmapped);
   EXPECT_THROW(b.set_state(S::Allocated), std::logic_error);
   EXPECT_THROW(Block{S::Allocated}, std::logic_error);  // blocks are born Free or Unmapped
+  // The message starts with the rule's ID (docs/invariants.md).
+  try {
+    Block{S::Allocated};
+    ADD_FAILURE() << "no throw";
+  } catch (const std::logic_error& e) {
+    EXPECT_EQ(
+        std::string(e.what()).rfind("[INV-STATE-1] model: block at 0x0: created in state ", 0), 0u)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -106,7 +106,8 @@ Fired run(std::uint64_t seed, bool capped, int ops) {
   Bytes peak_touched = 0;
   int op = 0;
   auto at = [&op](const std::string& s) { return "op " + std::to_string(op) + ": " + s; };
-  // The stream-reuse promise, from the trace; keeps `dirty` (freed memory per stream, not unmapped since).
+  // The stream-reuse promise, from the trace; keeps `dirty` (freed memory per stream, not unmapped
+  // since).
   auto scan_trace = [&] {
     for (const TraceEvent& e : a->trace()) {
       if (e.action == TraceAction::Alloc) {
@@ -114,7 +115,7 @@ Fired run(std::uint64_t seed, bool capped, int ops) {
         for (auto& [s, rg] : dirty)
           if (s != e.stream && rg.intersects(e.addr, e.addr + sz))
             fire("stream-reuse", at("stream " + std::to_string(e.stream) + " got stream " +
-                                 std::to_string(s) + "'s freed memory"));
+                                    std::to_string(s) + "'s freed memory"));
         dirty[e.stream].remove(e.addr, e.addr + sz);
       } else if (e.action == TraceAction::FreeCompleted) {
         dirty[e.stream].add(e.addr, e.addr + rounded(e.size));
@@ -221,7 +222,7 @@ Fired run(std::uint64_t seed, bool capped, int ops) {
                             std::to_string(pg.mapped)));
       if (pg.mapped > peak_touched + peak_touched / 64 + pg.split)
         fire("budget", at(std::to_string(pg.mapped) + " pages mapped, touched high-water mark " +
-                      std::to_string(peak_touched)));
+                          std::to_string(peak_touched)));
       if (capped && reserved > static_cast<std::int64_t>(cap))
         fire("cap", at("reserved above the cap"));
       Bytes allocated = 0;

@@ -363,8 +363,8 @@ void random_run(std::uint64_t seed, bool capped, OomCounts out[3] = nullptr) {
           // touched pages); counted, not asserted: see bench/RESULTS.md.
           if (requested + size + kPage * streams_used.size() <= cap) ++ooms[i].under;
           if (i == 0) {
-            // [INV-CAP-1]: an OOM only after every whole free page was given back: then every mapped
-            // page holds live bytes.
+            // [INV-CAP-1]: an OOM only after every whole free page was given back: then every
+            // mapped page holds live bytes.
             const Pages pg = pages_of(h.a->snapshot());
             EXPECT_EQ(I(pg.touched * kPage), cur(h.a->stats().reserved_bytes)) << "op " << op;
           }
@@ -388,7 +388,8 @@ void random_run(std::uint64_t seed, bool capped, OomCounts out[3] = nullptr) {
     } else {
       for (auto& x : hs) x.a->empty_cache();
     }
-    // The trace, read from outside, the stream-reuse promise: no block goes to another stream before an unmap.
+    // The trace, read from outside, the stream-reuse promise: no block goes to another stream
+    // before an unmap.
     for (const TraceEvent& e : h.a->trace()) {
       switch (e.action) {
         case TraceAction::Alloc: {
@@ -414,15 +415,16 @@ void random_run(std::uint64_t seed, bool capped, OomCounts out[3] = nullptr) {
     }
     h.a->clear_trace();
     const auto st = h.a->stats();
-    // [INV-BUDGET-1], from the snapshot: mapped pages <= budget(T) = T + floor(T / 64), T the high-water
-    // mark of pages touched by live blocks, plus the free pages split between free blocks of
-    // different streams.
+    // [INV-BUDGET-1], from the snapshot: mapped pages <= budget(T) = T + floor(T / 64), T the
+    // high-water mark of pages touched by live blocks, plus the free pages split between free
+    // blocks of different streams.
     const Pages pg = pages_of(h.a->snapshot());
     peak_touched = std::max(peak_touched, pg.touched);
     EXPECT_EQ(I(pg.mapped * kPage), cur(st.reserved_bytes)) << "op " << op;
     EXPECT_LE(pg.mapped, peak_touched + peak_touched / 64 + pg.split)
-        << "op " << op << ": [INV-BUDGET-1] " << pg.mapped << " pages mapped, touched high-water mark "
-        << peak_touched << ", " << pg.split << " split free pages";
+        << "op " << op << ": [INV-BUDGET-1] " << pg.mapped
+        << " pages mapped, touched high-water mark " << peak_touched << ", " << pg.split
+        << " split free pages";
     if (capped) {
       EXPECT_LE(cur(st.reserved_bytes), I(cap)) << "op " << op;
     }

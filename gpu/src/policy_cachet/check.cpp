@@ -1,7 +1,7 @@
-// policy:cachet (CachetPolicy, policy_cachet/policy.h; design and promises: cachet/gpu/policy_cachet.h):
-// invariants(): the rules of docs/invariants.md whose policy is cachet or both, each violation
-// starting with its ID; and what it calls (never mutated: built once, without mutant.h, so the
-// checker stays the real one).
+// policy:cachet (CachetPolicy, policy_cachet/policy.h; design and promises:
+// cachet/gpu/policy_cachet.h): invariants(): the rules of docs/invariants.md whose policy is cachet
+// or both, each violation starting with its ID; and what it calls (never mutated: built once,
+// without mutant.h, so the checker stays the real one).
 #include <algorithm>
 #include <iterator>
 #include <stdexcept>
@@ -53,7 +53,8 @@ std::vector<std::string> CachetPolicy::invariants() const {
   Bytes mapped = 0;
   std::size_t n_free = 0, n_unmapped = 0, n_active = 0, n_events = 0;
   std::int64_t runs = 0;
-  // [INV-POOL-2] the trees are in their order (blocks grow and shrink in place when the order holds).
+  // [INV-POOL-2] the trees are in their order (blocks grow and shrink in place when the order
+  // holds).
   for (auto it = free_.begin(); it != free_.end() && std::next(it) != free_.end(); ++it)
     if (!SizeOrder{}(*it, *std::next(it)))
       fail("[INV-POOL-2] free_ out of size order at block " + hex(it->ptr));
@@ -144,6 +145,9 @@ std::vector<std::string> CachetPolicy::invariants() const {
   if (stats_.segment[0].current != runs || stats_.segment[2].current != runs)
     fail("[INV-STATS-1] segment = " + std::to_string(stats_.segment[0].current) +
          ", runs of mapped pages " + std::to_string(runs));
+  if (touched_pages_ > peak_touched_pages_)
+    fail("[INV-PAGE-2] touched pages " + std::to_string(touched_pages_) +
+         " above their high-water mark " + std::to_string(peak_touched_pages_));
   if (touched_bytes() != touched_pages_ * kPage)
     fail("[INV-PAGE-1] touched pages " + std::to_string(touched_pages_) + ", recount " +
          std::to_string(touched_bytes() / kPage));
@@ -173,8 +177,9 @@ std::vector<std::string> CachetPolicy::invariants() const {
   // [INV-CAP-1]: reserved <= the cap, or (the cap was lowered below the live blocks' pages) no
   // whole free page left to unmap.
   if (cap_.allowed() && mapped > *cap_.allowed() && whole_free_pages(0, 0) > 0)
-    fail("[INV-CAP-1] reserved " + std::to_string(mapped) + " > cap " + std::to_string(*cap_.allowed()) +
-         " with " + std::to_string(whole_free_pages(0, 0)) + " whole free pages still mapped");
+    fail("[INV-CAP-1] reserved " + std::to_string(mapped) + " > cap " +
+         std::to_string(*cap_.allowed()) + " with " + std::to_string(whole_free_pages(0, 0)) +
+         " whole free pages still mapped");
   return v;
 }
 

@@ -1,7 +1,7 @@
 // PytorchPolicy::invariants(): policy:pytorch's invariants (docs/invariants.md, the IDs and
-// where each is checked), over the allocator's own state. O(blocks + events); cheap enough to run after every operation
-// (cachet_validate:True). Returns one line per violation, each starting with its ID.
-// § numbers refer to docs/pytorch-allocator.md.
+// where each is checked), over the allocator's own state. O(blocks + events); cheap enough to run
+// after every operation (cachet_validate:True). Returns one line per violation, each starting with
+// its ID. § numbers refer to docs/pytorch-allocator.md.
 #include <map>
 #include <string>
 #include <vector>

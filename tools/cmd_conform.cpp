@@ -365,6 +365,11 @@ int run(const Options& o) {
     std::fprintf(stderr, "cachet conform: expected OPS RESULT (or RESULT with --ops FILE)\n");
     return kExitBadInput;
   }
+  if (!o.ops.empty() && !ops_path.empty() && o.ops != ops_path) {
+    std::fprintf(stderr, "cachet conform: the op list is given twice, as OPS (%s) and as --ops (%s): give it once\n",
+                 ops_path.c_str(), o.ops.c_str());
+    return kExitBadInput;
+  }
   if (!o.ops.empty()) ops_path = o.ops;
 
   std::vector<std::string> names;

@@ -54,6 +54,10 @@ std::string output_problem(const std::string& path) {
 
 int run_plot(const Args& a) {
   using namespace cachet::replay;
+  if (a.output.empty()) {
+    std::fprintf(stderr, "cachet plot: -o: an empty file name; give the SVG file to write, for example -o memory.svg\n");
+    return kExitBadInput;
+  }
   if (const std::string why = output_problem(a.output); !why.empty()) {
     std::fprintf(stderr, "cachet plot: -o %s: cannot write there: %s\n", a.output.c_str(), why.c_str());
     return kExitBadInput;

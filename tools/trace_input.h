@@ -25,7 +25,7 @@ inline std::optional<TraceInput> load_trace_input(const char* cmd, const std::st
                                                   const std::optional<std::string>& conf,
                                                   const std::string& device_memory) {
   std::optional<Bytes> mem;
-  if (!device_memory.empty() && !(mem = replay::parse_bytes(device_memory))) {
+  if (!device_memory.empty() && (!(mem = replay::parse_bytes(device_memory)) || *mem == 0)) {
     std::fprintf(stderr, "cachet %s: --device-memory: not a size: '%s'\n", cmd, device_memory.c_str());
     return std::nullopt;
   }

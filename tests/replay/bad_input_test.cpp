@@ -332,4 +332,74 @@ TEST(BadInput, TraceWithoutSegmentEventsSaysWhatItMeans) {
   EXPECT_EQ(o.err, "note: " + why + "\n");
 }
 
+// Was: replayed as all zeros, exit 0 (replay, summary, plot, tune).
+TEST(BadInput, TraceWithNothingToReplayIsRefused) {
+  const fs::path p = tmp_dir() / "segments_only.json";
+  write(p, R"({"segments": [{"device": 0, "address": 1048576, "total_size": 2097152, "stream": 0, )"
+           R"("segment_type": "small", "blocks": [{"address": 1048576, "size": 2097152, "state": "inactive"}]}], )"
+           R"("device_traces": []})");
+  const std::string why =
+      ": nothing to replay: the trace has no alloc or oom event (0 trace events, 1 segments in the file); the snapshot "
+      "was taken without torch.cuda.memory._record_memory_history() (or after it was turned off): call "
+      "_record_memory_history(max_entries=1000000) before the code to study, then _dump_snapshot()\n";
+  for (const char* cmd : {"replay", "summary", "tune"}) {
+    const Out o = run(std::string(cmd) + " " + p.string());
+    EXPECT_EQ(o.rc, 2) << cmd;
+    EXPECT_EQ(o.out, "") << cmd;
+    EXPECT_EQ(o.err, "cachet " + std::string(cmd) + ": " + p.string() + why) << cmd;
+  }
+  const Out o = run("plot " + p.string() + " -o " + (tmp_dir() / "none.svg").string());
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet plot: " + p.string() + why);
+  EXPECT_FALSE(fs::exists(tmp_dir() / "none.svg"));
+  // trace-info still describes it.
+  const Out i = run("trace-info " + p.string());
+  EXPECT_EQ(i.rc, 0) << i.err;
+}
+
+// Was: "not a PyTorch memory snapshot or oracle recording: no 'device_traces', ... key".
+TEST(BadInput, StatsFileGivenAsTheTraceSaysPassTheTrace) {
+  const std::string stats = kData + "workloads/gpt2_train.stats.json";
+  const Out o = run("replay " + stats);
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet replay: " + stats +
+                       ": <root>: a stats file (\"final_stats\": memory_stats() at the end), not a trace; cachet reads "
+                       "it beside its trace (<base>.stats.json beside <base>.trace.json.gz): pass the trace\n");
+}
+
+// Was: tune aborted (an internal check in the expandable segment code, exit 134); summary and
+// plot replayed a device of 0 bytes; a total_memory of 0 beside a trace was taken as is.
+TEST(BadInput, DeviceMemoryOfZeroIsRefused) {
+  const std::string trace = kData + "snapshots/mlp_train.pickle.gz";
+  Out o = run("tune " + trace + " --device-memory 0");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet tune: device memory of 0 bytes: give the GPU's memory, for example --device-memory 80GiB\n");
+  o = run("summary " + trace + " --device-memory 0");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet summary: --device-memory: not a size: '0'\n");
+  o = run("plot " + trace + " --device-memory 0 -o " + (tmp_dir() / "zero.svg").string());
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet plot: --device-memory: not a size: '0'\n");
+  const fs::path dir = tmp_dir() / "zero_memory";
+  fs::create_directories(dir);
+  fs::copy_file(trace, dir / "mlp.pickle.gz", fs::copy_options::overwrite_existing);
+  write(dir / "mlp.stats.json", R"({"total_memory": 0})");
+  o = run("replay " + (dir / "mlp.pickle.gz").string());
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet replay: " + (dir / "mlp.stats.json").string() + ": sidecar.total_memory: absurd total_memory 0\n");
+}
+
+// Was: --ops silently replaced OPS; -o '' said "No such file or directory".
+TEST(BadInput, ConflictingOrEmptyArguments) {
+  const std::string small = kData + "ops/ops_small.json.gz";
+  const std::string mixed = kData + "ops/ops_mixed.json.gz";
+  Out o = run("conform " + small + " " + kData + "results/res_small_default.json.gz --ops " + mixed);
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet conform: the op list is given twice, as OPS (" + small + ") and as --ops (" + mixed +
+                       "): give it once\n");
+  o = run("plot " + kData + "snapshots/mlp_train.pickle.gz -o ''");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet plot: -o: an empty file name; give the SVG file to write, for example -o memory.svg\n");
+}
+
 }  // namespace

@@ -52,6 +52,10 @@ class JsonReader {
       }
     }
     check_end();
+    if (!saw_steps && !saw_trace && !saw_snapshot && !out.final_stats.empty())
+      detail::fail(name_, "<root>",
+                   "a stats file (\"final_stats\": memory_stats() at the end), not a trace; cachet reads it "
+                   "beside its trace (<base>.stats.json beside <base>.trace.json.gz): pass the trace");
     if (!saw_steps && !saw_trace && !saw_snapshot)
       detail::fail(name_, "<root>",
                    "not a PyTorch memory snapshot or oracle recording: no 'device_traces', "
@@ -200,7 +204,7 @@ class JsonReader {
     };
     if (key == "total_memory") {
       const std::uint64_t m = uint64(v, where);
-      if (m >= kMaxRequest) detail::fail(name_, where(), fmt::format("absurd total_memory {}", m));
+      if (m >= kMaxRequest || m == 0) detail::fail(name_, where(), fmt::format("absurd total_memory {}", m));
       if (!out.total_memory) out.total_memory = m;
     } else if (key == "cap") {
       const std::uint64_t m = uint64(v, where);

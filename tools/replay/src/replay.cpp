@@ -2,6 +2,8 @@
 // production allocator on the host backend). See cachet/replay/replay.h.
 #include "cachet/replay/replay.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <map>
 #include <unordered_map>
@@ -359,6 +361,8 @@ ReplayResult replay(const Trace& t, const Config& config, const ReplayOptions& o
 }
 
 LoadedTrace load_trace(const std::string& path, std::optional<Bytes> device_memory, DeviceIndex device) {
+  if (device_memory && *device_memory == 0)
+    throw io::ReadError("device memory of 0 bytes: give the GPU's memory, for example --device-memory 80GiB");
   LoadedTrace lt;
   lt.file = io::read_trace(path);
   const io::DeviceTrace* d = nullptr;
@@ -396,6 +400,16 @@ LoadedTrace load_trace(const std::string& path, std::optional<Bytes> device_memo
   static const std::vector<TraceEvent> none;
   lt.trace = prepare_trace(d ? std::span<const TraceEvent>(d->events) : std::span<const TraceEvent>(none), lt.run,
                            lt.file.name);
+  const io::TraceStats& file_stats = lt.trace.stats;
+  if (file_stats.count(TraceAction::Alloc) == 0 && file_stats.count(TraceAction::Oom) == 0) {
+    std::size_t segments = 0;
+    for (const auto& dt : lt.file.devices) segments += dt.segments.size();
+    throw io::ReadError(fmt::format(
+        "{}: nothing to replay: the trace has no alloc or oom event ({} trace events, {} segments in the file); "
+        "the snapshot was taken without torch.cuda.memory._record_memory_history() (or after it was turned off): "
+        "call _record_memory_history(max_entries=1000000) before the code to study, then _dump_snapshot()",
+        path, file_stats.events, segments));
+  }
   return lt;
 }
 

@@ -149,7 +149,8 @@ struct LoadedTrace {
 };
 
 // Reads `path` (io::read_trace) and prepares it. `device_memory`: overrides the total memory
-// found beside the trace (default 80 GiB when none). Throws io::ReadError.
+// found beside the trace (default 80 GiB when none). Throws io::ReadError, also when the trace
+// has no alloc or oom event to replay, or device_memory is 0.
 LoadedTrace load_trace(const std::string& path, std::optional<Bytes> device_memory = std::nullopt,
                        DeviceIndex device = -1);
 

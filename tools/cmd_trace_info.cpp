@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <string>
 
+#include "cachet/config.h"
+#include "cachet/errors.h"
 #include "cachet/io/file.h"
 #include "cachet/io/trace_reader.h"
 #include "cachet/io/trace_stats.h"
@@ -35,6 +37,13 @@ int run_trace_info(const std::string& path, bool all_settings) {
                      !t.settings.conf ? "not recorded"
                      : t.settings.conf->empty() ? "(default)"
                                                 : "\"" + *t.settings.conf + "\"");
+  if (t.settings.conf) {
+    try {
+      (void)parse_config(*t.settings.conf, ConfigSource::PyTorch);
+    } catch (const ConfigError& e) {
+      out += fmt::format("               not understood: {}; replay uses the default\n", e.what());
+    }
+  }
   if (all_settings)
     for (const auto& [k, v] : t.settings.fields) out += fmt::format("  {} = {}\n", k, v);
   if (!t.final_stats.empty()) {

@@ -49,6 +49,7 @@ int run_tune(const Args& a) {
     std::fprintf(stderr, "cachet tune: %s\n", e.what());
     return kExitBadInput;
   }
+  if (!lt.config_note.empty()) std::fprintf(stderr, "cachet tune: %s\n", lt.config_note.c_str());
   ReplayOptions o = recorded_options(lt, AddressMode::Synthetic);
   if (cap) o.cap = *cap;
   const auto space = tune_space(lt.run.config, o.cap > 0);

@@ -402,4 +402,35 @@ TEST(BadInput, ConflictingOrEmptyArguments) {
   EXPECT_EQ(o.err, "cachet plot: -o: an empty file name; give the SVG file to write, for example -o memory.svg\n");
 }
 
+// Was: summary, plot and tune replayed the default configuration in place of a recorded one
+// they could not read, without a word (replay said it); trace-info printed it as valid.
+TEST(BadInput, RecordedConfigurationNotUnderstoodIsSaid) {
+  const fs::path p = tmp_dir() / "bad_recorded_conf.json";
+  write(p, R"({"segments": [], "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128;garbage_interval:5"}, )"
+           R"("device_traces": [[{"action": "segment_alloc", "addr": 140000002097152, "size": 2097152, "stream": 0},)"
+           R"({"action": "alloc", "addr": 140000002097152, "size": 1024, "stream": 0}]]})");
+  const std::string why =
+      "max_split_size_mb: options are separated by ',' not ';', and 'garbage_interval' is no option (did you mean "
+      "'garbage_collection_threshold'?) ('128;garbage_interval' at column 22)";
+  const std::string note = ": recorded configuration not understood (" + why + "); using the default\n";
+  for (const char* cmd : {"replay", "summary", "tune"}) {
+    const Out o = run(std::string(cmd) + " " + p.string());
+    EXPECT_EQ(o.rc, 0) << cmd << o.err;
+    EXPECT_EQ(o.err, "cachet " + std::string(cmd) + note) << cmd;
+  }
+  Out o = run("plot " + p.string() + " -o " + (tmp_dir() / "bc.svg").string());
+  EXPECT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(o.err, "cachet plot" + note);
+  // With --conf the recorded configuration is not used: nothing to say.
+  o = run("summary " + p.string() + " --conf ''");
+  EXPECT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(o.err, "");
+  o = run("trace-info " + p.string());
+  EXPECT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(o.out.find("alloc conf:    \"max_split_size_mb:128;garbage_interval:5\"\n               not understood: " +
+                       why + "; replay uses the default\n"),
+            std::string::npos)
+      << o.out;
+}
+
 }  // namespace

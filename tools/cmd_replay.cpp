@@ -48,6 +48,7 @@ int run_replay(const Args& a) {
     std::fprintf(stderr, "cachet replay: %s\n", e.what());
     return kExitBadInput;
   }
+  if (!lt.device_note.empty()) std::fprintf(stderr, "cachet replay: %s\n", lt.device_note.c_str());
   if (!lt.config_note.empty()) std::fprintf(stderr, "cachet replay: %s\n", lt.config_note.c_str());
   struct Job {
     Config config;

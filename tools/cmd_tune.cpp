@@ -49,6 +49,7 @@ int run_tune(const Args& a) {
     std::fprintf(stderr, "cachet tune: %s\n", e.what());
     return kExitBadInput;
   }
+  if (!lt.device_note.empty()) std::fprintf(stderr, "cachet tune: %s\n", lt.device_note.c_str());
   if (!lt.config_note.empty()) std::fprintf(stderr, "cachet tune: %s\n", lt.config_note.c_str());
   ReplayOptions o = recorded_options(lt, AddressMode::Synthetic);
   if (cap) o.cap = *cap;

@@ -36,6 +36,7 @@ inline std::optional<TraceInput> load_trace_input(const char* cmd, const std::st
     std::fprintf(stderr, "cachet %s: %s\n", cmd, e.what());
     return std::nullopt;
   }
+  if (!in.loaded.device_note.empty()) std::fprintf(stderr, "cachet %s: %s\n", cmd, in.loaded.device_note.c_str());
   if (!conf && !in.loaded.config_note.empty()) std::fprintf(stderr, "cachet %s: %s\n", cmd, in.loaded.config_note.c_str());
   in.config = in.loaded.run.config;
   if (conf) {

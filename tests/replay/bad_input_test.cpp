@@ -433,4 +433,24 @@ TEST(BadInput, RecordedConfigurationNotUnderstoodIsSaid) {
       << o.out;
 }
 
+// Was: device 0 replayed and device 1 ignored, without a word.
+TEST(BadInput, SeveralDevicesSayWhichIsReplayed) {
+  const fs::path p = tmp_dir() / "two_devices.json";
+  write(p, R"({"segments": [], "device_traces": [[)"
+           R"({"action": "segment_alloc", "addr": 140000002097152, "size": 2097152, "stream": 0},)"
+           R"({"action": "alloc", "addr": 140000002097152, "size": 1024, "stream": 0}], [)"
+           R"({"action": "segment_alloc", "addr": 150000002097152, "size": 4194304, "stream": 0},)"
+           R"({"action": "alloc", "addr": 150000002097152, "size": 3000000, "stream": 0}]]})");
+  const std::string note =
+      ": the file has trace events for 2 devices (0, 1); device 0 is replayed (the first), the others are not\n";
+  for (const char* cmd : {"replay", "summary", "tune"}) {
+    const Out o = run(std::string(cmd) + " " + p.string());
+    EXPECT_EQ(o.rc, 0) << cmd << o.err;
+    EXPECT_EQ(o.err, "cachet " + std::string(cmd) + note) << cmd;
+  }
+  const Out o = run("plot " + p.string() + " -o " + (tmp_dir() / "two.svg").string());
+  EXPECT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(o.err, "cachet plot" + note);
+}
+
 }  // namespace

@@ -370,11 +370,17 @@ LoadedTrace load_trace(const std::string& path, std::optional<Bytes> device_memo
     d = lt.file.device(device);
     if (d == nullptr) throw io::ReadError(path + ": no trace for device " + std::to_string(device));
   } else {
+    std::string with_events;
+    std::size_t n = 0;
     for (const auto& dt : lt.file.devices)
       if (!dt.events.empty()) {
-        d = &dt;
-        break;
+        if (d == nullptr) d = &dt;
+        with_events += fmt::format("{}{}", n++ ? ", " : "", dt.device);
       }
+    if (n > 1)
+      lt.device_note = fmt::format("the file has trace events for {} devices ({}); device {} is replayed (the first), "
+                                   "the others are not",
+                                   n, with_events, d->device);
   }
   lt.device = d ? d->device : 0;
   if (d != nullptr && !d->segments.empty()) {

@@ -141,6 +141,7 @@ struct LoadedTrace {
   std::optional<Config> recorded_config;  // the allocator_settings' conf, parsed (nullopt: none)
   std::string recorded_conf_text;         // as recorded ("" when none)
   std::string config_note;                // why the recorded conf could not be used, if so
+  std::string device_note;                // which device was chosen when several have events
   RecordedRun run;
   // The snapshot's segments at the end (when it has any): reserved and allocated bytes. A replay
   // of the recorded configuration should end in the same state.

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cachet/config.h"
 #include "cachet/errors.h"
@@ -25,11 +26,12 @@ void print_caret(const std::string& text, std::size_t column) {
 
 cachet::cli::Runner setup(CLI::App& sub) {
   struct Options {
+    std::vector<std::string> texts;
     std::string text;
     std::string source = "pytorch";
   };
   auto opts = std::make_shared<Options>();
-  sub.add_option("STRING", opts->text,
+  sub.add_option("STRING", opts->texts,
                  "The configuration, e.g. the value of PYTORCH_CUDA_ALLOC_CONF (quote it)")
       ->required();
   sub.add_option("--source", opts->source,
@@ -41,6 +43,17 @@ cachet::cli::Runner setup(CLI::App& sub) {
   sub.footer(
       "Exit status: 0 valid (the normalized string on stdout), 2 invalid (the error on stderr).");
   return [opts]() -> int {
+    // Options split by the shell (unquoted spaces, or ',' written as ' '): one string is checked.
+    if (opts->texts.size() > 1) {
+      std::string joined;
+      for (const auto& t : opts->texts) joined += (joined.empty() ? "" : ",") + t;
+      std::fprintf(stderr,
+                   "error: check-conf takes one string, got %zu arguments; quote the string, with its options "
+                   "separated by ',': cachet check-conf '%s'\n",
+                   opts->texts.size(), joined.c_str());
+      return cachet::cli::kExitBadInput;
+    }
+    opts->text = opts->texts.front();
     const auto source =
         opts->source == "cachet" ? cachet::ConfigSource::Cachet : cachet::ConfigSource::PyTorch;
     try {

@@ -88,6 +88,18 @@ std::vector<Option> parse_syntax(const std::vector<Token>& toks, ConfigSource so
         fail(name.text.substr(0, eq), name.text, name.column(),
              "options are written key:value, not key=value");
       }
+      // The whole assignment pasted (VAR=value), or the shell's quotes kept in the value.
+      const std::string_view var = std::string_view(name.text).substr(0, eq);
+      if (eq != std::string::npos && (var == "PYTORCH_CUDA_ALLOC_CONF" || var == "PYTORCH_ALLOC_CONF" ||
+                                      var == "PYTORCH_HIP_ALLOC_CONF" || var == "CACHET_ALLOC_CONF")) {
+        fail("", name.text.substr(0, eq + 1), name.column(),
+             fmt::format("the string starts with the variable's name: give only its value, what follows '{}='",
+                         var));
+      }
+      if (name.text[0] == '"' || name.text[0] == '\'') {
+        fail("", name.text.substr(0, 1), name.column(),
+             "the value has quotes in it: remove them (quotes around the value belong to the shell, not to it)");
+      }
       throw ConfigError(
           fmt::format("{} (at column {}). Accepted: the options listed in docs/configuration.md",
                       describe_unknown(name.text, source), name.column()),

@@ -109,6 +109,28 @@ TEST(CheckConf, ErrorWithCaret) {
       << r.err;
 }
 
+// Was: "'PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb' is no option", "'\"max_split_size_mb' is no
+// option", and CLI11's "The following argument was not expected" for an unquoted second option.
+TEST(CheckConf, PastedAssignmentQuotesAndSplitStringsAreNamed) {
+  Outcome r = check_conf(quote("PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128"));
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err,
+            "error: the string starts with the variable's name: give only its value, what follows "
+            "'PYTORCH_CUDA_ALLOC_CONF=' ('PYTORCH_CUDA_ALLOC_CONF=' at column 1)\n"
+            "  PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128\n  ^\n");
+  r = check_conf(quote("\"expandable_segments:True\""));
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err,
+            "error: the value has quotes in it: remove them (quotes around the value belong to the shell, not "
+            "to it) ('\"' at column 1)\n  \"expandable_segments:True\"\n  ^\n");
+  r = check_conf("max_split_size_mb:128 expandable_segments:True");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.err,
+            "error: check-conf takes one string, got 2 arguments; quote the string, with its options separated "
+            "by ',': cachet check-conf 'max_split_size_mb:128,expandable_segments:True'\n");
+}
+
 TEST(CheckConf, SourceDecidesCachetKeys) {
   Outcome r = check_conf(quote("policy:cachet"));
   EXPECT_EQ(r.status, 2);

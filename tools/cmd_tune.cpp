@@ -52,6 +52,18 @@ int run_tune(const Args& a) {
   if (!lt.device_note.empty()) std::fprintf(stderr, "cachet tune: %s\n", lt.device_note.c_str());
   if (!lt.config_note.empty()) std::fprintf(stderr, "cachet tune: %s\n", lt.config_note.c_str());
   ReplayOptions o = recorded_options(lt, AddressMode::Synthetic);
+  if (cap && (*cap == 0 || *cap > lt.run.total_memory)) {  // set_per_process_memory_fraction takes (0, 1]
+    const std::string whence = mem                       ? "--device-memory"
+                               : lt.file.total_memory ? "recorded beside the trace"
+                                                      : "assumed: the trace does not record it";
+    std::fprintf(stderr, "cachet tune: --cap %s: %s\n", a.cap.c_str(),
+                 *cap == 0 ? "a cap of 0 bytes; leave --cap out for no cap"
+                           : fmt::format("more than the device's memory ({}, {}); give a smaller cap, or the "
+                                         "device's memory with --device-memory",
+                                         human_bytes(static_cast<std::int64_t>(lt.run.total_memory)), whence)
+                                 .c_str());
+    return kExitBadInput;
+  }
   if (cap) o.cap = *cap;
   const auto space = tune_space(lt.run.config, o.cap > 0);
   Progress progress("tuning");

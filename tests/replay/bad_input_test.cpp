@@ -453,4 +453,22 @@ TEST(BadInput, SeveralDevicesSayWhichIsReplayed) {
   EXPECT_EQ(o.err, "cachet plot" + note);
 }
 
+// Was: a cap of 0, or one above the device's memory, was taken as no cap, without a word
+// (set_per_process_memory_fraction accepts a fraction in (0, 1] only).
+TEST(BadInput, TuneCapOfZeroOrAboveTheDeviceIsRefused) {
+  const std::string mlp = kData + "snapshots/mlp_train.pickle.gz";
+  Out o = run("tune " + mlp + " --cap 0");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet tune: --cap 0: a cap of 0 bytes; leave --cap out for no cap\n");
+  o = run("tune " + mlp + " --cap 200G --device-memory 100G");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet tune: --cap 200G: more than the device's memory (100.00 GiB, --device-memory); give a "
+                   "smaller cap, or the device's memory with --device-memory\n");
+  // gpt2_train.stats.json records the H200's total_memory, 150109880320 bytes = 139.80 GiB.
+  o = run("tune " + kData + "workloads/gpt2_train.trace.json.gz --cap 200G");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet tune: --cap 200G: more than the device's memory (139.80 GiB, recorded beside the trace); "
+                   "give a smaller cap, or the device's memory with --device-memory\n");
+}
+
 }  // namespace

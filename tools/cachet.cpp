@@ -1,7 +1,9 @@
 // The `cachet` command: subcommands register themselves (see command.h).
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <optional>
 #include <string>
@@ -97,12 +99,23 @@ int main(int argc, char** argv) {
   }
   for (auto& [sub, run] : subs) {
     if (sub->parsed()) {
+      int rc = kExitBadInput;
       try {
-        return run();
+        rc = run();
       } catch (const std::exception& e) {
         std::fprintf(stderr, "cachet %s: %s\n", sub->get_name().c_str(), e.what());
         return kExitBadInput;
       }
+      // Output that could not be written (a full disk, a closed pipe) is not a success.
+      errno = 0;
+      const bool flush_failed = std::fflush(stdout) != 0;
+      if (flush_failed || std::ferror(stdout)) {
+        std::fprintf(stderr, "cachet %s: cannot write the output: %s\n", sub->get_name().c_str(),
+                     flush_failed && errno ? std::strerror(errno)
+                                           : "a write to stdout failed (a full disk, or a closed pipe?)");
+        return kExitBadInput;
+      }
+      return rc;
     }
   }
   return kExitBadInput;

@@ -471,4 +471,21 @@ TEST(BadInput, TuneCapOfZeroOrAboveTheDeviceIsRefused) {
                    "give a smaller cap, or the device's memory with --device-memory\n");
 }
 
+// Was: output that could not be written (here /dev/full: "No space left on device") exited 0.
+TEST(BadInput, OutputThatCannotBeWrittenIsAnError) {
+  ASSERT_TRUE(fs::exists("/dev/full"));
+  const std::string cmd = std::string(CACHET_EXE) + " trace-info " + kData + "snapshots/mlp_train.pickle.gz >/dev/full 2>" +
+                          (tmp_dir() / "full_err").string();
+  const int st = std::system(cmd.c_str());
+  EXPECT_EQ(WIFEXITED(st) ? WEXITSTATUS(st) : -1, 2);
+  EXPECT_EQ(slurp(tmp_dir() / "full_err"), "cachet trace-info: cannot write the output: No space left on device\n");
+  // A larger output fails in an earlier write: the reason is then not known.
+  const std::string big = std::string(CACHET_EXE) + " replay " + kData + "workloads/gpt2_train.trace.json.gz --json >/dev/full 2>" +
+                          (tmp_dir() / "full_err").string();
+  const int st2 = std::system(big.c_str());
+  EXPECT_EQ(WIFEXITED(st2) ? WEXITSTATUS(st2) : -1, 2);
+  EXPECT_EQ(slurp(tmp_dir() / "full_err"),
+            "cachet replay: cannot write the output: a write to stdout failed (a full disk, or a closed pipe?)\n");
+}
+
 }  // namespace

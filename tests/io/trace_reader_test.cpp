@@ -306,6 +306,14 @@ TEST(TraceReader, ClearErrorsForWrongTypesAndMissingKeys) {
   EXPECT_TRUE(has(m, "no 'device_traces', 'segments' or 'trace' key")) << m;
   m = error_of(R"({"device_traces": [[]]} xx)");  // simdjson refuses it while indexing
   EXPECT_EQ(m, "t.json: <root>: malformed JSON: text after the end of the top-level value, at byte 24");
+  // Hostile nesting: the path keeps its innermost 157 characters.
+  std::string deep;
+  for (int i = 0; i < 100; ++i) deep += R"({"a":)";
+  std::string tail = "a";
+  for (int i = 0; i < 78; ++i) tail += ".a";
+  EXPECT_EQ(error_of(deep), "t.json: ..." + tail +
+                                ": truncated JSON: the text ends at byte 500, with 100 objects or arrays left open; the "
+                                "file was cut short (an interrupted write or copy?): save or copy it again");
   m = error_of(R"({"device_traces": [[{"action": "alloc", "addr": 1,)");
   EXPECT_EQ(m, "t.json: device_traces[0][0].addr: truncated JSON: the text ends at byte 50, with 4 objects or arrays "
                "left open; the file was cut short (an interrupted write or copy?): save or copy it again");

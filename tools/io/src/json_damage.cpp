@@ -27,6 +27,7 @@ std::string path_of(const std::vector<Frame>& stack) {
       p += f.key;
     }
   }
+  if (p.size() > 160) p = "..." + p.substr(p.size() - 157);  // hostile nesting: the innermost part
   return p.empty() ? "<root>" : p;
 }
 

@@ -110,7 +110,7 @@ class JsonReader {
     }
     // A structural error is reported where simdjson noticed it (often the root, offset 0):
     // name where the text really ends or the brackets stop matching.
-    if (e != simdjson::INCORRECT_TYPE && e != simdjson::NUMBER_OUT_OF_RANGE) {
+    if (e != simdjson::INCORRECT_TYPE && e != simdjson::NUMBER_OUT_OF_RANGE && e != simdjson::DEPTH_ERROR) {
       if (auto d = detail::find_json_damage(std::string_view(buf_.data(), buf_.size())))
         detail::fail(name_, d->where, d->problem);
       if (what == "malformed or truncated JSON") what = "malformed JSON";  // the brackets balance

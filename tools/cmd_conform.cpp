@@ -458,7 +458,9 @@ Runner setup(CLI::App& sub) {
       ->expected(1, 2);
   sub.add_option("--ops", o->ops, "the op list (ops_<regime>.json[.gz]) to replay");
   sub.add_option("--engine", o->engine, "model (default), impl (the production allocator) or both");
-  sub.add_option("--max-report", o->max_printed, "mismatches printed in detail (default 20)");
+  sub.add_option("--max-report", o->max_printed, "mismatches printed in detail (default 20)")
+      ->check(CLI::Validator(
+          [](std::string& v) { return v.starts_with('-') ? "a count, 0 or more, not " + v : std::string(); }, "COUNT"));
   return [o] { return run(*o); };
 }
 

@@ -72,6 +72,16 @@ int run_replay(const Args& a) {
     std::fprintf(stderr, "cachet replay: --policy: 'pytorch' or 'cachet', not '%s'\n", a.policy.c_str());
     return kExitBadInput;
   }
+  // --policy cachet against a --conf that says policy:pytorch (parsed over a cachet base, only an
+  // explicit key gives PyTorch back).
+  Config cachet_base;
+  cachet_base.policy = Policy::Cachet;
+  for (const auto& text : a.confs)
+    if (a.policy == "cachet" && parse_config(text, ConfigSource::Cachet, cachet_base).config.policy == Policy::PyTorch) {
+      std::fprintf(stderr, "cachet replay: --policy cachet and --conf '%s' (policy:pytorch) disagree; give one\n",
+                   text.c_str());
+      return kExitBadInput;
+    }
   for (auto& j : jobs)
     if (a.policy == "cachet") j.config.policy = Policy::Cachet;
   // The recorded segment addresses (and the snapshot's end state) are the PyTorch policy's: a

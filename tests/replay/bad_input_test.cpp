@@ -488,4 +488,17 @@ TEST(BadInput, OutputThatCannotBeWrittenIsAnError) {
             "cachet replay: cannot write the output: a write to stdout failed (a full disk, or a closed pipe?)\n");
 }
 
+// Was: --policy cachet silently overrode --conf policy:pytorch; --max-report -1 printed every
+// mismatch (the count wrapped around).
+TEST(BadInput, ConflictingPolicyAndNegativeCountAreRefused) {
+  Out o = run("replay " + kData + "snapshots/mlp_train.pickle.gz --policy cachet --conf 'policy:pytorch,max_split_size_mb:64'");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.out, "");
+  EXPECT_EQ(o.err, "cachet replay: --policy cachet and --conf 'policy:pytorch,max_split_size_mb:64' (policy:pytorch) "
+                   "disagree; give one\n");
+  o = run("conform " + kData + "results/res_small_default.json.gz --max-report -1");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "--max-report: a count, 0 or more, not -1\nRun with --help for more information.\n");
+}
+
 }  // namespace

@@ -501,4 +501,22 @@ TEST(BadInput, ConflictingPolicyAndNegativeCountAreRefused) {
   EXPECT_EQ(o.err, "--max-report: a count, 0 or more, not -1\nRun with --help for more information.\n");
 }
 
+// Was: "malloc needs address #2 but the recording has only 1; the replay made more device calls
+// than PyTorch did": one segment event, and a 3 MiB request that needs a second (large) segment.
+TEST(BadInput, TooFewSegmentEventsAreSaidInTheTracesTerms) {
+  const fs::path p = tmp_dir() / "few_segments.json";
+  write(p, R"({"segments": [], "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""}, "device_traces": [[)"
+           R"({"action": "segment_alloc", "addr": 140000002097152, "size": 2097152, "stream": 0},)"
+           R"({"action": "alloc", "addr": 140000002097152, "size": 1024, "stream": 0},)"
+           R"({"action": "alloc", "addr": 150000000000000, "size": 3145728, "stream": 0}]]})");
+  const Out o = run("replay " + p.string());
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(o.out.find("\nnote ((default)): the replay left the recorded addresses (the replay needed more segments "
+                       "than the trace's 1 segment events: the trace starts mid-run (its first segments were reserved "
+                       "before recording), or this configuration reserves more often than the recorded one); "
+                       "replayed with synthetic addresses\n"),
+            std::string::npos)
+      << o.out;
+}
+
 }  // namespace

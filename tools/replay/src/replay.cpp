@@ -322,6 +322,13 @@ struct Runner {
     } catch (const DeviceError& e) {
       if (!recorded) throw;
       divergence = e.what();
+      // Every recorded address handed out and one more wanted: say it in the trace's terms.
+      if (sim && sim->recorded_left() == 0 && divergence.find("needs address") != std::string::npos)
+        divergence = fmt::format(
+            "the replay needed more segments than the trace's {} segment events: the trace starts mid-run (its "
+            "first segments were reserved before recording), or this configuration reserves more often than the "
+            "recorded one",
+            t.recorded_addresses.size());
       return RunStatus::Diverged;
     } catch (const UsageError& e) {  // recorded addresses confused the block table
       if (!recorded) throw;

@@ -519,4 +519,13 @@ TEST(BadInput, TooFewSegmentEventsAreSaidInTheTracesTerms) {
       << o.out;
 }
 
+// Was: "<file>: empty file", with nothing on what was expected.
+TEST(BadInput, EmptyFileSaysWhatIsRead) {
+  const fs::path p = tmp_dir() / "empty.pickle";
+  write(p, "");
+  const Out o = run("replay " + p.string());
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet replay: " + p.string() + ": empty file (0 bytes; was it written completely?): " + kFormats + "\n");
+}
+
 }  // namespace

@@ -274,7 +274,8 @@ TraceFile parse_trace(std::string_view bytes, std::string_view name) {
     if (is_gzip(plain)) throw ReadError(std::string(name) + ": gzip inside gzip is not read");
     return parse_trace(plain, name);
   }
-  if (bytes.empty()) throw ReadError(std::string(name) + ": empty file");
+  if (bytes.empty())
+    throw ReadError(fmt::format("{}: empty file (0 bytes; was it written completely?): {}", name, kTraceFormats));
   if (static_cast<unsigned char>(bytes[0]) == 0x80) return parse_snapshot_pickle(bytes, name);
   std::size_t i = 0;
   if (bytes.substr(0, 3) == "\xEF\xBB\xBF") i = 3;  // UTF-8 byte order mark

@@ -24,6 +24,7 @@
 
 #ifdef CACHET_HAVE_REPLAY
 #include "cachet/replay/replay.h"
+#include "cachet/replay/tune.h"
 #endif
 
 namespace cachet::bench {

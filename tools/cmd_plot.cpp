@@ -27,6 +27,7 @@ struct Args {
   std::string output;
   std::optional<std::string> conf;
   std::string device_memory;
+  std::string cap;
 };
 
 std::string base_name(const std::string& p) {
@@ -62,7 +63,7 @@ int run_plot(const Args& a) {
     std::fprintf(stderr, "cachet plot: -o %s: cannot write there: %s\n", a.output.c_str(), why.c_str());
     return kExitBadInput;
   }
-  auto in = load_trace_input("plot", a.path, a.conf, a.device_memory);
+  auto in = load_trace_input("plot", a.path, a.conf, a.device_memory, a.cap);
   if (!in) return kExitBadInput;
   const LoadedTrace& lt = in->loaded;
   const Config& config = in->config;
@@ -120,7 +121,10 @@ Runner setup(CLI::App& sub) {
   sub.add_option("TRACE", a->path, "PyTorch memory snapshot (pickle or JSON) or an oracle recording")->required();
   sub.add_option("-o,--output", a->output, "the SVG file to write")->required();
   sub.add_option("--conf", a->conf, "configuration (default: the recorded one)");
-  sub.add_option("--device-memory", a->device_memory, "device memory (default: beside the trace, else 80 GiB)");
+  sub.add_option("--device-memory", a->device_memory,
+                 "the device's memory (bytes, or with a suffix K/M/G/T). Default: recorded beside the trace, else "
+                 "from its out-of-memory entry, else no device limit (said)");
+  sub.add_option("--cap", a->cap, "memory cap (set_per_process_memory_fraction), same syntax: '12G'");
   return [a] { return run_plot(*a); };
 }
 

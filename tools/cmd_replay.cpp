@@ -1,5 +1,5 @@
-// `cachet replay TRACE [--conf STRING]... [--policy pytorch] [--addresses recorded|synthetic]
-// [--device-memory BYTES] [--json]`: replays a PyTorch memory trace (snapshot pickle or JSON,
+// `cachet replay TRACE [--conf STRING]... [--policy pytorch|cachet] [--addresses recorded|synthetic]
+// [--cap BYTES] [--device-memory BYTES] [--json]`: replays a PyTorch memory trace (snapshot pickle or JSON,
 // or an oracle recording) through cachet's production allocator under each configuration and
 // reports peak allocated, peak reserved, fragmentation, OOMs, retries, device calls.
 // Without --conf: the configuration recorded in the trace. Exit 2 on unreadable input or an
@@ -7,6 +7,7 @@
 // recorded is given (said in the result's "note").
 #if __has_include("cachet/replay/replay.h")
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdio>
 #include <memory>
@@ -17,7 +18,9 @@
 #include "cachet/io/file.h"
 #include "cachet/replay/replay.h"
 #include "cachet/replay/report.h"
+#include "cachet/replay/tune.h"
 #include "command.h"
+#include "trace_input.h"
 
 namespace cachet::cli {
 namespace {
@@ -28,27 +31,28 @@ struct Args {
   std::string policy = "pytorch";
   std::string addresses;
   std::string device_memory;
+  std::string cap;
   bool json = false;
 };
 
 int run_replay(const Args& a) {
   using namespace cachet::replay;
-  std::optional<Bytes> mem;
-  if (!a.device_memory.empty()) {
-    mem = parse_bytes(a.device_memory);
-    if (!mem || *mem == 0) {
-      std::fprintf(stderr, "cachet replay: --device-memory: not a size: '%s'\n", a.device_memory.c_str());
-      return kExitBadInput;
-    }
-  }
+  std::optional<Bytes> mem, cap;
+  if (!size_option("replay", "--device-memory", a.device_memory, mem) || !size_option("replay", "--cap", a.cap, cap))
+    return kExitBadInput;
   LoadedTrace lt;
   try {
-    lt = load_trace(a.path, mem);
+    lt = load_trace(a.path, LoadOptions{.device_memory = mem, .cap = cap});
   } catch (const io::ReadError& e) {
     std::fprintf(stderr, "cachet replay: %s\n", e.what());
     return kExitBadInput;
   }
   if (!lt.device_note.empty()) std::fprintf(stderr, "cachet replay: %s\n", lt.device_note.c_str());
+  if (auto e = missing_cap_error(lt); !e.empty()) {
+    std::fprintf(stderr, "cachet replay: %s\n", e.c_str());
+    return kExitBadInput;
+  }
+  if (!cap_fits("replay", lt, a.cap, cap)) return kExitBadInput;
   if (!lt.config_note.empty()) std::fprintf(stderr, "cachet replay: %s\n", lt.config_note.c_str());
   struct Job {
     Config config;
@@ -121,11 +125,26 @@ int run_replay(const Args& a) {
   std::string out;
   out += fmt::format("trace: {} ({}, device {}, {} events)\n", lt.file.name, io::to_string(lt.file.format), lt.device,
                      lt.trace.events);
-  out += fmt::format("device memory: {}{}; recorded configuration: {}\n", human_bytes(static_cast<std::int64_t>(lt.run.total_memory)),
-                     lt.run.cap ? ", cap " + human_bytes(static_cast<std::int64_t>(lt.run.cap)) : std::string(),
-                     !lt.file.settings.conf ? "not recorded (default)"
-                     : lt.recorded_conf_text.empty() ? "(default)"
-                                                     : "'" + lt.recorded_conf_text + "'");
+  out += device_memory_line(lt, lt.run.cap) + "\n";
+  if (lt.run.cap)
+    out += fmt::format("memory cap: {} (set_per_process_memory_fraction{})\n", human_bytes_exact(lt.run.cap),
+                       cap ? ", --cap" : ", recorded");
+  out += fmt::format("recorded configuration: {}\n", !lt.file.settings.conf         ? "not recorded (default)"
+                                                     : lt.recorded_conf_text.empty() ? "(default)"
+                                                                                     : "'" + lt.recorded_conf_text + "'");
+  // policy:cachet: said once, with the keys it does not use.
+  bool any_cachet = false;
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    if (jobs[i].config.policy != Policy::Cachet) continue;
+    if (!any_cachet && a.addresses.empty())
+      out += "policy:cachet: replayed with synthetic addresses (the recorded ones are the PyTorch policy's)\n";
+    any_cachet = true;
+    const auto ignored = keys_policy_cachet_ignores(jobs[i].config);
+    if (!ignored.empty())
+      out += fmt::format("policy:cachet does not use {} (given in '{}'): its row is the same without {}\n",
+                         fmt::join(ignored, ", "), a.confs.empty() ? lt.recorded_conf_text : a.confs[i],
+                         ignored.size() == 1 ? "it" : "them");
+  }
   if (lt.trace.empty_cache_calls) out += fmt::format("empty_cache() calls in the trace: {}\n", lt.trace.empty_cache_calls);
   if (auto note = trace_note(lt.trace); !note.empty()) out += note + "\n";
   auto pa = lt.file.final_stats.find("allocated_bytes.all.peak");
@@ -150,7 +169,8 @@ int run_replay(const Args& a) {
     if (r.config.garbage_collection_threshold > 0 && lt.run.cap == 0)
       out += fmt::format("{}: garbage_collection_threshold does nothing without a memory cap "
                          "(set_per_process_memory_fraction), as in PyTorch\n", r.conf);
-    if (!r.note.empty()) out += fmt::format("note ({}): {}\n", r.conf.empty() ? "(default)" : r.conf, r.note);
+    if (!r.note.empty() && !(r.config.policy == Policy::Cachet && r.note.starts_with("policy:cachet:")))
+      out += fmt::format("note ({}): {}\n", r.conf.empty() ? "(default)" : r.conf, r.note);
     if (r.failed_allocs)
       out += fmt::format("{}: {} allocations that succeeded in the recorded run ran out of memory\n",
                          r.conf.empty() ? "(default)" : r.conf, r.failed_allocs);
@@ -158,7 +178,7 @@ int run_replay(const Args& a) {
       out += fmt::format("{}: {} of the {} requests that ran out of memory in the recorded run succeed\n",
                          r.conf.empty() ? "(default)" : r.conf, r.oom_requests_ok, r.oom_requests);
   }
-  std::fputs(out.c_str(), stdout);
+  std::fputs(fit_lines(out, output_width()).c_str(), stdout);
   return kExitOk;
 }
 
@@ -177,8 +197,12 @@ Runner setup(CLI::App& sub) {
                  "recorded: hand out the trace's segment addresses (default for the recorded configuration); "
                  "synthetic")
       ->check(CLI::IsMember({"recorded", "synthetic"}));
+  sub.add_option("--cap", a->cap,
+                 "memory cap (set_per_process_memory_fraction) in bytes, or with a suffix K/M/G/T (powers of 1024): "
+                 "'13.5G'. Default: the recorded one (oracle recordings), else none");
   sub.add_option("--device-memory", a->device_memory,
-                 "device memory in bytes (suffixes K/M/G/T ok). Default: total_memory beside the trace, else 80 GiB");
+                 "the device's memory (same syntax). Default: recorded beside the trace, else from its "
+                 "out-of-memory entry, else no device limit (said)");
   sub.add_flag("--json", a->json, "print a JSON array, one object per configuration");
   return [a] { return run_replay(*a); };
 }

@@ -22,12 +22,13 @@ struct Args {
   std::string path;
   std::optional<std::string> conf;
   std::string device_memory;
+  std::string cap;
   bool abbreviated = false;
 };
 
 int run_summary(const Args& a) {
   using namespace cachet::replay;
-  auto in = load_trace_input("summary", a.path, a.conf, a.device_memory);
+  auto in = load_trace_input("summary", a.path, a.conf, a.device_memory, a.cap);
   if (!in) return kExitBadInput;
   const LoadedTrace& lt = in->loaded;
   const Config& config = in->config;
@@ -65,7 +66,10 @@ Runner setup(CLI::App& sub) {
   auto a = std::make_shared<Args>();
   sub.add_option("TRACE", a->path, "PyTorch memory snapshot (pickle or JSON) or an oracle recording")->required();
   sub.add_option("--conf", a->conf, "configuration (default: the recorded one)");
-  sub.add_option("--device-memory", a->device_memory, "device memory (default: beside the trace, else 80 GiB)");
+  sub.add_option("--device-memory", a->device_memory,
+                 "the device's memory (bytes, or with a suffix K/M/G/T). Default: recorded beside the trace, else "
+                 "from its out-of-memory entry, else no device limit (said)");
+  sub.add_option("--cap", a->cap, "memory cap (set_per_process_memory_fraction), same syntax: '12G'");
   sub.add_flag("--abbreviated", a->abbreviated, "memory_summary(abbreviated=True)");
   return [a] { return run_summary(*a); };
 }

@@ -1,132 +1,199 @@
-// `cachet tune TRACE [--cap BYTES] [--threads N] [--json]`: replays the trace under a space of
-// configurations (max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold
-// with a cap, expandable_segments, large_segment_size_mb; and cachet's own policy once,
-// policy:cachet) on worker threads and recommends the string with the lowest peak reserved and
-// no new OOMs, with its gain over the recorded one. policy:cachet is recommended as
-// CACHET_ALLOC_CONF (PyTorch rejects the key in PYTORCH_CUDA_ALLOC_CONF).
+// `cachet tune TRACE [--cap BYTES] [--device-memory BYTES] [--threads N] [--top N] [--json]`:
+// replays the trace under the recorded configuration and a space of others (tune_space) on
+// worker threads, ranks them (fewest out-of-memory errors, then peak reserved, then device
+// calls: cachet/replay/tune.h) and names two answers: the best configuration PyTorch's own
+// allocator accepts (PYTORCH_CUDA_ALLOC_CONF) and, when clearly better, cachet's plug-in
+// (CACHET_ALLOC_CONF). When nothing avoids the out-of-memory errors it says how much memory the
+// recommended configuration needs (memory_needed). Exit 0, or 2 on bad input.
 #if __has_include("cachet/replay/replay.h")
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <memory>
-#include <numeric>
 #include <string>
-#include <thread>
 
 #include "cachet/io/file.h"
 #include "cachet/replay/replay.h"
 #include "cachet/replay/report.h"
+#include "cachet/replay/tune.h"
 #include "command.h"
+#include "trace_input.h"
 
 namespace cachet::cli {
 namespace {
+
+using namespace cachet::replay;
 
 struct Args {
   std::string path;
   std::string cap;
   std::string device_memory;
-  unsigned threads = 2;
+  int threads = 2;
   std::size_t top = 10;
   bool json = false;
 };
 
+// What tune decided, beside the TuneResult.
+struct Answer {
+  std::size_t plugin = kRecorded;  // best_plugin(): the cachet-only candidate named
+  bool recommend_plugin = false;   // clearly better than best_native (plugin_clearly_better)
+  // memory_needed by best, best_native and the plug-in's candidate, when they still run out of memory.
+  std::optional<Bytes> needed_best, needed_native, needed_plugin;
+};
+
+const char* source_name(DeviceMemoryFacts::Source s) {
+  switch (s) {
+    case DeviceMemoryFacts::Source::Option: return "option";
+    case DeviceMemoryFacts::Source::Recorded: return "recorded";
+    case DeviceMemoryFacts::Source::OomEntry: return "oom_entry";
+    case DeviceMemoryFacts::Source::Unknown: break;
+  }
+  return "unknown";
+}
+
+std::string to_json(const LoadedTrace& lt, const ReplayOptions& o, const TuneResult& tr, const Answer& an) {
+  // results: [0] the recorded configuration, then the ranking.
+  std::vector<const ReplayResult*> rows{&tr.baseline};
+  std::vector<long long> pos(tr.results.size(), -1);
+  for (std::size_t k = 0; k < tr.ranking.size(); ++k) {
+    pos[tr.ranking[k]] = static_cast<long long>(k) + 1;
+    rows.push_back(&tr.results[tr.ranking[k]]);
+  }
+  auto idx = [&](std::size_t i) { return i == kRecorded ? 0LL : pos[i]; };
+  auto num = [](const std::optional<Bytes>& b) { return b ? std::to_string(*b) : std::string("null"); };
+  return fmt::format(
+      "{{\"baseline\": 0, \"best\": {}, \"best_native\": {}, \"best_plugin\": {}, \"recommend_plugin\": {}, "
+      "\"memory_needed\": {}, \"memory_needed_native\": {}, \"cap\": {}, \"device_memory\": {}, "
+      "\"device_memory_source\": \"{}\", \"results\": {}}}\n",
+      idx(tr.best), idx(tr.best_native), an.plugin == kRecorded ? -1LL : idx(an.plugin),
+      an.recommend_plugin ? "true" : "false", num(an.needed_best), num(an.needed_native), o.cap, o.device_memory,
+      source_name(lt.memory.source), results_json(rows));
+}
+
+std::string to_text(const Args& a, const LoadedTrace& lt, const ReplayOptions& o, const TuneResult& tr,
+                    const Answer& an) {
+  const std::size_t n = tr.results.size();
+  std::string out;
+  out += fmt::format("trace: {} ({} events)\n", lt.file.name, lt.trace.events);
+  out += device_memory_line(lt, o.cap) + "\n";
+  if (o.cap) out += fmt::format("memory cap: {} (set_per_process_memory_fraction)\n", human_bytes_exact(o.cap));
+  if (auto note = trace_note(lt.trace); !note.empty()) out += note + "\n";
+  out += fmt::format("{} configurations replayed on {} threads: the recorded one and {} candidates\n", n + 1,
+                     a.threads, n);
+  out += "\nrecorded configuration:\n" + results_table({&tr.baseline});
+  const std::size_t shown = std::min(a.top, n);
+  out += fmt::format("\nranking, fewest OOMs first, then peak reserved, then device calls ({} of {}):\n", shown, n);
+  std::vector<const ReplayResult*> rows;
+  std::vector<std::string> ranks;
+  for (std::size_t k = 0; k < shown; ++k) {
+    rows.push_back(&tr.results[tr.ranking[k]]);
+    ranks.push_back(std::to_string(k + 1));
+  }
+  // The plug-in's row, when the rows above do not show it.
+  for (std::size_t k = shown; k < n; ++k)
+    if (tr.ranking[k] == an.plugin) {
+      rows.push_back(&tr.results[an.plugin]);
+      ranks.push_back(std::to_string(k + 1));
+    }
+  out += results_table(rows, ranks);
+
+  const ReplayResult& base = tr.baseline;
+  const ReplayResult& native = tr.at(tr.best_native);
+  const std::size_t width = output_width();
+  auto needs = [&](const std::optional<Bytes>& m) {
+    if (!m) return std::string();
+    return fmt::format(" To avoid them it needs {} of memory (found by replay, to 2 MiB): {}.",
+                       human_bytes_exact(*m),
+                       o.cap ? fmt::format("a cap of at least that, {} now", human_bytes(o.cap))
+                             : fmt::format("that much device memory for the process, {} now", human_bytes(o.device_memory)));
+  };
+  out += "\n";
+  if (tr.best_native == kRecorded)
+    out += fmt::format("With PyTorch's allocator: keep the recorded configuration, PYTORCH_CUDA_ALLOC_CONF=\"{}\"\n",
+                       base.conf) +
+           wrap_text("No candidate tried fails fewer requests, reserves less or makes fewer device calls." +
+                         needs(an.needed_native),
+                     width, "  ");
+  else
+    out += fmt::format("With PyTorch's allocator: PYTORCH_CUDA_ALLOC_CONF=\"{}\"\n", native.conf) +
+           wrap_text(describe_change(base, native) + needs(an.needed_native), width, "  ");
+  if (an.plugin != kRecorded) {
+    const ReplayResult& p = tr.results[an.plugin];
+    const auto rank = std::find(tr.ranking.begin(), tr.ranking.end(), an.plugin) - tr.ranking.begin() + 1;
+    if (an.recommend_plugin)
+      out += fmt::format("With cachet's plug-in (python/README.md): CACHET_ALLOC_CONF=\"{}\"\n", p.conf) +
+             wrap_text(describe_change(base, p) + needs(an.needed_plugin), width, "  ");
+    else if (an.plugin != tr.best)
+      out += wrap_text(fmt::format("With cachet's plug-in: nothing better: CACHET_ALLOC_CONF=\"{}\" ranks {}.", p.conf,
+                                   rank),
+                       width, "");
+    else
+      out += wrap_text(
+          fmt::format("With cachet's plug-in: not recommended: CACHET_ALLOC_CONF=\"{}\" ranks {} but is not clearly "
+                      "better than PyTorch's allocator (it would need fewer OOMs, or as many and at least {:.0f}% less "
+                      "peak reserved: {} against {}).",
+                      p.conf, rank, 100 * kPluginMinSaving, human_bytes(p.peak_reserved()),
+                      human_bytes(native.peak_reserved())),
+          width, "");
+  }
+  if (tr.at(tr.best).stats.num_ooms > 0)
+    out += "\n" + wrap_text(fmt::format("No configuration tried avoids running out of memory: the best still fails {}.",
+                                         tr.at(tr.best).stats.num_ooms == 1
+                                             ? std::string("1 request")
+                                             : fmt::format("{} requests", tr.at(tr.best).stats.num_ooms)) +
+                                 needs(an.needed_best),
+                             width, "");
+  return out;
+}
+
 int run_tune(const Args& a) {
-  using namespace cachet::replay;
   std::optional<Bytes> mem, cap;
-  if (!a.device_memory.empty() && !(mem = parse_bytes(a.device_memory))) {
-    std::fprintf(stderr, "cachet tune: --device-memory: not a size: '%s'\n", a.device_memory.c_str());
+  if (a.threads < 1) {
+    std::fprintf(stderr, "cachet tune: --threads: at least 1, not %d\n", a.threads);
     return kExitBadInput;
   }
-  if (!a.cap.empty() && !(cap = parse_bytes(a.cap))) {
-    std::fprintf(stderr, "cachet tune: --cap: not a size: '%s'\n", a.cap.c_str());
+  if (!size_option("tune", "--device-memory", a.device_memory, mem) || !size_option("tune", "--cap", a.cap, cap))
     return kExitBadInput;
-  }
   LoadedTrace lt;
   try {
-    lt = load_trace(a.path, mem);
+    lt = load_trace(a.path, LoadOptions{.device_memory = mem, .cap = cap});
   } catch (const io::ReadError& e) {
     std::fprintf(stderr, "cachet tune: %s\n", e.what());
     return kExitBadInput;
   }
   if (!lt.device_note.empty()) std::fprintf(stderr, "cachet tune: %s\n", lt.device_note.c_str());
   if (!lt.config_note.empty()) std::fprintf(stderr, "cachet tune: %s\n", lt.config_note.c_str());
-  ReplayOptions o = recorded_options(lt, AddressMode::Synthetic);
-  if (cap && (*cap == 0 || *cap > lt.run.total_memory)) {  // set_per_process_memory_fraction takes (0, 1]
-    const std::string whence = mem                       ? "--device-memory"
-                               : lt.file.total_memory ? "recorded beside the trace"
-                                                      : "assumed: the trace does not record it";
-    std::fprintf(stderr, "cachet tune: --cap %s: %s\n", a.cap.c_str(),
-                 *cap == 0 ? "a cap of 0 bytes; leave --cap out for no cap"
-                           : fmt::format("more than the device's memory ({}, {}); give a smaller cap, or the "
-                                         "device's memory with --device-memory",
-                                         human_bytes(static_cast<std::int64_t>(lt.run.total_memory)), whence)
-                                 .c_str());
+  if (auto e = missing_cap_error(lt); !e.empty()) {
+    std::fprintf(stderr, "cachet tune: %s\n", e.c_str());
     return kExitBadInput;
   }
-  if (cap) o.cap = *cap;
+  if (!cap_fits("tune", lt, a.cap, cap)) return kExitBadInput;
+  const ReplayOptions o = recorded_options(lt, AddressMode::Synthetic);
   const auto space = tune_space(lt.run.config, o.cap > 0);
   Progress progress("tuning");
   TuneResult tr;
+  Answer an;
   try {
-    tr = tune(lt.trace, lt.run.config, space, o, std::max(1u, a.threads),
+    tr = tune(lt.trace, lt.run.config, space, o, static_cast<unsigned>(a.threads),
               [&](std::size_t done, std::size_t total) { progress.update(done, total); });
+    an.plugin = best_plugin(tr);
+    an.recommend_plugin = an.plugin != kRecorded && an.plugin == tr.best &&
+                          plugin_clearly_better(tr.results[an.plugin], tr.at(tr.best_native));
+    auto needed = [&](std::size_t i) -> std::optional<Bytes> {
+      if (tr.at(i).stats.num_ooms == 0) return std::nullopt;
+      return memory_needed(lt.trace, tr.at(i).config, o);
+    };
+    an.needed_best = needed(tr.best);
+    an.needed_native = tr.best_native == tr.best ? an.needed_best : needed(tr.best_native);
+    if (an.plugin != kRecorded) an.needed_plugin = an.plugin == tr.best ? an.needed_best : needed(an.plugin);
   } catch (const std::exception& e) {
+    progress.clear();
     std::fprintf(stderr, "cachet tune: %s\n", e.what());
     return kExitBadInput;
   }
-  std::vector<std::size_t> order(tr.results.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
-    const auto& rx = tr.results[x];
-    const auto& ry = tr.results[y];
-    const bool okx = rx.stats.num_ooms <= tr.baseline.stats.num_ooms && rx.failed_allocs <= tr.baseline.failed_allocs;
-    const bool oky = ry.stats.num_ooms <= tr.baseline.stats.num_ooms && ry.failed_allocs <= tr.baseline.failed_allocs;
-    if (okx != oky) return okx;
-    return rx.peak_reserved() < ry.peak_reserved();
-  });
-  const bool found = tr.best != static_cast<std::size_t>(-1);
-  if (a.json) {
-    std::vector<const ReplayResult*> rows{&tr.baseline};
-    for (std::size_t i : order) rows.push_back(&tr.results[i]);
-    std::string j = results_json(rows);
-    std::fputs(fmt::format("{{\"baseline\": 0, \"best\": {}, \"results\": {}}}\n",
-                           found ? static_cast<long long>(std::find(order.begin(), order.end(), tr.best) - order.begin()) + 1 : -1,
-                           j)
-                   .c_str(),
-               stdout);
-    return kExitOk;
-  }
-  std::string out;
-  out += fmt::format("trace: {} ({} events); {} configurations replayed on {} threads\n", lt.file.name, lt.trace.events,
-                     space.size() + 1, a.threads);
-  if (o.cap) out += fmt::format("memory cap: {}\n", human_bytes(static_cast<std::int64_t>(o.cap)));
-  if (auto note = trace_note(lt.trace); !note.empty()) out += note + "\n";
-  out += "\nrecorded configuration:\n";
-  out += results_table({&tr.baseline});
-  out += fmt::format("\nbest {} of {} (no new OOMs first, by peak reserved):\n", std::min(a.top, order.size()), order.size());
-  std::vector<const ReplayResult*> rows;
-  for (std::size_t k = 0; k < order.size() && k < a.top; ++k) rows.push_back(&tr.results[order[k]]);
-  out += results_table(rows);
-  // The cachet policy's row, when the ranking above did not show it.
-  for (std::size_t k = a.top; k < order.size(); ++k)
-    if (tr.results[order[k]].config.policy == Policy::Cachet) {
-      out += fmt::format("\ncachet policy (rank {} of {}):\n", k + 1, order.size());
-      out += results_table({&tr.results[order[k]]});
-    }
-  if (found) {
-    const ReplayResult& b = tr.results[tr.best];
-    const std::int64_t gain = tr.baseline.peak_reserved() - b.peak_reserved();
-    out += fmt::format(
-        "\nrecommended: {}=\"{}\"\n  peak reserved {} instead of {}: {} less ({:.1f}%), "
-        "reserved/allocated {:.3f} instead of {:.3f}, OOMs {} (recorded configuration: {})\n",
-        b.config.policy == Policy::Cachet ? "CACHET_ALLOC_CONF" : "PYTORCH_CUDA_ALLOC_CONF", b.conf,
-        human_bytes(b.peak_reserved()), human_bytes(tr.baseline.peak_reserved()), human_bytes(gain),
-        tr.baseline.peak_reserved() ? 100.0 * static_cast<double>(gain) / static_cast<double>(tr.baseline.peak_reserved()) : 0.0,
-        b.fragmentation(), tr.baseline.fragmentation(), b.stats.num_ooms, tr.baseline.stats.num_ooms);
-  } else {
-    out += "\nrecommended: keep the recorded configuration (no configuration searched reserves less without new OOMs)\n";
-  }
+  progress.clear();
+  const std::string out = a.json ? to_json(lt, o, tr, an) : fit_lines(to_text(a, lt, o, tr, an), output_width());
   std::fputs(out.c_str(), stdout);
   return kExitOk;
 }
@@ -135,17 +202,21 @@ Runner setup(CLI::App& sub) {
   auto a = std::make_shared<Args>();
   sub.add_option("TRACE", a->path, "PyTorch memory snapshot (pickle or JSON) or an oracle recording")->required();
   sub.add_option("--cap", a->cap,
-                 "memory cap in bytes (set_per_process_memory_fraction; suffixes K/M/G/T ok); also searches "
-                 "garbage_collection_threshold");
-  sub.add_option("--device-memory", a->device_memory, "device memory (default: beside the trace, else 80 GiB)");
-  sub.add_option("--threads", a->threads, "worker threads (default 2)");
+                 "memory cap (set_per_process_memory_fraction) in bytes, or with a suffix K/M/G/T (powers of 1024): "
+                 "'13.5G'; also searches garbage_collection_threshold");
+  sub.add_option("--device-memory", a->device_memory,
+                 "the device's memory (same syntax). Default: recorded beside the trace, else from its "
+                 "out-of-memory entry, else no device limit (said)");
+  sub.add_option("--threads", a->threads, "worker threads, at least 1 (default 2)");
   sub.add_option("--top", a->top, "rows of the ranking to print (default 10)");
-  sub.add_flag("--json", a->json, "print JSON: {baseline, best, results: [...]}");
+  sub.add_flag("--json", a->json,
+               "print JSON: {baseline, best, best_native, best_plugin, recommend_plugin, memory_needed, "
+               "memory_needed_native, cap, device_memory, device_memory_source, results: [...]}");
   return [a] { return run_tune(*a); };
 }
 
 [[maybe_unused]] const bool registered = register_command(
-    {"tune", "Search allocator configurations for the lowest peak reserved memory on a trace", setup});
+    {"tune", "Search allocator configurations: fewest out-of-memory errors, then lowest peak reserved", setup});
 
 }  // namespace
 }  // namespace cachet::cli

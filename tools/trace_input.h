@@ -1,5 +1,5 @@
 // tools/trace_input.h: what `cachet summary` and `cachet plot` share: read TRACE, take
-// --device-memory and --conf, and decide whether the recorded addresses apply (only when the
+// --device-memory, --cap and --conf, and decide whether the recorded addresses apply (only when the
 // configuration is the recorded one). Errors are printed as "cachet <cmd>: ..." and give nullopt
 // (the caller exits 2).
 #pragma once
@@ -7,11 +7,13 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "cachet/config.h"
 #include "cachet/errors.h"
 #include "cachet/io/file.h"
 #include "cachet/replay/replay.h"
+#include "cachet/replay/report.h"
 
 namespace cachet::cli {
 
@@ -21,17 +23,51 @@ struct TraceInput {
   bool recorded = true;   // config is the recorded one: replay with the recorded addresses
 };
 
+// --cap / --device-memory: a positive size in bytes ("13.5G", "12GiB", "512MB": K/M/G/T are
+// powers of 1024). "" leaves `out` empty. Prints the error and gives false on bad input.
+inline bool size_option(const char* cmd, const char* option, const std::string& text, std::optional<Bytes>& out) {
+  if (text.empty()) return true;
+  out = replay::parse_bytes(text);
+  if (out && *out == 0 && std::string_view(option) == "--cap") {
+    std::fprintf(stderr, "cachet %s: --cap %s: a cap of 0 bytes; leave --cap out for no cap\n", cmd, text.c_str());
+    return false;
+  }
+  if (!out || *out == 0) {
+    std::fprintf(stderr,
+                 "cachet %s: %s: not a positive size: '%s' (bytes, or with a suffix K, M, G or T, powers of 1024: "
+                 "'13.5G', '80GiB')\n",
+                 cmd, option, text.c_str());
+    return false;
+  }
+  return true;
+}
+
+// A cap over a known device memory is refused (set_per_process_memory_fraction takes a fraction
+// in (0, 1]). Where the device memory comes from an out-of-memory entry or is unknown, it is at
+// least the cap (load_trace).
+inline bool cap_fits(const char* cmd, const replay::LoadedTrace& lt, const std::string& text, std::optional<Bytes> cap) {
+  using Source = replay::DeviceMemoryFacts::Source;
+  if (!cap || *cap <= lt.run.total_memory ||
+      (lt.memory.source != Source::Option && lt.memory.source != Source::Recorded))
+    return true;
+  std::fprintf(stderr,
+               "cachet %s: --cap %s: more than the device's memory (%s, %s); give a smaller cap, or the device's "
+               "memory with --device-memory\n",
+               cmd, text.c_str(), replay::human_bytes(static_cast<std::int64_t>(lt.run.total_memory)).c_str(),
+               lt.memory.source == Source::Option ? "--device-memory" : "recorded beside the trace");
+  return false;
+}
+
 inline std::optional<TraceInput> load_trace_input(const char* cmd, const std::string& path,
                                                   const std::optional<std::string>& conf,
-                                                  const std::string& device_memory) {
-  std::optional<Bytes> mem;
-  if (!device_memory.empty() && (!(mem = replay::parse_bytes(device_memory)) || *mem == 0)) {
-    std::fprintf(stderr, "cachet %s: --device-memory: not a size: '%s'\n", cmd, device_memory.c_str());
+                                                  const std::string& device_memory,
+                                                  const std::string& cap_text = "") {
+  std::optional<Bytes> mem, cap;
+  if (!size_option(cmd, "--device-memory", device_memory, mem) || !size_option(cmd, "--cap", cap_text, cap))
     return std::nullopt;
-  }
   TraceInput in;
   try {
-    in.loaded = replay::load_trace(path, mem);
+    in.loaded = replay::load_trace(path, replay::LoadOptions{.device_memory = mem, .cap = cap});
   } catch (const io::ReadError& e) {
     std::fprintf(stderr, "cachet %s: %s\n", cmd, e.what());
     return std::nullopt;
@@ -48,6 +84,12 @@ inline std::optional<TraceInput> load_trace_input(const char* cmd, const std::st
     }
     in.recorded = in.config == in.loaded.run.config;
   }
+  // A cap the trace shows but does not record is asked for, not guessed.
+  if (auto e = replay::missing_cap_error(in.loaded); !e.empty()) {
+    std::fprintf(stderr, "cachet %s: %s\n", cmd, e.c_str());
+    return std::nullopt;
+  }
+  if (!cap_fits(cmd, in.loaded, cap_text, cap)) return std::nullopt;
   return in;
 }
 

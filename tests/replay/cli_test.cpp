@@ -94,6 +94,8 @@ TEST(ReplayCli, MidRunTraceIsOneLineNotFatal) {
   }
   Out o = run("replay " + p.string());
   ASSERT_EQ(o.rc, 0) << o.err;
+  // The note is one line, wrapped to 100 columns.
+  for (std::size_t at; (at = o.out.find("\n  ")) != std::string::npos;) o.out.replace(at, 3, " ");
   EXPECT_NE(o.out.find("mid-run"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("1 frees of blocks never seen allocated"), std::string::npos) << o.out;
 }
@@ -109,7 +111,7 @@ TEST(ReplayCli, PickleAndRecordingReplay) {
 TEST(ReplayCli, TuneRecommends) {
   Out o = run("tune " + kData + "workloads/resnet50_train.trace.json.gz");
   ASSERT_EQ(o.rc, 0) << o.err;
-  EXPECT_NE(o.out.find("recommended: "), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("With PyTorch's allocator: PYTORCH_CUDA_ALLOC_CONF=\""), std::string::npos) << o.out;
   o = run("tune " + kData + "results/res_mixed_default.json.gz --cap 16GiB --json");
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_NE(o.out.find("garbage_collection_threshold"), std::string::npos);
@@ -154,6 +156,125 @@ TEST(ReplayCli, TuneHasTheCachetPolicyRowEqualToReplay) {
   Out tt = run("tune " + trace + " --top 1");
   ASSERT_EQ(tt.rc, 0) << tt.err;
   EXPECT_NE(tt.out.find("policy:cachet"), std::string::npos) << tt.out;
+}
+
+// Every line of `text` fits `width` columns (stdout is a file here: 100).
+void fits(const std::string& text, std::size_t width = 100) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) EXPECT_LE(line.size(), width) << line;
+}
+
+// The value of `"key": ` at the top level of tune's JSON (before "results").
+long long top_number(const std::string& s, const std::string& key) {
+  const std::size_t at = s.find("\"" + key + "\": ");
+  if (at == std::string::npos || at > s.find("\"results\"")) return -2;
+  return s.compare(at + key.size() + 4, 4, "null") == 0 ? -3 : std::stoll(s.substr(at + key.size() + 4));
+}
+
+// The `n`-th object of tune's "results" (0-based).
+std::string result_at(const std::string& s, long long n) {
+  std::size_t at = s.find("\"results\"");
+  for (long long k = 0; k <= n && at != std::string::npos; ++k) at = s.find("{\"conf\"", at + 1);
+  return at == std::string::npos ? std::string() : s.substr(at, s.find("\"final_stats\"", at) - at);
+}
+
+// Issue 17: under a 13.5 GiB cap the default fails 3 requests; tune's answer is the best
+// configuration PyTorch accepts that fails none, expandable_segments:True.
+TEST(ReplayCli, TuneUnderACapRecommendsWhatDoesNotFail) {
+  const std::string trace = kData + "workloads/gpt2_train.trace.json.gz --cap 13.5G";
+  Out o = run("tune " + trace);
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(o.out.find("With PyTorch's allocator: PYTORCH_CUDA_ALLOC_CONF=\"expandable_segments:True\"\n"
+                       "  All 3 requests that ran out of memory succeed."),
+            std::string::npos)
+      << o.out;
+  EXPECT_NE(o.out.find("With cachet's plug-in"), std::string::npos) << o.out;
+  // One count: the recorded configuration and the candidates.
+  EXPECT_NE(o.out.find("64 configurations replayed on 2 threads: the recorded one and 63 candidates"),
+            std::string::npos)
+      << o.out;
+  EXPECT_NE(o.out.find("(10 of 63)"), std::string::npos) << o.out;
+  EXPECT_TRUE(o.err.empty()) << o.err;  // no progress line when stderr is not a terminal
+  fits(o.out);
+
+  o = run("tune " + trace + " --json");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  const long long best = top_number(o.out, "best"), native = top_number(o.out, "best_native");
+  ASSERT_GE(best, 1) << o.out.substr(0, 400);
+  EXPECT_EQ(native, 1);
+  EXPECT_NE(result_at(o.out, best).find("\"num_ooms\": 0,"), std::string::npos) << result_at(o.out, best);
+  EXPECT_NE(result_at(o.out, native).find("{\"conf\": \"expandable_segments:True\","), std::string::npos);
+  EXPECT_NE(result_at(o.out, 0).find("\"num_ooms\": 3,"), std::string::npos) << result_at(o.out, 0);
+  EXPECT_EQ(top_number(o.out, "memory_needed"), -3);  // null: the best fails nothing
+  EXPECT_EQ(top_number(o.out, "cap"), 14495514624);    // 13.5 x 2^30
+}
+
+TEST(ReplayCli, TuneRefusesZeroThreads) {
+  Out o = run("tune " + kData + "workloads/gpt2_train.trace.json.gz --threads 0");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_NE(o.err.find("--threads"), std::string::npos) << o.err;
+  EXPECT_TRUE(o.out.empty()) << o.out;
+}
+
+// The real OOM snapshot (a 12 GiB cap, not recorded in the pickle): replay and tune ask for the
+// cap; given, replay is PyTorch's run (gpt2_train_oom_cap12g.json: reserved peak 12750684160,
+// num_ooms 1, num_alloc_retries 2); under 11 GiB nothing PyTorch accepts avoids the OOM and tune
+// says how much memory it needs.
+TEST(ReplayCli, TheOomSnapshotNeedsItsCap) {
+  const std::string trace = kData + "snapshots/gpt2_train_oom_cap12g.pickle.gz";
+  for (const char* cmd : {"replay ", "tune "}) {
+    Out o = run(cmd + trace);
+    EXPECT_EQ(o.rc, 2) << cmd;
+    EXPECT_NE(o.err.find("a memory cap was in force"), std::string::npos) << o.err;
+    EXPECT_NE(o.err.find("--cap"), std::string::npos) << o.err;
+  }
+  Out r = run("replay " + trace + " --cap 12GiB --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("\"peak_reserved\": 12750684160,"), std::string::npos) << r.out.substr(0, 400);
+  EXPECT_NE(r.out.find("\"num_ooms\": 1, \"num_alloc_retries\": 2,"), std::string::npos) << r.out.substr(0, 400);
+  r = run("replay " + trace + " --cap 12GiB");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("from the trace's out-of-memory entry"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("memory cap: 12.00 GiB = 12884901888 bytes"), std::string::npos) << r.out;
+  fits(r.out);
+  Out t = run("tune " + trace + " --cap 11G");
+  ASSERT_EQ(t.rc, 0) << t.err;
+  EXPECT_NE(t.out.find("No configuration tried avoids running out of memory"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("(found by replay, to 2 MiB)"), std::string::npos) << t.out;
+  fits(t.out);
+  t = run("tune " + trace + " --cap 11G --json");
+  ASSERT_EQ(t.rc, 0) << t.err;
+  const long long need = top_number(t.out, "memory_needed");
+  EXPECT_GT(need, 12LL << 30);  // PyTorch ran out of memory under 12 GiB
+  EXPECT_EQ(need % (2 << 20), 0);
+  // The cap it names is enough: replayed under it, the best fails nothing.
+  const std::string best = result_at(t.out, top_number(t.out, "best"));
+  const std::string conf = best.substr(10, best.find('"', 10) - 10);
+  Out ok = run("replay " + trace + " --cap " + std::to_string(need) + " --conf '" + conf + "' --json");
+  ASSERT_EQ(ok.rc, 0) << ok.err;
+  EXPECT_NE(ok.out.find("\"num_ooms\": 0,"), std::string::npos) << conf;
+  Out less = run("replay " + trace + " --cap " + std::to_string(need - (2 << 20)) + " --conf '" + conf + "' --json");
+  EXPECT_EQ(less.out.find("\"num_ooms\": 0,"), std::string::npos) << conf;
+  EXPECT_EQ(run("replay " + trace + " --cap 0").rc, 2);
+  EXPECT_EQ(run("replay " + trace + " --cap lots").rc, 2);
+}
+
+// --policy cachet: its note once, and the keys it does not use named.
+TEST(ReplayCli, PolicyCachetNoteOnceAndIgnoredKeysNamed) {
+  Out o = run("replay " + kData + "snapshots/mlp_train.pickle.gz --policy cachet --conf max_split_size_mb:128 "
+              "--conf expandable_segments:True,roundup_power2_divisions:4");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  const std::string note = "policy:cachet: replayed with synthetic addresses";
+  ASSERT_NE(o.out.find(note), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find(note, o.out.find(note) + 1), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("policy:cachet does not use max_split_size_mb (given in 'max_split_size_mb:128')"),
+            std::string::npos)
+      << o.out;
+  EXPECT_NE(o.out.find("does not use expandable_segments, roundup_power2_divisions"), std::string::npos) << o.out;
+  // Nothing tells this snapshot's device memory, and nothing needs it: said, no limit assumed.
+  EXPECT_NE(o.out.find("device memory: not recorded in the trace"), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("80.00 GiB"), std::string::npos) << o.out;
+  fits(o.out);
 }
 
 TEST(ReplayCli, SummaryAtTheEndAndAtThePeak) {

@@ -1,13 +1,16 @@
 // Output of the replay commands: table, JSON, sizes, progress, SVG.
 #include "cachet/replay/report.h"
 
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <fmt/format.h>
+#include <vector>
 
 #include "cachet/stats.h"
 
@@ -20,6 +23,11 @@ std::string human_bytes(std::int64_t b) {
   if (a >= static_cast<double>(MiB)) return fmt::format("{:.2f} MiB", v / static_cast<double>(MiB));
   if (a >= static_cast<double>(KiB)) return fmt::format("{:.2f} KiB", v / static_cast<double>(KiB));
   return fmt::format("{} B", b);
+}
+
+std::string human_bytes_exact(Bytes b) {
+  const std::string h = human_bytes(static_cast<std::int64_t>(b));
+  return b < KiB ? h : fmt::format("{} = {} bytes", h, b);
 }
 
 std::optional<Bytes> parse_bytes(std::string_view s) {
@@ -71,27 +79,86 @@ std::string json_quote(std::string_view s) {
 
 static std::string conf_label(const ReplayResult& r) { return r.conf.empty() ? "(default)" : r.conf; }
 
-std::string results_table(const std::vector<const ReplayResult*>& rows) {
-  std::vector<std::array<std::string, 8>> cells;
-  cells.push_back({"configuration", "peak allocated", "peak reserved", "reserved/allocated", "OOMs", "retries",
-                   "device allocs", "device frees"});
-  for (const ReplayResult* r : rows)
-    cells.push_back({conf_label(*r), human_bytes(r->peak_allocated()), human_bytes(r->peak_reserved()),
-                     fmt::format("{:.3f}", r->fragmentation()), fmt::format("{}", r->stats.num_ooms),
-                     fmt::format("{}", r->stats.num_alloc_retries), fmt::format("{}", r->stats.num_device_alloc),
-                     fmt::format("{}", r->stats.num_device_free)});
-  std::array<std::size_t, 8> w{};
+std::size_t output_width() {
+  winsize ws{};
+  if (::isatty(1) && ::ioctl(1, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 40) return ws.ws_col;
+  return 100;
+}
+
+namespace {
+
+// `text` cut into lines of at most `width` characters, after its commas where it can.
+std::vector<std::string> wrap_conf(const std::string& text, std::size_t width) {
+  std::vector<std::string> lines;
+  std::string line;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    std::size_t comma = text.find(',', at);
+    std::string piece = text.substr(at, comma == std::string::npos ? std::string::npos : comma + 1 - at);
+    at = comma == std::string::npos ? text.size() : comma + 1;
+    if (!line.empty() && line.size() + piece.size() > width) {
+      lines.push_back(line);
+      line.clear();
+    }
+    line += piece;
+    while (line.size() > width) {
+      lines.push_back(line.substr(0, width));
+      line.erase(0, width);
+    }
+  }
+  if (!line.empty() || lines.empty()) lines.push_back(line);
+  return lines;
+}
+
+}  // namespace
+
+std::string results_table(const std::vector<const ReplayResult*>& rows, const std::vector<std::string>& ranks,
+                          std::size_t width) {
+  if (width == 0) width = output_width();
+  constexpr std::size_t kCols = 8;
+  const bool ranked = !ranks.empty();
+  // Two header lines; the numbers right-aligned under them.
+  const std::array<std::string, kCols> head1{"", "", "peak", "peak", "reserved/", "", "", "device calls"};
+  const std::array<std::string, kCols> head2{ranked ? "#" : "", "configuration", "allocated", "reserved",
+                                             "allocated", "OOMs", "retries", "allocs/frees"};
+  std::vector<std::array<std::string, kCols>> cells;
+  for (std::size_t k = 0; k < rows.size(); ++k) {
+    const ReplayResult& r = *rows[k];
+    cells.push_back({ranked && k < ranks.size() ? ranks[k] : "", conf_label(r), human_bytes(r.peak_allocated()),
+                     human_bytes(r.peak_reserved()), fmt::format("{:.3f}", r.fragmentation()),
+                     fmt::format("{}", r.stats.num_ooms), fmt::format("{}", r.stats.num_alloc_retries),
+                     fmt::format("{}/{}", r.stats.num_device_alloc, r.stats.num_device_free)});
+  }
+  std::array<std::size_t, kCols> w{};
+  for (std::size_t c = 0; c < kCols; ++c) w[c] = std::max(head1[c].size(), head2[c].size());
   for (const auto& row : cells)
-    for (std::size_t c = 0; c < w.size(); ++c) w[c] = std::max(w[c], row[c].size());
-  std::string out;
-  for (std::size_t i = 0; i < cells.size(); ++i) {
-    std::string line = fmt::format("{:<{}}", cells[i][0], w[0]);
-    for (std::size_t c = 1; c < w.size(); ++c) line += fmt::format("  {:>{}}", cells[i][c], w[c]);
-    out += line + "\n";
-    if (i == 0) {
-      std::size_t total = w[0];
-      for (std::size_t c = 1; c < w.size(); ++c) total += 2 + w[c];
-      out += std::string(total, '-') + "\n";
+    for (std::size_t c = 0; c < kCols; ++c)
+      if (c != 1) w[c] = std::max(w[c], row[c].size());
+  std::size_t fixed = 0;
+  for (std::size_t c = 0; c < kCols; ++c)
+    if (c != 1 && (c != 0 || ranked)) fixed += w[c] + 2;
+  std::size_t longest = head2[1].size();
+  for (const auto& row : cells) longest = std::max(longest, row[1].size());
+  w[1] = std::min(longest, width > fixed + 16 ? width - fixed : 16);
+  auto line = [&](const std::array<std::string, kCols>& row) {
+    std::string out;
+    if (ranked) out += fmt::format("{:>{}}  ", row[0], w[0]);
+    out += fmt::format("{:<{}}", row[1], w[1]);
+    for (std::size_t c = 2; c < kCols; ++c) out += fmt::format("  {:>{}}", row[c], w[c]);
+    while (!out.empty() && out.back() == ' ') out.pop_back();
+    return out + "\n";
+  };
+  std::string out = line(head1) + line(head2);
+  out += std::string(fixed + w[1], '-') + "\n";
+  for (auto& row : cells) {
+    const std::vector<std::string> conf = wrap_conf(row[1], w[1]);
+    row[1] = conf[0];
+    out += line(row);
+    std::array<std::string, kCols> more{};
+    for (std::size_t k = 1; k < conf.size(); ++k) {
+      more[1] = "  " + conf[k];
+      if (more[1].size() > w[1]) more[1] = conf[k];
+      out += line(more);
     }
   }
   return out;
@@ -141,8 +208,13 @@ std::string trace_note(const Trace& t) {
 }
 
 Progress::Progress(std::string what) : what_(std::move(what)), on_(::isatty(2) != 0) {}
-Progress::~Progress() {
-  if (on_ && last_ >= 0) std::fputs("\r\033[K", stderr);
+Progress::~Progress() { clear(); }
+void Progress::clear() {
+  if (on_ && last_ >= 0) {
+    std::fputs("\r\033[K", stderr);
+    std::fflush(stderr);
+  }
+  last_ = -1;
 }
 void Progress::update(std::size_t done, std::size_t total) {
   if (!on_ || total == 0) return;

@@ -1,5 +1,8 @@
-// tune: replay a prepared trace under many configurations on worker threads and pick the one
-// with the lowest peak reserved and no new out-of-memory errors.
+// tune: replay a prepared trace under many configurations on worker threads, rank them (fewest
+// out-of-memory errors, then peak reserved, then device calls), and find the memory a
+// configuration needs. See cachet/replay/tune.h.
+#include "cachet/replay/tune.h"
+
 #include <algorithm>
 #include <atomic>
 #include <mutex>
@@ -8,7 +11,6 @@
 #include <fmt/format.h>
 
 #include "cachet/errors.h"
-#include "cachet/replay/replay.h"
 
 namespace cachet::replay {
 
@@ -73,6 +75,47 @@ std::vector<TuneCandidate> tune_space(const Config& base, bool with_cap) {
   return unique;
 }
 
+bool pytorch_accepts(const Config& c) {
+  try {
+    return parse_config(to_string(c), ConfigSource::PyTorch).config == c;
+  } catch (const ConfigError&) {
+    return false;
+  }
+}
+
+std::int64_t device_calls(const ReplayResult& r) { return r.stats.num_device_alloc + r.stats.num_device_free; }
+
+bool ranks_before(const ReplayResult& a, const ReplayResult& b) {
+  if (a.stats.num_ooms != b.stats.num_ooms) return a.stats.num_ooms < b.stats.num_ooms;
+  if (a.peak_reserved() != b.peak_reserved()) return a.peak_reserved() < b.peak_reserved();
+  return device_calls(a) < device_calls(b);
+}
+
+namespace {
+
+void rank(TuneResult& tr) {
+  tr.ranking.resize(tr.results.size());
+  for (std::size_t i = 0; i < tr.ranking.size(); ++i) tr.ranking[i] = i;
+  std::stable_sort(tr.ranking.begin(), tr.ranking.end(), [&](std::size_t x, std::size_t y) {
+    const ReplayResult& rx = tr.results[x];
+    const ReplayResult& ry = tr.results[y];
+    if (ranks_before(rx, ry)) return true;
+    if (ranks_before(ry, rx)) return false;
+    return rx.conf.size() < ry.conf.size();
+  });
+  tr.best = tr.best_native = kRecorded;
+  for (std::size_t i : tr.ranking) {
+    if (!ranks_before(tr.results[i], tr.baseline)) break;  // the recorded one is as good: keep it
+    if (tr.best == kRecorded) tr.best = i;
+    if (pytorch_accepts(tr.results[i].config)) {
+      tr.best_native = i;
+      break;
+    }
+  }
+}
+
+}  // namespace
+
 TuneResult tune(const Trace& t, const Config& recorded, const std::vector<TuneCandidate>& space,
                 const ReplayOptions& opts, unsigned threads,
                 const std::function<void(std::size_t, std::size_t)>& progress) {
@@ -109,20 +152,53 @@ TuneResult tune(const Trace& t, const Config& recorded, const std::vector<TuneCa
   for (auto& th : pool) th.join();
   if (error) std::rethrow_exception(error);
 
-  const ReplayResult& b = tr.baseline;
-  std::int64_t best_reserved = b.peak_reserved();
-  for (std::size_t i = 0; i < tr.results.size(); ++i) {
-    const ReplayResult& r = tr.results[i];
-    if (r.stats.num_ooms > b.stats.num_ooms || r.failed_allocs > b.failed_allocs) continue;
-    const bool better = r.peak_reserved() < best_reserved ||
-                        (tr.best != static_cast<std::size_t>(-1) && r.peak_reserved() == best_reserved &&
-                         r.conf.size() < tr.results[tr.best].conf.size());
-    if (better) {
-      best_reserved = r.peak_reserved();
-      tr.best = i;
-    }
-  }
+  rank(tr);
   return tr;
+}
+
+std::optional<Bytes> memory_needed(const Trace& t, const Config& config, const ReplayOptions& opts,
+                                   unsigned* replays) {
+  constexpr Bytes kStep = 2 * MiB;
+  constexpr Bytes kUnlimited = 1024 * GiB;  // 1 TiB: more than any device
+  ReplayOptions o = opts;
+  o.observer = nullptr;
+  o.progress = nullptr;
+  o.keep_allocator = false;
+  o.stop_after = static_cast<std::size_t>(-1);
+  unsigned n = 0;
+  // Fails under a limit of `units` x 2 MiB? The limit is a cap when the device is larger, else
+  // the device itself.
+  auto fails = [&](Bytes units) {
+    const Bytes limit = units * kStep;
+    o.device_memory = std::max(opts.device_memory, limit);
+    o.cap = limit;
+    ++n;
+    return replay(t, config, o).stats.num_ooms > 0;
+  };
+  std::optional<Bytes> out;
+  Bytes hi = kUnlimited / kStep;
+  if (!fails(hi)) {
+    // A first guess from the unlimited run's peak, rounded up to 2 MiB.
+    o.device_memory = kUnlimited;
+    o.cap = 0;
+    ++n;
+    const auto peak = static_cast<Bytes>(replay(t, config, o).peak_reserved());
+    Bytes guess = std::max<Bytes>(1, (peak + kStep - 1) / kStep);
+    if (guess < hi && !fails(guess)) hi = guess;
+    const Bytes limit0 = opts.cap > 0 ? opts.cap : opts.device_memory;
+    Bytes lo = std::min(limit0 / kStep, hi - 1);  // fails (assumed: below what failed)
+    if (lo > 0 && !fails(lo)) {
+      hi = lo;
+      lo = 0;
+    }
+    while (hi - lo > 1) {
+      const Bytes mid = lo + (hi - lo) / 2;
+      (fails(mid) ? lo : hi) = mid;
+    }
+    out = hi * kStep;
+  }
+  if (replays) *replays = n;
+  return out;
 }
 
 }  // namespace cachet::replay

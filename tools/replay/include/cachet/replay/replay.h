@@ -79,7 +79,7 @@ struct Trace {
 // releases (out-of-memory retry, garbage collection).
 struct RecordedRun {
   Config config;
-  Bytes total_memory = 80 * GiB;
+  Bytes total_memory = 80 * GiB;  // load_trace: see LoadedTrace::memory
   Bytes cap = 0;  // set_per_process_memory_fraction in bytes; 0 = none
 };
 
@@ -133,6 +133,35 @@ struct ReplayResult {
 // back to synthetic addresses, noted).
 ReplayResult replay(const Trace& t, const Config& config, const ReplayOptions& opts = {});
 
+// What the trace says of the device's memory (load_trace fills it). A recording or a stats
+// sidecar records the device's total memory; a PyTorch snapshot does not, but its out-of-memory
+// entries record the device's free bytes: the memory the process could still get there was the
+// trace's reserved bytes + that free memory.
+struct DeviceMemoryFacts {
+  enum class Source : std::uint8_t {
+    Option,    // --device-memory (LoadOptions::device_memory)
+    Recorded,  // total_memory beside the trace (recording, .stats.json)
+    OomEntry,  // reserved + free at the trace's first out-of-memory entry
+    Unknown,   // nothing tells: replayed with no device limit (kNoDeviceLimit)
+  };
+  Source source = Source::Unknown;
+  // The first out-of-memory entry with the device's free bytes (not in oracle recordings).
+  bool oom_seen = false;
+  std::size_t oom_event = 0;  // its index in the device's trace
+  Bytes oom_request = 0;      // its size (the rounded request)
+  Bytes oom_free = 0;         // the device's free bytes then
+  Bytes oom_reserved = 0;     // the trace's reserved bytes then (its segment events up to there)
+  // oom_free exceeds the request by more than kCapEvidence: the device had room, so a cap
+  // (set_per_process_memory_fraction) refused the request. Its value is not in the trace.
+  bool cap_in_force = false;
+};
+
+// Free bytes beyond the request that prove a cap (cudaMalloc fails only when the device lacks
+// the request, to its 2 MiB granularity).
+inline constexpr Bytes kCapEvidence = 64 * MiB;
+// The simulated device when nothing tells its size: larger than any GPU, so only a cap limits.
+inline constexpr Bytes kNoDeviceLimit = 1024 * GiB;
+
 // A trace file read and prepared for device `device` (the first device with events when -1).
 struct LoadedTrace {
   io::TraceFile file;
@@ -142,44 +171,37 @@ struct LoadedTrace {
   std::string recorded_conf_text;         // as recorded ("" when none)
   std::string config_note;                // why the recorded conf could not be used, if so
   std::string device_note;                // which device was chosen when several have events
-  RecordedRun run;
+  RecordedRun run;                        // run.total_memory: see memory.source; run.cap: 0 = none
+  DeviceMemoryFacts memory;
   // The snapshot's segments at the end (when it has any): reserved and allocated bytes. A replay
   // of the recorded configuration should end in the same state.
   std::optional<Bytes> end_reserved;
   std::optional<Bytes> end_allocated;
 };
 
-// Reads `path` (io::read_trace) and prepares it. `device_memory`: overrides the total memory
-// found beside the trace (default 80 GiB when none). Throws io::ReadError, also when the trace
-// has no alloc or oom event to replay, or device_memory is 0.
+struct LoadOptions {
+  std::optional<Bytes> device_memory = std::nullopt;  // overrides what the trace says (--device-memory)
+  std::optional<Bytes> cap = std::nullopt;  // the run's memory cap in bytes (--cap); overrides a recording's
+  DeviceIndex device = -1;
+};
+
+// Reads `path` (io::read_trace) and prepares it. Device memory, in order: the option, the total
+// memory recorded beside the trace, reserved + free at its first out-of-memory entry (when no
+// cap was in force), else kNoDeviceLimit (memory.source says which). Throws io::ReadError, also
+// when the trace has no alloc or oom event to replay, or device_memory is 0.
+LoadedTrace load_trace(const std::string& path, const LoadOptions& o);
 LoadedTrace load_trace(const std::string& path, std::optional<Bytes> device_memory = std::nullopt,
                        DeviceIndex device = -1);
 
+// When the trace shows a cap was in force (memory.cap_in_force) and none was given (run.cap ==
+// 0): the error to print, asking for --cap. "" otherwise.
+std::string missing_cap_error(const LoadedTrace& lt);
+
+// One line on where the device memory came from, or a note naming --device-memory when nothing
+// told and it matters (a cap, out-of-memory errors in the trace). `cap`: the cap in force.
+std::string device_memory_line(const LoadedTrace& lt, Bytes cap);
+
 // The options that replay `lt` as it was recorded (capacity, cap; addresses as given).
 ReplayOptions recorded_options(const LoadedTrace& lt, AddressMode addresses);
-
-// --- tune ---
-
-struct TuneCandidate {
-  std::string conf;  // to_string(config): PyTorch syntax, "policy:cachet" (CACHET_ALLOC_CONF) for the cachet policy
-  Config config;
-};
-
-// The configurations tune searches (max_split_size_mb, roundup_power2_divisions,
-// garbage_collection_threshold when a cap is set, expandable_segments, large_segment_size_mb),
-// and the cachet policy once (policy:cachet, last; the PyTorch policy's keys left out).
-std::vector<TuneCandidate> tune_space(const Config& base, bool with_cap);
-
-struct TuneResult {
-  ReplayResult baseline;                 // the recorded configuration
-  std::vector<ReplayResult> results;     // one per candidate, in tune_space order
-  std::size_t best = static_cast<std::size_t>(-1);  // index into results; -1: none better
-};
-
-// Replays every candidate on `threads` worker threads (std::thread). `progress(done, total)`
-// is called from the workers (under a lock) when set.
-TuneResult tune(const Trace& t, const Config& recorded, const std::vector<TuneCandidate>& space,
-                const ReplayOptions& opts, unsigned threads,
-                const std::function<void(std::size_t, std::size_t)>& progress = {});
 
 }  // namespace cachet::replay

@@ -15,14 +15,22 @@ namespace cachet::replay {
 
 // "15286140928" -> "14.24 GiB" (binary units, two decimals).
 std::string human_bytes(std::int64_t bytes);
+// The same with the exact count where the rounding hides it: "1.53 GiB = 1646821376 bytes";
+// "512 B" as is.
+std::string human_bytes_exact(Bytes bytes);
 
 // Parses "80GiB", "80G", "1.5 GiB", "85899345920", "512MB" (K/M/G/T = powers of 1024).
 // nullopt when not a size.
 std::optional<Bytes> parse_bytes(std::string_view text);
 
+// The width tables are fitted to: the terminal's when stdout is one, else 100 columns.
+std::size_t output_width();
+
 // The aligned table: conf, peak allocated, peak reserved, fragmentation, OOMs, retries,
-// device allocations and frees.
-std::string results_table(const std::vector<const ReplayResult*>& rows);
+// device allocations/frees; `ranks` (when given) in a first "#" column. It fits `width`
+// columns (0: output_width()): a long conf is wrapped after its commas.
+std::string results_table(const std::vector<const ReplayResult*>& rows, const std::vector<std::string>& ranks = {},
+                          std::size_t width = 0);
 
 // One JSON object per result (conf, peak_allocated, peak_reserved, fragmentation, num_ooms,
 // num_alloc_retries, num_device_alloc, num_device_free, failed_allocs, events, addresses, note,
@@ -41,6 +49,7 @@ class Progress {
   explicit Progress(std::string what);
   ~Progress();
   void update(std::size_t done, std::size_t total);
+  void clear();  // erases the line (before the results are printed); update() may draw it again
   bool enabled() const { return on_; }
 
  private:

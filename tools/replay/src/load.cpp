@@ -1,0 +1,167 @@
+// Loading a trace for replay: the file, the recorded configuration, and what it says of the
+// device's memory (DeviceMemoryFacts). See cachet/replay/replay.h.
+#include <fmt/format.h>
+
+#include "cachet/errors.h"
+#include "cachet/io/file.h"
+#include "cachet/replay/replay.h"
+#include "cachet/replay/report.h"
+
+namespace cachet::replay {
+namespace {
+
+// The first out-of-memory entry with the device's free bytes, and the trace's reserved bytes
+// there (segment events up to it).
+DeviceMemoryFacts oom_facts(const std::vector<TraceEvent>& ev) {
+  DeviceMemoryFacts f;
+  Bytes reserved = 0;
+  for (std::size_t i = 0; i < ev.size(); ++i) {
+    const TraceEvent& e = ev[i];
+    switch (e.action) {
+      case TraceAction::SegmentAlloc:
+      case TraceAction::SegmentMap:
+        reserved += e.size;
+        break;
+      case TraceAction::SegmentFree:
+      case TraceAction::SegmentUnmap:
+        reserved = e.size > reserved ? 0 : reserved - e.size;
+        break;
+      case TraceAction::Oom:
+        f.oom_seen = true;
+        f.oom_event = i;
+        f.oom_request = e.size;
+        f.oom_free = e.addr;  // TraceEvent: an oom's addr is the device's free bytes
+        f.oom_reserved = reserved;
+        f.cap_in_force = e.addr > e.size + kCapEvidence;
+        return f;
+      default:
+        break;
+    }
+  }
+  return f;
+}
+
+}  // namespace
+
+LoadedTrace load_trace(const std::string& path, std::optional<Bytes> device_memory, DeviceIndex device) {
+  return load_trace(path, LoadOptions{.device_memory = device_memory, .cap = std::nullopt, .device = device});
+}
+
+LoadedTrace load_trace(const std::string& path, const LoadOptions& opt) {
+  if (opt.device_memory && *opt.device_memory == 0)
+    throw io::ReadError("device memory of 0 bytes: give the GPU's memory, for example --device-memory 80GiB");
+  LoadedTrace lt;
+  lt.file = io::read_trace(path);
+  const io::DeviceTrace* d = nullptr;
+  if (opt.device >= 0) {
+    d = lt.file.device(opt.device);
+    if (d == nullptr) throw io::ReadError(path + ": no trace for device " + std::to_string(opt.device));
+  } else {
+    std::string with_events;
+    std::size_t n = 0;
+    for (const auto& dt : lt.file.devices)
+      if (!dt.events.empty()) {
+        if (d == nullptr) d = &dt;
+        with_events += fmt::format("{}{}", n++ ? ", " : "", dt.device);
+      }
+    if (n > 1)
+      lt.device_note = fmt::format("the file has trace events for {} devices ({}); device {} is replayed (the first), "
+                                   "the others are not",
+                                   n, with_events, d->device);
+  }
+  lt.device = d ? d->device : 0;
+  if (d != nullptr && !d->segments.empty()) {
+    Bytes reserved = 0, allocated = 0;
+    for (const auto& seg : d->segments) {
+      reserved += seg.total_size;
+      allocated += seg.allocated_size();
+    }
+    lt.end_reserved = reserved;
+    lt.end_allocated = allocated;
+  }
+  if (lt.file.settings.conf) {
+    lt.recorded_conf_text = *lt.file.settings.conf;
+    try {
+      lt.recorded_config = parse_config(lt.recorded_conf_text, ConfigSource::PyTorch).config;
+    } catch (const ConfigError& e) {
+      lt.config_note = std::string("recorded configuration not understood (") + e.what() + "); using the default";
+    }
+  }
+  lt.run.config = lt.recorded_config.value_or(Config{});
+  lt.run.cap = opt.cap ? *opt.cap : lt.file.cap.value_or(0);
+  // Oracle recordings write an oom's free bytes as null (0): they record total_memory and the cap.
+  if (d != nullptr && lt.file.format != io::TraceFormat::OracleRecording) lt.memory = oom_facts(d->events);
+  using Source = DeviceMemoryFacts::Source;
+  if (opt.device_memory) {
+    lt.memory.source = Source::Option;
+    lt.run.total_memory = *opt.device_memory;
+  } else if (lt.file.total_memory) {
+    lt.memory.source = Source::Recorded;
+    lt.run.total_memory = *lt.file.total_memory;
+  } else if (lt.memory.oom_seen) {
+    // What the process could get: its reserved bytes and the device's free ones.
+    lt.memory.source = Source::OomEntry;
+    lt.run.total_memory = std::max(lt.memory.oom_reserved + lt.memory.oom_free, lt.run.cap);
+  } else {
+    lt.memory.source = Source::Unknown;
+    lt.run.total_memory = std::max(kNoDeviceLimit, lt.run.cap);
+  }
+  static const std::vector<TraceEvent> none;
+  lt.trace = prepare_trace(d ? std::span<const TraceEvent>(d->events) : std::span<const TraceEvent>(none), lt.run,
+                           lt.file.name);
+  const io::TraceStats& file_stats = lt.trace.stats;
+  if (file_stats.count(TraceAction::Alloc) == 0 && file_stats.count(TraceAction::Oom) == 0) {
+    std::size_t segments = 0;
+    for (const auto& dt : lt.file.devices) segments += dt.segments.size();
+    throw io::ReadError(fmt::format(
+        "{}: nothing to replay: the trace has no alloc or oom event ({} trace events, {} segments in the file); "
+        "the snapshot was taken without torch.cuda.memory._record_memory_history() (or after it was turned off): "
+        "call _record_memory_history(max_entries=1000000) before the code to study, then _dump_snapshot()",
+        path, file_stats.events, segments));
+  }
+  return lt;
+}
+
+std::string missing_cap_error(const LoadedTrace& lt) {
+  const DeviceMemoryFacts& m = lt.memory;
+  if (!m.cap_in_force || lt.run.cap > 0) return {};
+  return fmt::format(
+      "{}: a memory cap was in force: the request that ran out of memory (trace event {}, {}) found {} free on "
+      "the device, so a cap (torch.cuda.set_per_process_memory_fraction) refused it, and the trace does not "
+      "record its size. Give it with --cap BYTES (PyTorch's out-of-memory message says it: \"... GiB allowed\")",
+      lt.file.name, m.oom_event, human_bytes_exact(m.oom_request), human_bytes(static_cast<std::int64_t>(m.oom_free)));
+}
+
+std::string device_memory_line(const LoadedTrace& lt, Bytes cap) {
+  const DeviceMemoryFacts& m = lt.memory;
+  const std::string size = human_bytes_exact(lt.run.total_memory);
+  switch (m.source) {
+    case DeviceMemoryFacts::Source::Option:
+      return fmt::format("device memory: {} (--device-memory)", size);
+    case DeviceMemoryFacts::Source::Recorded:
+      return fmt::format("device memory: {} (recorded beside the trace)", size);
+    case DeviceMemoryFacts::Source::OomEntry:
+      return fmt::format(
+          "device memory: {} for this process, from the trace's out-of-memory entry (reserved {} + {} free on the "
+          "device); --device-memory overrides it",
+          size, human_bytes(static_cast<std::int64_t>(m.oom_reserved)), human_bytes(static_cast<std::int64_t>(m.oom_free)));
+    case DeviceMemoryFacts::Source::Unknown:
+      break;
+  }
+  if (cap > 0 || m.oom_seen || lt.trace.stats.count(TraceAction::Oom) > 0)
+    return fmt::format(
+        "note: the trace does not record the device's memory; replayed with no device limit{} (give the GPU's "
+        "memory with --device-memory BYTES, e.g. --device-memory 80GiB)",
+        cap > 0 ? ", only the cap" : "");
+  return "device memory: not recorded in the trace (no cap, no out-of-memory error: replayed with no device limit)";
+}
+
+ReplayOptions recorded_options(const LoadedTrace& lt, AddressMode addresses) {
+  ReplayOptions o;
+  o.device_memory = lt.run.total_memory;
+  o.cap = lt.run.cap;
+  o.addresses = addresses;
+  return o;
+}
+
+}  // namespace cachet::replay

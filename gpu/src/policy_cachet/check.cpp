@@ -35,7 +35,7 @@ Bytes CachetPolicy::touched_bytes() const {
   Bytes pages = 0;
   DevicePtr last = 0;  // one past the last page counted
   for (const CBlock* b = head_; b != nullptr; b = b->next) {
-    if (b->state == CBlock::State::Free) continue;
+    if (b->is_reusable()) continue;
     DevicePtr lo = std::max(page_floor(b->ptr), last);
     const DevicePtr hi = page_ceil(b->end());
     if (hi > lo) pages += (hi - lo) / kPage;
@@ -70,15 +70,16 @@ std::vector<std::string> CachetPolicy::invariants() const {
     expect = b->end();
     if (b->size == 0 || b->size % kCachetAlign != 0 || b->ptr % kCachetAlign != 0)
       fail("[INV-SIZE-1] size/alignment" + at);
-    if (b->mapped) {
+    if (b->is_mapped()) {
       mapped += b->size;
-      if (prev == nullptr || !prev->mapped) ++runs;
+      if (prev == nullptr || !prev->is_mapped()) ++runs;
     }
-    if (b->state != CBlock::State::Allocated && !b->stream_uses.empty())
+    // The state against the other fields (shell/block_state.h).
+    if (!b->is_allocated() && !b->stream_uses.empty())
       fail("[INV-EVENT-3] stream uses on a block that is not allocated" + at);
-    if (b->state == CBlock::State::Free) {
+    if (b->is_reusable()) {
       if (b->event_count != 0) fail("[INV-EVENT-1] free block with events" + at);
-      if (!b->mapped) {
+      if (b->is_unmapped()) {
         ++n_unmapped;
         if (b->ptr % kPage != 0 || b->size % kPage != 0)
           fail("[INV-MAP-3] unmapped block not page aligned" + at);
@@ -86,6 +87,7 @@ std::vector<std::string> CachetPolicy::invariants() const {
           fail("[INV-MERGE-1] adjacent unmapped blocks" + at);
         if (auto u = unmapped_.find(b->ptr, CAddrOrder{}); u == unmapped_.end() || &*u != b)
           fail("[INV-POOL-1] unmapped block not in unmapped_" + at);
+        if (active_.find(b->ptr) == b) fail("[INV-MAP-1] unmapped block in active_" + at);
       } else {
         ++n_free;
         if (b->next != nullptr && b->next->is_mapped_free() && b->next->stream == b->stream)
@@ -93,16 +95,15 @@ std::vector<std::string> CachetPolicy::invariants() const {
         auto it = free_.find(SizeKey{b->stream, b->size, b->ptr}, SizeOrder{});
         if (it == free_.end() || &*it != b) fail("[INV-POOL-1] free block not in free_" + at);
         // A mapped free block touches only mapped pages: its neighbours on shared pages are mapped.
-        if (b->ptr % kPage != 0 && b->prev != nullptr && !b->prev->mapped)
+        if (b->ptr % kPage != 0 && b->prev != nullptr && !b->prev->is_mapped())
           fail("[INV-MAP-4] free block on an unmapped page" + at);
       }
     } else {
       ++n_active;
-      if (!b->mapped) fail("[INV-MAP-1] active block not mapped" + at);
       if (active_.find(b->ptr) != b) fail("[INV-POOL-1] active block not in active_" + at);
       if (b->size != align_up(b->requested, kCachetAlign))
         fail("[INV-SIZE-4] size is not the rounded request" + at);
-      if ((b->state == CBlock::State::Pending) != (b->event_count > 0))
+      if ((b->state() == BlockState::AwaitingEvents) != (b->event_count > 0))
         fail("[INV-EVENT-1] pending/event_count mismatch" + at);
       n_events += static_cast<std::size_t>(b->event_count);
       const StatType pool = pool_of(b->size);
@@ -111,7 +112,7 @@ std::vector<std::string> CachetPolicy::invariants() const {
       all_and(re.active, pool, [](Stat& s) { s.current += 1; });
       all_and(re.active_bytes, pool, [n](Stat& s) { s.current += n; });
       all_and(re.requested_bytes, pool, [req](Stat& s) { s.current += req; });
-      if (b->state == CBlock::State::Allocated) {
+      if (b->is_allocated()) {
         all_and(re.allocation, pool, [](Stat& s) { s.current += 1; });
         all_and(re.allocated_bytes, pool, [n](Stat& s) { s.current += n; });
       }
@@ -133,17 +134,17 @@ std::vector<std::string> CachetPolicy::invariants() const {
         fail(std::string("[INV-STATS-1] ") + name + "[" + std::to_string(i) + "] = " +
              std::to_string(got[i].current) + ", recount " + std::to_string(want[i].current));
   };
-  cmp("allocation", stats_.allocation, re.allocation);
-  cmp("active", stats_.active, re.active);
-  cmp("allocated_bytes", stats_.allocated_bytes, re.allocated_bytes);
-  cmp("active_bytes", stats_.active_bytes, re.active_bytes);
-  cmp("requested_bytes", stats_.requested_bytes, re.requested_bytes);
-  if (stats_.reserved_bytes[0].current != static_cast<std::int64_t>(mapped) ||
-      stats_.reserved_bytes[2].current != static_cast<std::int64_t>(mapped) ||
-      stats_.reserved_bytes[1].current != 0)
+  cmp("allocation", stats().allocation, re.allocation);
+  cmp("active", stats().active, re.active);
+  cmp("allocated_bytes", stats().allocated_bytes, re.allocated_bytes);
+  cmp("active_bytes", stats().active_bytes, re.active_bytes);
+  cmp("requested_bytes", stats().requested_bytes, re.requested_bytes);
+  if (stats().reserved_bytes[0].current != static_cast<std::int64_t>(mapped) ||
+      stats().reserved_bytes[2].current != static_cast<std::int64_t>(mapped) ||
+      stats().reserved_bytes[1].current != 0)
     fail("[INV-STATS-1] reserved_bytes != mapped bytes " + std::to_string(mapped));
-  if (stats_.segment[0].current != runs || stats_.segment[2].current != runs)
-    fail("[INV-STATS-1] segment = " + std::to_string(stats_.segment[0].current) +
+  if (stats().segment[0].current != runs || stats().segment[2].current != runs)
+    fail("[INV-STATS-1] segment = " + std::to_string(stats().segment[0].current) +
          ", runs of mapped pages " + std::to_string(runs));
   if (touched_pages_ > peak_touched_pages_)
     fail("[INV-PAGE-2] touched pages " + std::to_string(touched_pages_) +
@@ -155,7 +156,7 @@ std::vector<std::string> CachetPolicy::invariants() const {
     // Counts are kept for the first and last page of each live block (touch()).
     std::vector<std::uint32_t> live(page_live_.size(), 0);
     for (const CBlock* b = head_; b != nullptr; b = b->next)
-      if (b->state != CBlock::State::Free) {
+      if (b->is_live()) {
         const std::size_t first = (b->ptr - base_) / kPage, last = (b->end() - 1 - base_) / kPage;
         ++live[first];
         if (last != first) ++live[last];

@@ -36,10 +36,10 @@ CachetPolicy::~CachetPolicy() {
   DevicePtr run = 0;
   bool in_run = false;
   for (CBlock* b = head_; b != nullptr; b = b->next) {
-    if (b->mapped && !in_run) {
+    if (b->is_mapped() && !in_run) {
       run = b->ptr;
       in_run = true;
-    } else if (!b->mapped && in_run) {
+    } else if (!b->is_mapped() && in_run) {
       (void)mem_->unmap(run, b->ptr - run);
       in_run = false;
     }
@@ -50,11 +50,12 @@ CachetPolicy::~CachetPolicy() {
   unmapped_.clear();
 }
 
-CBlock* CachetPolicy::make_block() {
+CBlock* CachetPolicy::make_block(BlockState born) {
   if (spare_.empty()) {
     storage_.push_back(std::make_unique<CBlock[]>(kChunk));
     CBlock* chunk = storage_.back().get();
     for (std::size_t i = kChunk; i-- > 1;) spare_.push_back(&chunk[i]);
+    chunk[0].born(born);
     return &chunk[0];
   }
   CBlock* b = spare_.back();
@@ -67,13 +68,13 @@ CBlock* CachetPolicy::make_block() {
   b->prev = nullptr;
   b->next = nullptr;
   b->event_count = 0;
-  b->state = CBlock::State::Free;
-  b->mapped = true;
+  b->born(born);
   b->stream_uses.clear();
   return b;
 }
 
 void CachetPolicy::release_block(CBlock* b) {
+  check_born_or_gone("removed", b->state(), b->ptr);  // merged away: Free or Unmapped only
   spare_.push_back(b);
 }
 
@@ -85,10 +86,9 @@ void CachetPolicy::ensure_reserved() {
   base_ = r.value;
   va_size_ = n;
   page_live_.assign(n / kPage, 0);
-  CBlock* u = make_block();
+  CBlock* u = make_block(BlockState::Unmapped);
   u->ptr = base_;
   u->size = n;
-  u->mapped = false;
   head_ = u;
   unmapped_.insert(*u);
 }

@@ -20,7 +20,7 @@ using namespace cachet_pages;  // policy_cachet/policy.h
 void CachetPolicy::free(DevicePtr ptr) {
   if (ptr == 0) return;
   CBlock* b = find_active(ptr, "free");
-  if (b->state != CBlock::State::Allocated)
+  if (!b->is_allocated())
     throw UsageError("free(" + hex(ptr) +
                      "): double free: the block is already freed and waits for its stream uses");
   // Stream uses: create and record one event per using stream before changing anything, so a
@@ -42,9 +42,9 @@ void CachetPolicy::free(DevicePtr ptr) {
     if (cap_.allowed()) trim_to_cap();
     return;
   }
-  b->state = CBlock::State::Pending;
   b->event_count = static_cast<std::int32_t>(events_.size() - first);
   b->stream_uses.clear();
+  b->set_state(BlockState::AwaitingEvents);
 }
 
 void CachetPolicy::free_block(CBlock* b) {
@@ -57,15 +57,15 @@ void CachetPolicy::free_block(CBlock* b) {
   record(TraceAction::FreeCompleted, b->ptr, b->requested, b->stream);
   active_.erase(b->ptr);
   touch(b, false);
-  b->state = CBlock::State::Free;
   b->stream_uses.clear();
+  b->set_state(BlockState::Free);
   merge_free(b);
 }
 
 void CachetPolicy::record_stream(DevicePtr ptr, StreamId stream) {
   check_stream(stream, "record_stream");
   CBlock* b = find_active(ptr, "record_stream");
-  if (b->state != CBlock::State::Allocated)
+  if (!b->is_allocated())
     throw UsageError("record_stream(" + hex(ptr) + ", stream " + std::to_string(stream) +
                      "): the block was already freed; record stream uses before freeing");
   if (stream == b->stream) return;
@@ -137,8 +137,8 @@ Snapshot CachetPolicy::snapshot() {
   Snapshot out;
   Bytes active = 0;
   for (CBlock* b = head_; b != nullptr; b = b->next) {
-    if (!b->mapped) continue;
-    if (b->prev == nullptr || !b->prev->mapped) {
+    if (!b->is_mapped()) continue;
+    if (b->prev == nullptr || !b->prev->is_mapped()) {
       SegmentSnapshot s;
       s.address = b->ptr;
       s.stream = b->stream;
@@ -152,10 +152,8 @@ Snapshot CachetPolicy::snapshot() {
     bs.address = b->ptr;
     bs.size = b->size;
     bs.requested_size = b->requested;
-    bs.state = b->state == CBlock::State::Allocated ? BlockState::ActiveAllocated
-               : b->state == CBlock::State::Pending ? BlockState::ActivePendingFree
-                                                    : BlockState::Inactive;
-    if (b->state != CBlock::State::Free) active += b->size;
+    bs.state = snapshot_state(b->state());
+    if (b->is_live()) active += b->size;
     s.blocks.push_back(bs);
   }
   record(TraceAction::Snapshot, 0, active, 0);

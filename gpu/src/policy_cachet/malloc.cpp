@@ -26,7 +26,7 @@ DevicePtr CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
 
   CBlock* b = take_best_fit(stream, size);  // hot path (R2)
   if (b == nullptr) b = alloc_slow(stream, size);
-  b->state = CBlock::State::Allocated;
+  b->set_state(BlockState::Allocated);
   b->requested = orig_size;
   b->stream = stream;
   active_.insert(b->ptr, b);
@@ -84,11 +84,10 @@ CBlock* CachetPolicy::take_best_fit(StreamId stream, Bytes size) {
 }
 
 CBlock* CachetPolicy::split_at(CBlock* f, DevicePtr at) {
-  CBlock* m = make_block();
+  CBlock* m = make_block(f->state());  // Free or Unmapped, as f
   m->ptr = at;
   m->size = f->end() - at;
   m->stream = f->stream;
-  m->mapped = f->mapped;
   m->prev = f;
   m->next = f->next;
   if (f->next) f->next->prev = m;

@@ -127,7 +127,7 @@ void CachetPolicy::unmap_range(CBlock* b, DevicePtr lo, DevicePtr hi) {
   record(TraceAction::SegmentUnmap, lo, hi - lo, b->stream);
   // Split b into [b->ptr, lo) mapped, [lo, hi) unmapped, [hi, end) mapped.
   CBlock* mid = carve(b, lo, hi - lo);  // reinserts the mapped pieces into free_
-  mid->mapped = false;
+  mid->set_state(BlockState::Unmapped);
   mid->stream = 0;
   merge_free(mid);
 }
@@ -150,20 +150,19 @@ Status CachetPolicy::map_range(CBlock* u, DevicePtr lo, DevicePtr hi, StreamId s
     unmapped_.insert(*u);
   }
   if (mid->end() > hi) unmapped_.insert(*split_at(mid, hi));
-  mid->mapped = true;
+  mid->set_state(BlockState::Free);
   mid->stream = stream;
-  mid->state = CBlock::State::Free;
   *merged = merge_free(mid);
   return Status::ok();
 }
 
 CBlock* CachetPolicy::merge_free(CBlock* b) {
   auto joinable = [b](const CBlock* o) {
-    return o != nullptr && o->is_free() && o->mapped == b->mapped &&
-           (!b->mapped || mutant(kMutantCachetMergeAcrossStreams) || o->stream == b->stream);
+    return o != nullptr && o->state() == b->state() &&
+           (b->is_unmapped() || mutant(kMutantCachetMergeAcrossStreams) || o->stream == b->stream);
   };
   auto erase = [this](CBlock* o) {
-    if (o->mapped)
+    if (o->is_mapped())
       free_.erase(free_.iterator_to(*o));
     else
       unmapped_.erase(unmapped_.iterator_to(*o));
@@ -182,7 +181,7 @@ CBlock* CachetPolicy::merge_free(CBlock* b) {
     p->next = b->next;
     if (b->next) b->next->prev = p;
     release_block(b);
-    if (p->mapped) {
+    if (p->is_mapped()) {
       auto it = free_.iterator_to(*p);
       if (auto nx = std::next(it); nx != free_.end() && !SizeOrder{}(*p, *nx)) {
         free_.erase(it);
@@ -191,7 +190,7 @@ CBlock* CachetPolicy::merge_free(CBlock* b) {
     }
     return p;
   }
-  if (b->mapped)
+  if (b->is_mapped())
     free_.insert(*b);
   else
     unmapped_.insert(*b);

@@ -4,9 +4,10 @@
 // layer's mutex held.
 //
 // Structure: one VA reservation [base_, base_ + va_size_) tiled by CBlocks in address order
-// (prev/next). A free block is either mapped (every page it touches is mapped; it belongs to a
-// stream and sits in free_, ordered by stream, size, address) or unmapped (page aligned, no
-// stream, in unmapped_, ordered by address). Allocated and pending blocks are in active_.
+// (prev/next), each in one BlockState (shell/block_state.h): a Free block is mapped (every page
+// it touches is mapped; it belongs to a stream and sits in free_, ordered by stream, size,
+// address); an Unmapped one is page aligned, has no stream and sits in unmapped_, ordered by
+// address. Allocated and AwaitingEvents blocks are in active_.
 //
 // Invariants: CachetPolicy::invariants() (policy_cachet/check.cpp) checks the rules of
 // docs/invariants.md whose policy is cachet or both; each violation line starts with its ID.
@@ -28,6 +29,7 @@
 #include "cachet/stats.h"
 #include "cachet/trace.h"
 #include "ptr_map.h"
+#include "shell/block_state.h"
 #include "shell/shell.h"
 #include "size_order.h"
 
@@ -39,22 +41,40 @@ namespace cbi = boost::intrusive;
 // Cache-line aligned: a tree walk reads the hook and the size-order key (stream, size, ptr),
 // which then share one line (the wide random bench window: 241 -> 233 ns per op).
 struct alignas(64) CBlock : cbi::set_base_hook<cbi::link_mode<cbi::normal_link>> {
-  enum class State : std::uint8_t { Free, Allocated, Pending };
   DevicePtr ptr = 0;
   Bytes size = 0;
   Bytes requested = 0;  // stale on free blocks
   StreamId stream = 0;  // allocation stream; 0 on unmapped blocks
   CBlock* prev = nullptr;
   CBlock* next = nullptr;
-  std::int32_t event_count = 0;
-  State state = State::Free;
-  bool mapped = true;  // false only on unmapped free blocks
-  boost::container::small_vector<StreamId, 2> stream_uses;
+  std::int32_t event_count = 0;  // outstanding stream-use events: AwaitingEvents only
+
+ private:
+  BlockState state_ = BlockState::Free;  // shell/block_state.h
+
+ public:
+  boost::container::small_vector<StreamId, 2> stream_uses;  // Allocated only
 
   DevicePtr end() const { return ptr + size; }
-  bool is_free() const { return state == State::Free; }
-  bool is_mapped_free() const { return state == State::Free && mapped; }
-  bool is_unmapped() const { return state == State::Free && !mapped; }
+  BlockState state() const { return state_; }
+  // The one writer of the state; aborts on a transition shell/block_state.h does not allow.
+  void set_state(BlockState to) {
+    check_transition(state_, to, ptr);
+    state_ = to;
+  }
+  // A block (new, or reused by make_block) starts Free or Unmapped.
+  void born(BlockState s) {
+    check_born_or_gone("born", s, ptr);
+    state_ = s;
+  }
+  bool is_allocated() const { return state_ == BlockState::Allocated; }
+  bool is_mapped() const { return state_ != BlockState::Unmapped; }
+  bool is_mapped_free() const { return state_ == BlockState::Free; }
+  bool is_unmapped() const { return state_ == BlockState::Unmapped; }
+  // Free or Unmapped: may merge with a neighbour in the same state, or be removed.
+  bool is_reusable() const { return state_ == BlockState::Free || state_ == BlockState::Unmapped; }
+  // Allocated or AwaitingEvents: in active_, its pages live.
+  bool is_live() const { return !is_reusable(); }
 };
 
 struct CAddrOrder {
@@ -121,7 +141,7 @@ class CachetPolicy : public Shell {
   void touch(const CBlock* b, bool live);  // inline, below the class
   // Pages of [lo, hi) that no live block touches yet.
   Bytes untouched_pages(DevicePtr lo, DevicePtr hi) const;
-  CBlock* make_block();
+  CBlock* make_block(BlockState born = BlockState::Free);
   // Splits f at `at` (f->ptr < at < f->end()): f keeps [ptr, at); the returned new block holds
   // [at, end), free, with f's stream and mapping. Neither goes into a tree here.
   CBlock* split_at(CBlock* f, DevicePtr at);
@@ -197,7 +217,7 @@ void all_and(StatArray& a, StatType pool, F&& f) {
 }
 
 inline bool mapped_block(const CBlock* b) {
-  return b != nullptr && b->mapped;
+  return b != nullptr && b->is_mapped();
 }
 
 // [INV-BUDGET-1] The pages the policy may keep mapped, given the high-water mark of pages touched by live

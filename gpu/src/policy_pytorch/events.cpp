@@ -17,7 +17,7 @@ void PytorchPolicy::record_stream(DevicePtr ptr, StreamId stream) {
   check_stream(stream, "record_stream");
   if (config_.no_caching) return;
   Block* b = find_active(ptr, "record_stream");
-  if (!b->allocated)
+  if (!b->is_allocated())
     throw UsageError("record_stream(" + hex(ptr) + ", stream " + std::to_string(stream) +
                      "): the block was already freed; record stream uses before freeing");
   if (stream == b->stream) return;  // uses on the allocation stream need no event

@@ -46,11 +46,10 @@ Block* PytorchPolicy::find_expandable_block(StreamId stream, BlockPool* pool, By
   seg->expandable = true;
   seg->page_size = page;
   seg->page_mapped.assign(max_handles, false);
-  Block* c = arena_.make();
+  Block* c = arena_.make(BlockState::Unmapped);
   c->ptr = r.value;
   c->size = va;
   c->stream = stream;
-  c->mapped = false;
   c->segment = seg.get();
   c->is_small = pool->is_small;
   seg->head = c;
@@ -63,7 +62,7 @@ Block* PytorchPolicy::try_allocate_expandable_block(StreamId stream, BlockPool* 
   Block* c = find_expandable_block(stream, pool, size);
   if (!c) return nullptr;
   // c starts a run with room for `size`: unmapped, or free followed by unmapped.
-  if (!c->mapped && !map_block(c, std::min(c->size, size))) return nullptr;
+  if (!c->is_mapped() && !map_block(c, std::min(c->size, size))) return nullptr;
   while (c->size < size) {
     const Bytes remaining = size - c->size;
     Block* nc = c->next;  // unmapped; mapping it merges c into it
@@ -75,7 +74,7 @@ Block* PytorchPolicy::try_allocate_expandable_block(StreamId stream, BlockPool* 
 }
 
 bool PytorchPolicy::map_block(Block* to_map, Bytes size) {
-  CACHET_CHECK(!to_map->mapped && size <= to_map->size);
+  CACHET_CHECK(!to_map->is_mapped() && size <= to_map->size);
   Segment* seg = to_map->segment;
   const Bytes page = seg->page_size;
   const Bytes begin = (to_map->ptr - seg->base) / page;
@@ -90,15 +89,14 @@ bool PytorchPolicy::map_block(Block* to_map, Bytes size) {
 
   BlockPool& pool = pool_for(to_map);
   pool.unmapped.erase(pool.unmapped.iterator_to(*to_map));
-  to_map->mapped = true;
+  to_map->set_state(BlockState::Free);
   if (mapped < to_map->size) {
-    Block* rest = arena_.make();  // fresh: requested_size 0 (§13.1)
+    Block* rest = arena_.make(BlockState::Unmapped);  // fresh: requested_size 0 (§13.1)
     rest->ptr = to_map->ptr + mapped;
     rest->size = to_map->size - mapped;
     rest->stream = to_map->stream;
     rest->segment = seg;
     rest->is_small = to_map->is_small;
-    rest->mapped = false;
     link_after(rest, to_map);
     pool.unmapped.insert(*rest);
     to_map->size = mapped;
@@ -156,7 +154,7 @@ void PytorchPolicy::unmap_block(Block* b) {
   }
   b->ptr = at;
   b->size = n;
-  b->mapped = false;
+  b->set_state(BlockState::Unmapped);
   try_merge_blocks(b, b->prev, pool);
   try_merge_blocks(b, b->next, pool);
   pool.unmapped.insert(*b);
@@ -169,7 +167,7 @@ void PytorchPolicy::unmap_block(Block* b) {
 
 void PytorchPolicy::release_expandable_segment(Block* b) {
   Segment* seg = b->segment;
-  CACHET_CHECK(!b->mapped && !b->is_split() && b->ptr == seg->base && b->size == seg->size);
+  CACHET_CHECK(!b->is_mapped() && !b->is_split() && b->ptr == seg->base && b->size == seg->size);
   auto st = mem_->unreserve(seg->base, seg->size);
   if (!st.is_ok()) throw DeviceError(device_error("cuMemAddressFree", seg->size, device_, st));
   BlockPool& pool = pool_for(b);

@@ -27,7 +27,7 @@ void PytorchPolicy::free(DevicePtr ptr) {
     return;
   }
   Block* b = find_active(ptr, "free");
-  if (!b->allocated)
+  if (!b->is_allocated())
     throw UsageError("free(" + hex(ptr) + "): double free: the block was already freed and is waiting for " +
                      std::to_string(b->event_count) + " stream-use event(s); free each pointer once");
 
@@ -41,7 +41,6 @@ void PytorchPolicy::free(DevicePtr ptr) {
                           [](EventHandle e, StreamId s) { return std::pair{e, s}; });
   }
 
-  b->allocated = false;
   const StatType st = stat_type(pool_for(b));
   const auto bsize = static_cast<std::int64_t>(b->size);
   for_all_and(stats_.allocation, st, [](Stat& s) { s.decrease(1); });
@@ -56,6 +55,7 @@ void PytorchPolicy::free(DevicePtr ptr) {
       cuda_events_[s].emplace_back(e, b);
       ++pending_events_;
     }
+    b->set_state(BlockState::AwaitingEvents);  // its events recorded and counted (§6)
   } else {
     b->stream_uses.clear();
     free_block(b);
@@ -63,7 +63,8 @@ void PytorchPolicy::free(DevicePtr ptr) {
 }
 
 void PytorchPolicy::free_block(Block* b) {
-  CACHET_ASSERT(!b->allocated && b->event_count == 0 && b->stream_uses.empty());
+  CACHET_ASSERT(b->event_count == 0 && b->stream_uses.empty());
+  b->set_state(BlockState::Free);  // from Allocated, or AwaitingEvents once its last event completed
   record(TraceAction::FreeCompleted, b->ptr, b->requested_size, b->stream);
   const Bytes original_size = b->size;
   const Bytes requested = b->requested_size;
@@ -139,8 +140,7 @@ void PytorchPolicy::free_block(Block* b) {
 }
 
 Bytes PytorchPolicy::try_merge_blocks(Block* dst, Block* src, BlockPool& pool) {
-  if (!src || src->allocated || src->event_count > 0 || !src->stream_uses.empty() || dst->mapped != src->mapped)
-    return 0;
+  if (!mergeable(dst, src)) return 0;
   if (dst->prev == src) {  // [src dst]: dst takes src's address and place
     dst->ptr = src->ptr;
     dst->prev = src->prev;
@@ -152,7 +152,7 @@ Bytes PytorchPolicy::try_merge_blocks(Block* dst, Block* src, BlockPool& pool) {
   }
   const Bytes subsumed = src->size;
   dst->size += subsumed;
-  if (src->mapped) pool.blocks.erase(pool.blocks.iterator_to(*src));
+  if (src->is_mapped()) pool.blocks.erase(pool.blocks.iterator_to(*src));
   else pool.unmapped.erase(pool.unmapped.iterator_to(*src));
   arena_.release(src);
   return subsumed;

@@ -60,35 +60,39 @@ std::vector<std::string> PytorchPolicy::invariants() const {
       if (b->stream != seg->stream) fail("[INV-SEG-3]", bw + " has stream " + std::to_string(b->stream));
       if (b->is_small != seg->is_small) fail("[INV-SEG-3]", bw + " is in the other pool");
       if (b->size == 0 || b->size % kMinBlockSize != 0) fail("[INV-SIZE-1]", bw + ": size is not a multiple of 512");
-      if (b->allocated && b->size < round_size(b->requested_size))
+      if (b->is_allocated() && b->size < round_size(b->requested_size))
         fail("[INV-SIZE-2]", bw + ": smaller than round_size(" + std::to_string(b->requested_size) + ")");
       // Split-size limit (§2.3): a large-pool split leaves more than 1 MiB and large requests are
       // larger than 1 MiB, so no block of a cudaMalloc large-pool segment is 1 MiB or smaller;
       // a small-pool allocation is at most 1 MiB.
       if (!seg->expandable && !seg->is_small && b->size <= kSmallSize)
         fail("[INV-SIZE-3]", bw + ": a large-pool block of 1 MiB or less (split below the limit)");
-      if (seg->is_small && b->allocated && b->size > kSmallSize)
+      if (seg->is_small && b->is_allocated() && b->size > kSmallSize)
         fail("[INV-SIZE-3]", bw + ": a small-pool allocation larger than 1 MiB");
-      if (!b->allocated && !b->stream_uses.empty())
+      // The state against the other fields (shell/block_state.h).
+      if (!b->is_allocated() && !b->stream_uses.empty())
         fail("[INV-EVENT-3]", bw + ": stream uses on a block that is not allocated");
-      if (!b->mapped && !seg->expandable) fail("[INV-MAP-2]", bw + " is unmapped in a cudaMalloc segment");
+      if ((b->state() == BlockState::AwaitingEvents) != (b->event_count > 0))
+        fail("[INV-EVENT-1]", bw + " is " + state_name(b->state()) + " with event_count " +
+                                  std::to_string(b->event_count));
+      if (!b->is_mapped() && !seg->expandable) fail("[INV-MAP-2]", bw + " is unmapped in a cudaMalloc segment");
       const int q = queued.count(b) ? queued.at(b) : 0;
       if (q != b->event_count)
         fail("[INV-EVENT-2]", bw + ": event_count " + std::to_string(b->event_count) + " but " + std::to_string(q) +
                             " queued events");
 
       const BlockPool& pool = b->is_small ? small_blocks_ : large_blocks_;
-      const bool in_free = b->mapped && pool.blocks.find(*b, SizeOrder{}) != pool.blocks.end() &&
+      const bool in_free = b->is_mapped() && pool.blocks.find(*b, SizeOrder{}) != pool.blocks.end() &&
                            &*pool.blocks.find(*b, SizeOrder{}) == b;
-      const bool in_unmapped = !b->mapped &&
+      const bool in_unmapped = !b->is_mapped() &&
                                pool.unmapped.find(*b, AddrOrder{}) != pool.unmapped.end() &&
                                &*pool.unmapped.find(*b, AddrOrder{}) == b;
       const bool in_active = active_.find(b->ptr) == b;
-      if (!b->mapped) {
+      if (!b->is_mapped()) {
         ++unmapped_count;
         if (!in_unmapped) fail("[INV-POOL-1]", bw + " is unmapped but not in its pool's unmapped set");
-        if (b->allocated || b->is_active()) fail("[INV-MAP-1]", bw + " is unmapped and active");
-        if (b->next && !b->next->mapped) fail("[INV-MERGE-1]", bw + " and the next block are both unmapped");
+        if (in_active) fail("[INV-MAP-1]", bw + " is unmapped and in the active table");
+        if (b->next && !b->next->is_mapped()) fail("[INV-MERGE-1]", bw + " and the next block are both unmapped");
         continue;
       }
       if (seg->expandable) c[p].reserved_bytes += static_cast<std::int64_t>(b->size), reserved += b->size;
@@ -99,7 +103,7 @@ std::vector<std::string> PytorchPolicy::invariants() const {
         c[p].active += 1;
         c[p].active_bytes += static_cast<std::int64_t>(b->size);
         c[p].requested_bytes += static_cast<std::int64_t>(b->requested_size);
-        if (b->allocated) {
+        if (b->is_allocated()) {
           c[p].allocation += 1;
           c[p].allocated_bytes += static_cast<std::int64_t>(b->size);
           if (b->size >= config_.max_split_size) ++oversize_allocations;
@@ -107,7 +111,7 @@ std::vector<std::string> PytorchPolicy::invariants() const {
       } else {
         ++free_count;
         if (!in_free) fail("[INV-POOL-1]", bw + " is free but not in its pool");
-        if (b->next && b->next->mapped && !b->next->is_active())
+        if (b->next && b->next->is_free())
           fail("[INV-MERGE-1]", bw + " and the next block are both free: they should have merged");
       }
     }
@@ -154,20 +158,20 @@ std::vector<std::string> PytorchPolicy::invariants() const {
                             std::to_string(a[static_cast<std::size_t>(p)].current) + ", recount " +
                             std::to_string(c[p].*m));
   };
-  cmp("allocation", stats_.allocation, &Count::allocation);
-  cmp("segment", stats_.segment, &Count::segment);
-  cmp("active", stats_.active, &Count::active);
-  cmp("inactive_split", stats_.inactive_split, &Count::inactive_split);
-  cmp("allocated_bytes", stats_.allocated_bytes, &Count::allocated_bytes);
-  cmp("reserved_bytes", stats_.reserved_bytes, &Count::reserved_bytes);
-  cmp("active_bytes", stats_.active_bytes, &Count::active_bytes);
-  cmp("inactive_split_bytes", stats_.inactive_split_bytes, &Count::inactive_split_bytes);
-  cmp("requested_bytes", stats_.requested_bytes, &Count::requested_bytes);
-  if (stats_.oversize_allocations.current != oversize_allocations)
-    fail("[INV-STATS-1]", "oversize_allocations.current is " + std::to_string(stats_.oversize_allocations.current) +
+  cmp("allocation", stats().allocation, &Count::allocation);
+  cmp("segment", stats().segment, &Count::segment);
+  cmp("active", stats().active, &Count::active);
+  cmp("inactive_split", stats().inactive_split, &Count::inactive_split);
+  cmp("allocated_bytes", stats().allocated_bytes, &Count::allocated_bytes);
+  cmp("reserved_bytes", stats().reserved_bytes, &Count::reserved_bytes);
+  cmp("active_bytes", stats().active_bytes, &Count::active_bytes);
+  cmp("inactive_split_bytes", stats().inactive_split_bytes, &Count::inactive_split_bytes);
+  cmp("requested_bytes", stats().requested_bytes, &Count::requested_bytes);
+  if (stats().oversize_allocations.current != oversize_allocations)
+    fail("[INV-STATS-1]", "oversize_allocations.current is " + std::to_string(stats().oversize_allocations.current) +
                         ", recount " + std::to_string(oversize_allocations));
-  if (stats_.oversize_segments.current != oversize_segments)
-    fail("[INV-STATS-1]", "oversize_segments.current is " + std::to_string(stats_.oversize_segments.current) +
+  if (stats().oversize_segments.current != oversize_segments)
+    fail("[INV-STATS-1]", "oversize_segments.current is " + std::to_string(stats().oversize_segments.current) +
                         ", recount " + std::to_string(oversize_segments));
 
   // [INV-CAP-1]: the cap (expandable: may be exceeded by less than one page, §13.5).

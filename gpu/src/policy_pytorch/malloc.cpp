@@ -49,7 +49,7 @@ PytorchPolicy::~PytorchPolicy() {
   for (auto& [base, seg] : segments_) {
     for (Block* b = seg->head; b != nullptr;) {
       Block* next = b->next;
-      arena_.release(b);
+      arena_.discard(b);
       b = next;
     }
     seg->head = nullptr;
@@ -151,7 +151,7 @@ bool PytorchPolicy::get_free_block(AllocParams& p) {
   if (it->expandable()) {  // §2.2 step 3
     if (config_.expandable_segments) {
       auto expandable_size = [](const Block& b) {
-        return b.size + (b.next && !b.next->mapped ? b.next->size : 0);
+        return b.size + (b.next && !b.next->is_mapped() ? b.next->size : 0);
       };
       auto next = std::next(it);
       while (it->expandable() && next != pool.blocks.end() && next->stream == p.stream &&
@@ -285,7 +285,7 @@ Block* PytorchPolicy::alloc_found_block(AllocParams& p, Bytes orig_size, bool sp
     for_all_and(stats_.inactive_split, st, [](Stat& s) { s.decrease(1); });
   }
 
-  block->allocated = true;
+  block->set_state(BlockState::Allocated);
   block->requested_size = mutant(kMutantRequestedIsSegment) ? p.alloc_size : orig_size;
   active_.insert(block->ptr, block);
   const auto bsize = static_cast<std::int64_t>(block->size);

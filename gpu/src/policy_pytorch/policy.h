@@ -4,9 +4,10 @@
 //
 // Glossary (cachet/types.h): a Segment is one device allocation (cudaMalloc) or one VA
 // reservation of an expandable segment; its Blocks tile it exactly, in address order, linked
-// by prev/next. A free Block sits in its pool's size-ordered set (stream, size, address); an
-// unmapped Block of an expandable segment in its pool's address-ordered `unmapped` set; an
-// allocated Block, or one waiting for stream-use events, in `active_` (address -> Block).
+// by prev/next. Each Block is in one BlockState (shell/block_state.h): a Free Block sits in its
+// pool's size-ordered set (stream, size, address); an Unmapped Block of an expandable segment in
+// its pool's address-ordered `unmapped` set; an Allocated or AwaitingEvents Block in `active_`
+// (address -> Block).
 //
 // Invariants: PytorchPolicy::invariants() (policy_pytorch/invariants.cpp) checks the rules of
 // docs/invariants.md whose policy is pytorch or both; each violation line starts with its ID.
@@ -30,6 +31,7 @@
 #include "cachet/stats.h"
 #include "cachet/trace.h"
 #include "ptr_map.h"
+#include "shell/block_state.h"
 #include "shell/shell.h"
 #include "size_order.h"
 
@@ -40,6 +42,10 @@ namespace bi = boost::intrusive;
 struct Segment;
 
 struct Block : bi::set_base_hook<bi::link_mode<bi::normal_link>> {
+  // Born Free (a new segment, a split, the mapped pieces of an unmap) or Unmapped (a new
+  // reservation, the unmapped rest of a map): shell/block_state.h.
+  explicit Block(BlockState born = BlockState::Free) : state_(born) { check_born_or_gone("born", born, 0); }
+
   DevicePtr ptr = 0;
   Bytes size = 0;
   Bytes requested_size = 0;  // stale on free blocks; follows the block object (§13.1)
@@ -48,17 +54,31 @@ struct Block : bi::set_base_hook<bi::link_mode<bi::normal_link>> {
   Block* next = nullptr;
   Segment* segment = nullptr;
   std::int64_t gc_count_base = 0;
-  std::int32_t event_count = 0;
-  bool allocated = false;
-  bool mapped = true;
-  bool is_small = false;
-  boost::container::small_vector<StreamId, 2> stream_uses;
+  std::int32_t event_count = 0;  // outstanding stream-use events: AwaitingEvents only
 
+ private:
+  BlockState state_;
+
+ public:
+  bool is_small = false;
+  boost::container::small_vector<StreamId, 2> stream_uses;  // Allocated only
+
+  BlockState state() const { return state_; }
+  // The one writer of the state; aborts on a transition shell/block_state.h does not allow.
+  void set_state(BlockState to) {
+    check_transition(state_, to, ptr);
+    state_ = to;
+  }
+  bool is_allocated() const { return state_ == BlockState::Allocated; }
+  bool is_free() const { return state_ == BlockState::Free; }
+  bool is_mapped() const { return state_ != BlockState::Unmapped; }
   bool is_split() const { return prev != nullptr || next != nullptr; }
   bool expandable() const;
-  // PyTorch's "allocatable" / the merge condition: free, mapped or not, no pending uses.
-  bool is_reusable() const { return !allocated && event_count == 0 && stream_uses.empty(); }
-  bool is_active() const { return allocated || event_count > 0 || !stream_uses.empty(); }
+  // PyTorch's "allocatable": neither handed out nor waiting for events (Free or Unmapped), so it
+  // may merge, be mapped, or be given back.
+  bool is_reusable() const { return state_ == BlockState::Free || state_ == BlockState::Unmapped; }
+  // Allocated or AwaitingEvents: in active_, counted in the active stats.
+  bool is_active() const { return !is_reusable(); }
 };
 
 struct Segment {
@@ -120,13 +140,19 @@ class BlockArena {
   BlockArena() = default;
   BlockArena(const BlockArena&) = delete;
   BlockArena& operator=(const BlockArena&) = delete;
-  Block* make() {
+  Block* make(BlockState born = BlockState::Free) {
     if (free_.empty()) refill();
     Block* b = free_.back();
     free_.pop_back();
-    return new (b) Block;  // default-init: members have initializers; no zeroing of padding
+    return new (b) Block(born);  // members have initializers; no zeroing of padding
   }
+  // A block leaves (merged into a neighbour, or given back) only Free or Unmapped.
   void release(Block* b) {
+    check_born_or_gone("removed", b->state(), b->ptr);
+    discard(b);
+  }
+  // Teardown only (~PytorchPolicy): any state.
+  void discard(Block* b) {
     b->~Block();
     free_.push_back(b);
   }
@@ -189,10 +215,8 @@ class PytorchPolicy : public Shell {
   // --- free and events (§2.5, §6) ---
   void free_block(Block* b);
   Bytes try_merge_blocks(Block* dst, Block* src, BlockPool& pool);
-  static bool mergeable(const Block* dst, const Block* src) {
-    return src != nullptr && !src->allocated && src->event_count == 0 && src->stream_uses.empty() &&
-           dst->mapped == src->mapped;
-  }
+  // try_merge_blocks' rule: dst (Free or Unmapped) absorbs a neighbour in the same state.
+  static bool mergeable(const Block* dst, const Block* src) { return src != nullptr && src->state() == dst->state(); }
   void insert_events(Block* b);
   void process_events();
   void synchronize_and_free_events();

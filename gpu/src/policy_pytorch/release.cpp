@@ -36,12 +36,12 @@ void PytorchPolicy::release_blocks(BlockPool& pool) {
   }
   for (Block* b : to_unmap) {
     unmap_block(b);
-    if (!b->mapped && !b->is_split()) release_expandable_segment(b);
+    if (!b->is_mapped() && !b->is_split()) release_expandable_segment(b);
   }
 }
 
 void PytorchPolicy::release_block(Block* b) {
-  CACHET_ASSERT(!b->expandable() && !b->is_split() && !b->allocated);
+  CACHET_ASSERT(!b->expandable() && !b->is_split() && b->is_free());
   auto st = mem_->free(b->ptr);  // device first: a failure changes nothing
   if (!st.is_ok()) throw DeviceError(device_error("cudaFree", b->size, device_, st));
   BlockPool& pool = pool_for(b);

@@ -19,7 +19,7 @@ Snapshot PytorchPolicy::snapshot() {
   for (const auto& [base, seg] : segments_) {
     // One snapshot segment per contiguous mapped run (a whole cudaMalloc segment is one run).
     for (const Block* b = seg->head; b != nullptr;) {
-      if (!b->mapped) {
+      if (!b->is_mapped()) {
         b = b->next;
         continue;
       }
@@ -28,14 +28,12 @@ Snapshot PytorchPolicy::snapshot() {
       s.stream = b->stream;
       s.is_large = !b->is_small;
       s.is_expandable = seg->expandable;
-      for (; b != nullptr && b->mapped; b = b->next) {
+      for (; b != nullptr && b->is_mapped(); b = b->next) {
         BlockSnapshot bs;
         bs.address = b->ptr;
         bs.size = b->size;
         bs.requested_size = b->requested_size;
-        bs.state = b->allocated ? BlockState::ActiveAllocated
-                   : b->is_active() ? BlockState::ActivePendingFree
-                                    : BlockState::Inactive;
+        bs.state = snapshot_state(b->state());
         if (b->is_active()) total_active += b->size;
         s.total_size += b->size;
         s.blocks.push_back(bs);

@@ -101,12 +101,12 @@ DeviceStats CachingAllocator::stats() const {
 
 void CachingAllocator::reset_accumulated_stats() {
   std::lock_guard lock(mu_);
-  core_->with_policy([](auto& p) { p.mutable_stats().reset_accumulated(); });
+  core_->with_policy([](auto& p) { p.reset_accumulated_stats(); });
 }
 
 void CachingAllocator::reset_peak_stats() {
   std::lock_guard lock(mu_);
-  core_->with_policy([](auto& p) { p.mutable_stats().reset_peak(); });
+  core_->with_policy([](auto& p) { p.reset_peak_stats(); });
 }
 
 std::string CachingAllocator::summary(bool abbreviated) const {

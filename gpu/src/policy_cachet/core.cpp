@@ -24,7 +24,6 @@ CachetPolicy::CachetPolicy(std::unique_ptr<DeviceMemory> memory, const Config& c
     throw UsageError(
         "policy:cachet maps 2 MiB pages; this backend's granularity does not divide 2 MiB");
   read_total_memory();
-  stats_.max_split_size = config_.max_split_size_stat();
   if (config_.per_process_memory_fraction)
     set_memory_fraction(*config_.per_process_memory_fraction);
 }

@@ -32,10 +32,7 @@ void CachetPolicy::free(DevicePtr ptr) {
   event_pool_.record_on(*mem_, device_, b->stream_uses, events_,
                         [b](EventHandle e, StreamId) { return std::pair{e, b}; });
 
-  const StatType pool = pool_of(b->size);
-  const auto n = static_cast<std::int64_t>(b->size);
-  all_and(stats_.allocation, pool, [](Stat& s) { s.decrease(1); });
-  all_and(stats_.allocated_bytes, pool, [n](Stat& s) { s.decrease(n); });
+  accounting_.free_requested(pool_of(b->size), b->size, false);
   record(TraceAction::FreeRequested, b->ptr, b->requested, b->stream);
   if (b->stream_uses.empty()) {
     free_block(b);
@@ -48,12 +45,7 @@ void CachetPolicy::free(DevicePtr ptr) {
 }
 
 void CachetPolicy::free_block(CBlock* b) {
-  const StatType pool = pool_of(b->size);
-  const auto n = static_cast<std::int64_t>(b->size);
-  const auto req = static_cast<std::int64_t>(b->requested);
-  all_and(stats_.active, pool, [](Stat& s) { s.decrease(1); });
-  all_and(stats_.active_bytes, pool, [n](Stat& s) { s.decrease(n); });
-  all_and(stats_.requested_bytes, pool, [req](Stat& s) { s.decrease(req); });
+  accounting_.free_completed(pool_of(b->size), b->size, b->requested);
   record(TraceAction::FreeCompleted, b->ptr, b->requested, b->stream);
   active_.erase(b->ptr);
   touch(b, false);
@@ -96,7 +88,7 @@ void CachetPolicy::process_events() {
 }
 
 void CachetPolicy::synchronize_events() {
-  ++stats_.num_sync_all_streams;
+  accounting_.synchronized_all_streams();
   while (!events_.empty()) {
     auto [e, b] = events_.back();
     Status st = mem_->event_synchronize(e);

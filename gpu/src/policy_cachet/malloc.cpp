@@ -32,14 +32,7 @@ DevicePtr CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
   active_.insert(b->ptr, b);
   touch(b, true);
   peak_touched_pages_ = std::max(peak_touched_pages_, touched_pages_);
-  const StatType pool = pool_of(size);
-  const auto n = static_cast<std::int64_t>(size);
-  const auto req = static_cast<std::int64_t>(orig_size);
-  all_and(stats_.allocation, pool, [](Stat& s) { s.increase(1); });
-  all_and(stats_.active, pool, [](Stat& s) { s.increase(1); });
-  all_and(stats_.allocated_bytes, pool, [n](Stat& s) { s.increase(n); });
-  all_and(stats_.active_bytes, pool, [n](Stat& s) { s.increase(n); });
-  all_and(stats_.requested_bytes, pool, [req](Stat& s) { s.increase(req); });
+  accounting_.block_allocated(pool_of(size), size, orig_size, false);  // no oversize blocks here
   record(TraceAction::Alloc, b->ptr, orig_size, stream);
   return b->ptr;
 }
@@ -161,7 +154,7 @@ CBlock* CachetPolicy::alloc_slow(StreamId stream, Bytes size) {
     // R7: once: wait for pending events; a block that freed may hold the request (R2); else
     // give every whole free page back and try the windows once more.
     retried = true;
-    ++stats_.num_alloc_retries;
+    accounting_.alloc_retried();
     if (!events_.empty()) synchronize_events();
     if (!mutant(kMutantCachetRetrySkipsBestFit))
       if (CBlock* b = take_best_fit(stream, size)) return b;
@@ -170,7 +163,7 @@ CBlock* CachetPolicy::alloc_slow(StreamId stream, Bytes size) {
 }
 
 void CachetPolicy::throw_oom(Bytes size) {
-  ++stats_.num_ooms;
+  accounting_.out_of_memory();
   const OomFacts f = oom_facts(size, mem_->mem_get_info());
   record(TraceAction::Oom, f.device_free, size, 0);
   throw OutOfMemory(oom_message(f));

@@ -102,14 +102,10 @@ Bytes CachetPolicy::unmap_free_pages(Bytes pages, DevicePtr ex_lo, DevicePtr ex_
   return unmap_collected(pages);
 }
 
-void CachetPolicy::run_delta(bool left_mapped, bool right_mapped, bool mapping) {
-  int d = 0;
-  if (left_mapped && right_mapped)
-    d = mapping ? -1 : 1;
-  else if (!left_mapped && !right_mapped)
-    d = mapping ? 1 : -1;
-  if (d > 0) all_and(stats_.segment, StatType::LargePool, [](Stat& s) { s.increase(1); });
-  if (d < 0) all_and(stats_.segment, StatType::LargePool, [](Stat& s) { s.decrease(1); });
+int CachetPolicy::run_delta(bool left_mapped, bool right_mapped, bool mapping) {
+  if (left_mapped && right_mapped) return mapping ? -1 : 1;    // two runs join, or one splits
+  if (!left_mapped && !right_mapped) return mapping ? 1 : -1;  // a run appears, or goes
+  return 0;                                                    // a run grows or shrinks
 }
 
 void CachetPolicy::unmap_range(CBlock* b, DevicePtr lo, DevicePtr hi) {
@@ -118,12 +114,9 @@ void CachetPolicy::unmap_range(CBlock* b, DevicePtr lo, DevicePtr hi) {
     free_.insert(*b);
     throw DeviceError(device_error("cuMemUnmap", hi - lo, device_, st));
   }
-  ++stats_.num_device_free;
-  const auto n = static_cast<std::int64_t>(hi - lo);
-  if constexpr (!mutant(kMutantCachetUnmapKeepsReserved))
-    all_and(stats_.reserved_bytes, StatType::LargePool, [n](Stat& s) { s.decrease(n); });
+  accounting_.pages_unmapped(StatType::LargePool, mutant(kMutantCachetUnmapKeepsReserved) ? 0 : hi - lo,
+                             run_delta(lo > b->ptr || mapped_block(b->prev), hi < b->end() || mapped_block(b->next), false));
   mapped_ -= hi - lo;
-  run_delta(lo > b->ptr || mapped_block(b->prev), hi < b->end() || mapped_block(b->next), false);
   record(TraceAction::SegmentUnmap, lo, hi - lo, b->stream);
   // Split b into [b->ptr, lo) mapped, [lo, hi) unmapped, [hi, end) mapped.
   CBlock* mid = carve(b, lo, hi - lo);  // reinserts the mapped pieces into free_
@@ -136,11 +129,9 @@ Status CachetPolicy::map_range(CBlock* u, DevicePtr lo, DevicePtr hi, StreamId s
                                CBlock** merged) {
   Status st = mem_->map(lo, hi - lo);
   if (!st.is_ok()) return st;
-  ++stats_.num_device_alloc;
-  const auto n = static_cast<std::int64_t>(hi - lo);
-  all_and(stats_.reserved_bytes, StatType::LargePool, [n](Stat& s) { s.increase(n); });
+  accounting_.pages_mapped(StatType::LargePool, hi - lo,
+                           run_delta(lo == u->ptr && mapped_block(u->prev), hi == u->end() && mapped_block(u->next), true));
   mapped_ += hi - lo;
-  run_delta(lo == u->ptr && mapped_block(u->prev), hi == u->end() && mapped_block(u->next), true);
   record(TraceAction::SegmentMap, lo, hi - lo, stream);
   unmapped_.erase(unmapped_.iterator_to(*u));
   // Split u into [u->ptr, lo) unmapped, [lo, hi) mapped, [hi, end) unmapped.

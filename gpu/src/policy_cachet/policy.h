@@ -135,7 +135,9 @@ class CachetPolicy : public Shell {
   [[noreturn]] void throw_oom(Bytes size);
   CBlock* find_active(DevicePtr ptr, const char* op) const;
   std::optional<BlockAt> holder_of(DevicePtr ptr) const;  // for find_active's diagnostics
-  void run_delta(bool left_mapped, bool right_mapped, bool mapping);
+  // The change in the runs of mapped pages (the `segment` stat) when [lo, hi) is mapped or
+  // unmapped, given whether the pages on its left and right are mapped.
+  static int run_delta(bool left_mapped, bool right_mapped, bool mapping);
   Bytes touched_bytes() const;  // recount from the blocks, for invariants()
   // Adds (live) or removes b's pages from the live-page counts.
   void touch(const CBlock* b, bool live);  // inline, below the class
@@ -193,7 +195,8 @@ inline void CachetPolicy::touch(const CBlock* b, bool live) {
   }
 }
 
-// Page arithmetic and stats helpers of the policy's source files (policy_cachet/*.cpp).
+// Page arithmetic of the policy's source files (policy_cachet/*.cpp), and all_and for the recount of
+// check.cpp (the stats themselves change only through Accounting, shell/accounting.h).
 namespace cachet_pages {
 inline constexpr Bytes kPage = kCachetPageSize;
 

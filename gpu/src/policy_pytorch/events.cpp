@@ -45,7 +45,7 @@ void PytorchPolicy::process_events() {
 }
 
 void PytorchPolicy::synchronize_and_free_events() {
-  ++stats_.num_sync_all_streams;
+  accounting_.synchronized_all_streams();
   for (auto it = cuda_events_.begin(); it != cuda_events_.end();) {
     auto& q = it->second;
     while (!q.empty()) {

@@ -106,8 +106,7 @@ bool PytorchPolicy::map_block(Block* to_map, Bytes size) {
   pool.insert_into_blocks(to_map);
 
   total_allocated_memory_ += mapped;
-  for_all_and(stats_.reserved_bytes, stat_type(pool), [&](Stat& s) { s.increase(static_cast<std::int64_t>(mapped)); });
-  ++stats_.num_device_alloc;
+  accounting_.pages_mapped(stat_type(pool), mapped, 0);  // expandable segments are not counted in `segment`
   record(TraceAction::SegmentMap, at, mapped, to_map->stream);
   return true;
 }
@@ -160,8 +159,7 @@ void PytorchPolicy::unmap_block(Block* b) {
   pool.unmapped.insert(*b);
 
   total_allocated_memory_ -= n;
-  for_all_and(stats_.reserved_bytes, stat_type(pool), [&](Stat& s) { s.decrease(static_cast<std::int64_t>(n)); });
-  ++stats_.num_device_free;
+  accounting_.pages_unmapped(stat_type(pool), n, 0);
   record(TraceAction::SegmentUnmap, at, n, b->stream);
 }
 

@@ -41,12 +41,8 @@ void PytorchPolicy::free(DevicePtr ptr) {
                           [](EventHandle e, StreamId s) { return std::pair{e, s}; });
   }
 
-  const StatType st = stat_type(pool_for(b));
-  const auto bsize = static_cast<std::int64_t>(b->size);
-  for_all_and(stats_.allocation, st, [](Stat& s) { s.decrease(1); });
-  for_all_and(stats_.allocated_bytes, st, [&](Stat& s) { s.decrease(bsize); });
+  accounting_.free_requested(stat_type(pool_for(b)), b->size, b->size >= config_.max_split_size);
   record(TraceAction::FreeRequested, b->ptr, b->requested_size, b->stream);
-  if (b->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
 
   if (wait_for_uses) {
     b->stream_uses.clear();
@@ -127,16 +123,9 @@ void PytorchPolicy::free_block(Block* b) {
   }
 
   const StatType st = stat_type(pool);
-  if (!b->expandable()) {  // inactive_split excludes expandable segments; moves once, by the net (§13.2)
-    if (net_blocks > 0) for_all_and(stats_.inactive_split, st, [&](Stat& s) { s.increase(net_blocks); });
-    else if (net_blocks < 0) for_all_and(stats_.inactive_split, st, [&](Stat& s) { s.decrease(-net_blocks); });
-    if (net_bytes > 0) for_all_and(stats_.inactive_split_bytes, st, [&](Stat& s) { s.increase(net_bytes); });
-    else if (net_bytes < 0) for_all_and(stats_.inactive_split_bytes, st, [&](Stat& s) { s.decrease(-net_bytes); });
-  }
-  for_all_and(stats_.active, st, [](Stat& s) { s.decrease(1); });
-  for_all_and(stats_.active_bytes, st, [&](Stat& s) { s.decrease(static_cast<std::int64_t>(original_size)); });
-  if constexpr (!mutant(kMutantForgetRequested))
-    for_all_and(stats_.requested_bytes, st, [&](Stat& s) { s.decrease(static_cast<std::int64_t>(requested)); });
+  // inactive_split excludes expandable segments; it moves once, by the net (§13.2).
+  if (!b->expandable()) accounting_.inactive_split_changed(st, net_blocks, net_bytes);
+  accounting_.free_completed(st, original_size, mutant(kMutantForgetRequested) ? 0 : requested);
 }
 
 Bytes PytorchPolicy::try_merge_blocks(Block* dst, Block* src, BlockPool& pool) {

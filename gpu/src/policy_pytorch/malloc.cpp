@@ -21,7 +21,6 @@ PytorchPolicy::PytorchPolicy(std::unique_ptr<DeviceMemory> memory, const Config&
     throw UsageError(
         "expandable_segments:True needs a backend that can reserve and map address space (CUDA VMM or "
         "the host simulation); this backend cannot. Use expandable_segments:False or another backend.");
-  stats_.max_split_size = config_.max_split_size_stat();  // set once, at construction (§4.1)
   if (config_.per_process_memory_fraction) set_memory_fraction(*config_.per_process_memory_fraction);
 }
 
@@ -186,7 +185,7 @@ bool PytorchPolicy::should_split(const Block* b, Bytes size) const {
 }
 
 bool PytorchPolicy::alloc_block(AllocParams& p, bool is_retry) {
-  if (is_retry) ++stats_.num_alloc_retries;  // §3.2: counted before the attempt
+  if (is_retry) accounting_.alloc_retried();  // §3.2: counted before the attempt
   const Bytes size = p.alloc_size;
   // The cap is inclusive (§13.4); with expandable segments it is checked against the segment
   // size of the request, not the pages that will be mapped (§13.5).
@@ -220,11 +219,7 @@ bool PytorchPolicy::alloc_block(AllocParams& p, bool is_retry) {
   segments_.emplace(r.value, std::move(seg));
 
   total_allocated_memory_ += size;
-  const StatType st = stat_type(*p.pool);
-  for_all_and(stats_.segment, st, [](Stat& s) { s.increase(1); });
-  for_all_and(stats_.reserved_bytes, st, [&](Stat& s) { s.increase(static_cast<std::int64_t>(size)); });
-  if (size >= config_.max_split_size) stats_.oversize_segments.increase(1);
-  ++stats_.num_device_alloc;
+  accounting_.segment_allocated(stat_type(*p.pool), size, size >= config_.max_split_size);
   record(TraceAction::SegmentAlloc, r.value, size, p.stream);
   p.block = b;
   return true;
@@ -271,30 +266,20 @@ Block* PytorchPolicy::alloc_found_block(AllocParams& p, Bytes orig_size, bool sp
     remaining->size -= p.size;
     if (reinsert) pool.insert_into_blocks(remaining);  // resets its GC age
     else remaining->gc_count_base = pool.get_free_blocks_call_count;
-    if (already_split && !expandable) {
-      for_all_and(stats_.inactive_split_bytes, st, [&](Stat& s) { s.decrease(static_cast<std::int64_t>(block->size)); });
-    } else if (!expandable) {
-      for_all_and(stats_.inactive_split_bytes, st, [&](Stat& s) { s.increase(static_cast<std::int64_t>(remaining->size)); });
-      for_all_and(stats_.inactive_split, st, [](Stat& s) { s.increase(1); });
-    }
+    // inactive_split excludes expandable segments (§13.2). A split block's piece became active;
+    // splitting an unsplit block leaves its remainder as a new inactive split.
+    if (already_split && !expandable) accounting_.inactive_split_changed(st, 0, -static_cast<std::int64_t>(block->size));
+    else if (!expandable) accounting_.inactive_split_changed(st, 1, static_cast<std::int64_t>(remaining->size));
   } else {
     if (p.in_pool) pool.blocks.erase(pool.blocks.iterator_to(*block));
   }
-  if (!split && already_split && !expandable) {
-    for_all_and(stats_.inactive_split_bytes, st, [&](Stat& s) { s.decrease(static_cast<std::int64_t>(block->size)); });
-    for_all_and(stats_.inactive_split, st, [](Stat& s) { s.decrease(1); });
-  }
+  if (!split && already_split && !expandable)  // a whole inactive split became active
+    accounting_.inactive_split_changed(st, -1, -static_cast<std::int64_t>(block->size));
 
   block->set_state(BlockState::Allocated);
   block->requested_size = mutant(kMutantRequestedIsSegment) ? p.alloc_size : orig_size;
   active_.insert(block->ptr, block);
-  const auto bsize = static_cast<std::int64_t>(block->size);
-  for_all_and(stats_.allocation, st, [](Stat& s) { s.increase(1); });
-  for_all_and(stats_.allocated_bytes, st, [&](Stat& s) { s.increase(bsize); });
-  for_all_and(stats_.active, st, [](Stat& s) { s.increase(1); });
-  for_all_and(stats_.active_bytes, st, [&](Stat& s) { s.increase(bsize); });
-  for_all_and(stats_.requested_bytes, st, [&](Stat& s) { s.increase(static_cast<std::int64_t>(orig_size)); });
-  if (block->size >= config_.max_split_size) stats_.oversize_allocations.increase(1);
+  accounting_.block_allocated(st, block->size, orig_size, block->size >= config_.max_split_size);
   record(TraceAction::Alloc, block->ptr, orig_size, block->stream);
   return block;
 }

@@ -129,11 +129,6 @@ struct BlockPool {
 };
 
 // Block objects are pooled: a free list over chunks, so the hot path never calls new.
-// f(stat) on the aggregate stat and on `pool`'s (PyTorch's for_each_selected_stat_type).
-template <class F>
-void for_all_and(StatArray& a, StatType pool, F&& f) {
-  DeviceStats::for_all_and(a, pool, std::forward<F>(f));
-}
 
 class BlockArena {
  public:

@@ -45,13 +45,9 @@ void PytorchPolicy::release_block(Block* b) {
   auto st = mem_->free(b->ptr);  // device first: a failure changes nothing
   if (!st.is_ok()) throw DeviceError(device_error("cudaFree", b->size, device_, st));
   BlockPool& pool = pool_for(b);
-  ++stats_.num_device_free;
+  accounting_.segment_freed(stat_type(pool), b->size, b->size >= config_.max_split_size);
   record(TraceAction::SegmentFree, b->ptr, b->size, b->stream);
   if constexpr (!mutant(kMutantReleaseKeepsReserved)) total_allocated_memory_ -= b->size;
-  const StatType t = stat_type(pool);
-  for_all_and(stats_.segment, t, [](Stat& s) { s.decrease(1); });
-  for_all_and(stats_.reserved_bytes, t, [&](Stat& s) { s.decrease(static_cast<std::int64_t>(b->size)); });
-  if (b->size >= config_.max_split_size) stats_.oversize_segments.decrease(1);
   pool.blocks.erase(pool.blocks.iterator_to(*b));
   segments_.erase(b->segment->base);
   arena_.release(b);
@@ -156,7 +152,7 @@ void PytorchPolicy::apply_config(const Config& c) {
   auto info = mem_->mem_get_info();
   if (!info.is_ok()) throw DeviceError(device_error("cudaMemGetInfo", 0, device_, info.status));
   record(TraceAction::Oom, info.value.free, p.size, p.stream);
-  ++stats_.num_ooms;
+  accounting_.out_of_memory();
   throw OutOfMemory(oom_message(oom_facts(p.alloc_size, info)));  // the segment size (§3.7)
 }
 

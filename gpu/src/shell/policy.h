@@ -30,7 +30,8 @@ concept Policy = requires(P& p, const P& cp, Bytes n, StreamId s, DevicePtr ptr,
   { cp.memory_fraction() } -> std::same_as<double>;
   // What can be read.
   { cp.stats() } -> std::same_as<const DeviceStats&>;
-  { p.mutable_stats() } -> std::same_as<DeviceStats&>;  // reset_peak / reset_accumulated
+  p.reset_accumulated_stats();
+  p.reset_peak_stats();
   { p.snapshot() } -> std::same_as<Snapshot>;
   p.set_trace(on);
   { cp.trace() } -> std::same_as<const std::vector<TraceEvent>&>;

@@ -1,7 +1,7 @@
 // gpu/src/shell/shell.h: Shell, what every policy has around its rules, written once. A policy
 // (shell/policy.h) derives from it and uses these members instead of keeping its own: the device
-// (backend, capabilities, index, total memory), the configuration, the stats record, the memory
-// cap, the stream check, the event pool, the trace recorder, and the pointer diagnostics. No
+// (backend, capabilities, index, total memory), the configuration, the accounting record (the one
+// writer of the stats, shell/accounting.h), the memory cap, the stream check, the event pool, the trace recorder, and the pointer diagnostics. No
 // locking: every member runs with the API layer's mutex held (style note 11).
 //
 // Not here, because the policies differ in them (and behaviour stays each policy's own): the
@@ -23,6 +23,7 @@
 #include "cachet/trace.h"
 #include "messages.h"
 #include "ptr_map.h"
+#include "shell/accounting.h"
 #include "shell/event_pool.h"
 #include "shell/known_streams.h"
 #include "shell/memory_cap.h"
@@ -36,8 +37,9 @@ class Shell {
   Shell(const Shell&) = delete;
   Shell& operator=(const Shell&) = delete;
 
-  const DeviceStats& stats() const { return stats_; }
-  DeviceStats& mutable_stats() { return stats_; }
+  const DeviceStats& stats() const { return accounting_.stats(); }
+  void reset_accumulated_stats() { accounting_.reset_accumulated(); }
+  void reset_peak_stats() { accounting_.reset_peak(); }
   void set_trace(bool on) { trace_.set_on(on); }
   bool trace_on() const { return trace_.on(); }
   const std::vector<TraceEvent>& trace() const { return trace_.events(); }
@@ -51,7 +53,11 @@ class Shell {
 
  protected:
   Shell(std::unique_ptr<DeviceMemory> memory, const Config& config)
-      : mem_(std::move(memory)), caps_(mem_->caps()), device_(mem_->device()), config_(config) {}
+      : mem_(std::move(memory)),
+        caps_(mem_->caps()),
+        device_(mem_->device()),
+        config_(config),
+        accounting_(config.max_split_size_stat()) {}  // fixed at construction (§4.1)
   ~Shell() = default;
 
   // cudaMemGetInfo's total into total_memory_; DeviceError when the device cannot say.
@@ -83,8 +89,8 @@ class Shell {
       f.process_in_use = info.value.process_used;
     }
     f.allowed = cap_.allowed();
-    f.allocated = static_cast<Bytes>(stats_.allocated_bytes[0].current);
-    f.reserved = static_cast<Bytes>(stats_.reserved_bytes[0].current);
+    f.allocated = static_cast<Bytes>(stats().allocated_bytes[0].current);
+    f.reserved = static_cast<Bytes>(stats().reserved_bytes[0].current);
     return f;
   }
   // The active block at `ptr`; else throw_bad_pointer, with the block `holder(ptr)` names.
@@ -100,7 +106,7 @@ class Shell {
   DeviceIndex device_;
   Config config_;
   Bytes total_memory_ = 0;
-  DeviceStats stats_;
+  Accounting accounting_;
   MemoryCap cap_;
   EventPool event_pool_;
   mutable KnownStreams known_streams_;

@@ -49,8 +49,6 @@ int run_summary(const Args& a) {
   std::string out;
   out += fmt::format("trace: {} ({} events), configuration: {}\n", lt.file.name, lt.trace.events,
                      r.conf.empty() ? "(default)" : r.conf);
-  out += device_memory_line(lt, lt.run.cap) + "\n";
-  if (lt.run.cap) out += fmt::format("memory cap: {} (set_per_process_memory_fraction)\n", human_bytes_exact(lt.run.cap));
   if (auto note = trace_note(lt.trace); !note.empty()) out += note + "\n";
   if (!r.note.empty()) out += "note: " + r.note + "\n";
   out += "\n== at the end of the trace ==\n";

@@ -11,11 +11,6 @@
 #include "cachet/io/file.h"
 #include "cachet/io/trace_reader.h"
 #include "cachet/io/trace_stats.h"
-#if __has_include("cachet/replay/replay.h")
-#include "cachet/replay/replay.h"
-#include "cachet/replay/report.h"
-#define CACHET_HAVE_REPLAY 1
-#endif
 #include "command.h"
 
 namespace cachet::cli {
@@ -36,10 +31,7 @@ int run_trace_info(const std::string& path, bool all_settings) {
   out += fmt::format("format:        {}\n", io::to_string(t.format));
   if (!t.sidecar.empty()) out += fmt::format("stats sidecar: {}\n", t.sidecar);
   if (!t.device_name.empty()) out += fmt::format("device name:   {}\n", t.device_name);
-  out += fmt::format("total memory:  {}\n",
-                     t.total_memory ? gib(*t.total_memory)
-                                    : "not recorded (replay and tune take --device-memory, or what an out-of-memory "
-                                      "entry of the trace shows)");
+  out += fmt::format("total memory:  {}\n", t.total_memory ? gib(*t.total_memory) : "unknown");
   if (t.cap) out += fmt::format("memory cap:    {}\n", *t.cap ? gib(*t.cap) : "none");
   out += fmt::format("alloc conf:    {}\n",
                      !t.settings.conf ? "not recorded"
@@ -84,16 +76,6 @@ int run_trace_info(const std::string& path, bool all_settings) {
                          gib(reserved));
     out += fmt::format("  trace: {}\n", st.one_line());
     if (st.lacks_segment_events()) out += fmt::format("  note: {}\n", io::kNoSegmentEvents);
-#ifdef CACHET_HAVE_REPLAY
-    if (const auto m = replay::oom_memory_facts(d.events); m.oom_seen && t.format != io::TraceFormat::OracleRecording)
-      out += fmt::format("  first out-of-memory: event {}, request {}, {} free on the device, {} reserved: {}\n",
-                         m.oom_event, replay::human_bytes(static_cast<std::int64_t>(m.oom_request)),
-                         replay::human_bytes(static_cast<std::int64_t>(m.oom_free)),
-                         replay::human_bytes(static_cast<std::int64_t>(m.oom_reserved)),
-                         m.cap_in_force ? "the device had room, so a cap (set_per_process_memory_fraction) was in "
-                                          "force; give it to replay and tune with --cap"
-                                        : "the device was full");
-#endif
     if (st.last_time_us > st.first_time_us)
       out += fmt::format("  recorded span: {:.3f} s\n",
                          static_cast<double>(st.last_time_us - st.first_time_us) / 1e6);

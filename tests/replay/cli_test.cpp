@@ -222,7 +222,7 @@ TEST(ReplayCli, TuneRefusesZeroThreads) {
 // says how much memory it needs.
 TEST(ReplayCli, TheOomSnapshotNeedsItsCap) {
   const std::string trace = kData + "snapshots/gpt2_train_oom_cap12g.pickle.gz";
-  for (const char* cmd : {"replay ", "tune ", "summary ", "plot -o /dev/null "}) {
+  for (const char* cmd : {"replay ", "tune "}) {
     Out o = run(cmd + trace);
     EXPECT_EQ(o.rc, 2) << cmd;
     EXPECT_NE(o.err.find("a memory cap was in force"), std::string::npos) << o.err;
@@ -255,16 +255,6 @@ TEST(ReplayCli, TheOomSnapshotNeedsItsCap) {
   EXPECT_NE(ok.out.find("\"num_ooms\": 0,"), std::string::npos) << conf;
   Out less = run("replay " + trace + " --cap " + std::to_string(need - (2 << 20)) + " --conf '" + conf + "' --json");
   EXPECT_EQ(less.out.find("\"num_ooms\": 0,"), std::string::npos) << conf;
-  Out s = run("summary " + trace + " --cap 12G");
-  ASSERT_EQ(s.rc, 0) << s.err;
-  EXPECT_NE(s.out.find("memory cap: 12.00 GiB = 12884901888 bytes"), std::string::npos) << s.out;
-  // trace-info shows the entry that tells.
-  Out i = run("trace-info " + trace);
-  ASSERT_EQ(i.rc, 0) << i.err;
-  EXPECT_NE(i.out.find("first out-of-memory: event 5754, request 1.53 GiB, 66.55 GiB free on the device"),
-            std::string::npos)
-      << i.out;
-  EXPECT_NE(i.out.find("a cap (set_per_process_memory_fraction) was in force"), std::string::npos) << i.out;
   EXPECT_EQ(run("replay " + trace + " --cap 0").rc, 2);
   EXPECT_EQ(run("replay " + trace + " --cap lots").rc, 2);
 }

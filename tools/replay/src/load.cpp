@@ -8,7 +8,11 @@
 #include "cachet/replay/report.h"
 
 namespace cachet::replay {
-DeviceMemoryFacts oom_memory_facts(std::span<const TraceEvent> ev) {
+namespace {
+
+// The first out-of-memory entry with the device's free bytes, and the trace's reserved bytes
+// there (segment events up to it).
+DeviceMemoryFacts oom_facts(const std::vector<TraceEvent>& ev) {
   DeviceMemoryFacts f;
   Bytes reserved = 0;
   for (std::size_t i = 0; i < ev.size(); ++i) {
@@ -36,6 +40,8 @@ DeviceMemoryFacts oom_memory_facts(std::span<const TraceEvent> ev) {
   }
   return f;
 }
+
+}  // namespace
 
 LoadedTrace load_trace(const std::string& path, std::optional<Bytes> device_memory, DeviceIndex device) {
   return load_trace(path, LoadOptions{.device_memory = device_memory, .cap = std::nullopt, .device = device});
@@ -84,7 +90,7 @@ LoadedTrace load_trace(const std::string& path, const LoadOptions& opt) {
   lt.run.config = lt.recorded_config.value_or(Config{});
   lt.run.cap = opt.cap ? *opt.cap : lt.file.cap.value_or(0);
   // Oracle recordings write an oom's free bytes as null (0): they record total_memory and the cap.
-  if (d != nullptr && lt.file.format != io::TraceFormat::OracleRecording) lt.memory = oom_memory_facts(d->events);
+  if (d != nullptr && lt.file.format != io::TraceFormat::OracleRecording) lt.memory = oom_facts(d->events);
   using Source = DeviceMemoryFacts::Source;
   if (opt.device_memory) {
     lt.memory.source = Source::Option;

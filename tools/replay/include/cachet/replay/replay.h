@@ -156,10 +156,6 @@ struct DeviceMemoryFacts {
   bool cap_in_force = false;
 };
 
-// The facts of the first out-of-memory entry of `events` (oom_seen false when none); source is
-// left Unknown. (An oracle recording writes an oom's free bytes as 0.)
-DeviceMemoryFacts oom_memory_facts(std::span<const TraceEvent> events);
-
 // Free bytes beyond the request that prove a cap (cudaMalloc fails only when the device lacks
 // the request, to its 2 MiB granularity).
 inline constexpr Bytes kCapEvidence = 64 * MiB;

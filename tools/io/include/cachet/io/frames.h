@@ -1,0 +1,40 @@
+// cachet/io/frames.h: the stack frames PyTorch records with each trace event
+// (_record_memory_history(stacks="python" or "all")): device_traces[d][i]["frames"], a list of
+// {name, filename, line}, innermost first. Read apart from the events (trace_reader.h), only by
+// the commands that show them (`cachet explain`, `cachet report`): most traces have none, and a
+// million-event trace's frames cost far more memory than its events.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cachet/types.h"
+
+namespace cachet::io {
+
+struct Frame {
+  std::string name;      // function
+  std::string filename;  // as recorded
+  std::int64_t line = 0;
+  friend bool operator==(const Frame&, const Frame&) = default;
+};
+
+// The frames of each event of device `device`, indexed as TraceFile::devices[...].events (empty
+// lists where an event has none). Empty when the file records no frames at all (JSON snapshots
+// and oracle recordings are read as having none). Throws ReadError on unreadable input.
+std::vector<std::vector<Frame>> read_event_frames(const std::string& path, DeviceIndex device);
+
+// The same from bytes already read (gzip or plain).
+std::vector<std::vector<Frame>> parse_event_frames(std::string_view bytes, std::string_view name,
+                                                   DeviceIndex device);
+
+// "name (file.py:12)": the file's last path component.
+std::string to_string(const Frame& f);
+
+// PyTorch's own Python code (site-packages/torch/, dist-packages/torch/): the innermost frame
+// outside it is where the user's code (or a library such as transformers) asked for memory.
+bool is_pytorch_frame(const Frame& f);
+
+}  // namespace cachet::io

@@ -1,0 +1,80 @@
+// Stack frames of trace events from a pickled snapshot (frames.h). The pickle is parsed again
+// here (PickleTree): the trace reader keeps only the events.
+#include "cachet/io/frames.h"
+
+#include <fmt/format.h>
+
+#include "cachet/io/file.h"
+#include "cachet/io/pickle.h"
+
+namespace cachet::io {
+
+namespace {
+
+// The frames list of one event dict; an entry that is not a {name, filename, line} dict is
+// skipped (frames are for people to read, not replayed).
+std::vector<Frame> frames_of(const PickleTree& t, const PickleValue& event) {
+  std::vector<Frame> out;
+  if (event.kind != PickleKind::Dict) return out;
+  const PickleValue* fr = t.find(event, "frames");
+  if (fr == nullptr || (fr->kind != PickleKind::List && fr->kind != PickleKind::Tuple)) return out;
+  out.reserve(fr->items.size());
+  for (PickleId id : fr->items) {
+    const PickleValue& f = t.at(id);
+    if (f.kind != PickleKind::Dict) continue;
+    Frame x;
+    if (const PickleValue* n = t.find(f, "name"); n && n->kind == PickleKind::String) x.name = std::string(n->text);
+    if (const PickleValue* n = t.find(f, "filename"); n && n->kind == PickleKind::String)
+      x.filename = std::string(n->text);
+    if (const PickleValue* n = t.find(f, "line"); n && n->kind == PickleKind::Int) x.line = n->integer;
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::vector<Frame>> parse_event_frames(std::string_view bytes, std::string_view name,
+                                                   DeviceIndex device) {
+  std::string plain;
+  if (is_gzip(bytes)) {
+    plain = gunzip(bytes, name);
+    bytes = plain;
+  }
+  std::vector<std::vector<Frame>> out;
+  if (bytes.empty() || static_cast<unsigned char>(bytes[0]) != 0x80) return out;  // not a pickle
+  const PickleTree t = parse_pickle(bytes, name);
+  const PickleValue& root = t.root();
+  if (root.kind != PickleKind::Dict) return out;
+  const PickleValue* traces = t.find(root, "device_traces");
+  if (traces == nullptr || (traces->kind != PickleKind::List && traces->kind != PickleKind::Tuple)) return out;
+  if (device < 0 || static_cast<std::size_t>(device) >= traces->items.size()) return out;
+  const PickleValue& events = t.at(traces->items[static_cast<std::size_t>(device)]);
+  if (events.kind != PickleKind::List && events.kind != PickleKind::Tuple) return out;
+  out.reserve(events.items.size());
+  bool any = false;
+  for (PickleId id : events.items) {
+    out.push_back(frames_of(t, t.at(id)));
+    any = any || !out.back().empty();
+  }
+  if (!any) out.clear();
+  return out;
+}
+
+std::vector<std::vector<Frame>> read_event_frames(const std::string& path, DeviceIndex device) {
+  return parse_event_frames(read_file(path), path, device);
+}
+
+std::string to_string(const Frame& f) {
+  const auto slash = f.filename.find_last_of('/');
+  const std::string file = slash == std::string::npos ? f.filename : f.filename.substr(slash + 1);
+  if (file.empty()) return f.name;
+  return fmt::format("{} ({}:{})", f.name, file, f.line);
+}
+
+bool is_pytorch_frame(const Frame& f) {
+  return f.filename.find("site-packages/torch/") != std::string::npos ||
+         f.filename.find("dist-packages/torch/") != std::string::npos;
+}
+
+}  // namespace cachet::io

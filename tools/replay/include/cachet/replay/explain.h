@@ -1,0 +1,120 @@
+// cachet/replay/explain.h: why a recorded run ran out of memory (`cachet explain`, `cachet
+// report`). The trace is replayed under its recorded configuration up to its first
+// out-of-memory (with none, up to peak reserved), and the allocator's state there is taken
+// apart:
+//   - the request: size, rounded size, stream, pool, the stack frames PyTorch recorded;
+//   - reserved, allocated and requested bytes;
+//   - reserved - allocated as a partition (docs/pytorch-allocator.md §2.1, §2.2, §2.5; the
+//     rules are spelled out in docs/explain.md): free blocks of the request's stream and pool
+//     too small for it, large enough but refused by the oversize rules, large enough and usable,
+//     free in the other pool, free in other streams' pools, free in private pools, and blocks
+//     freed but waiting for stream-use events. The parts sum exactly to reserved - allocated;
+//   - allocated - requested (rounding), beside it;
+//   - the allocation sites (innermost frame outside PyTorch's own code) holding the most bytes;
+//   - the smallest change of configuration that avoids the out-of-memory, found by replay.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cachet/io/frames.h"
+#include "cachet/replay/replay.h"
+#include "cachet/replay/tune.h"
+#include "cachet/snapshot.h"
+
+namespace cachet::replay {
+
+// PyTorch's round_size (docs/pytorch-allocator.md §1.2) under `c`.
+Bytes pytorch_round_size(Bytes size, const Config& c);
+
+// One part of reserved - allocated.
+struct FreePart {
+  std::string key;   // "too_small", "oversize_rule", "usable", "other_pool", "other_streams",
+                     // "private_pools", "pending_free"
+  std::string what;  // one line for people
+  Bytes bytes = 0;
+  std::uint64_t blocks = 0;
+};
+
+struct Site {
+  std::string where;               // io::to_string of the site frame ("(no frames recorded)")
+  std::vector<io::Frame> frames;   // the whole stack of the first block seen there
+  Bytes bytes = 0;                 // requested bytes allocated there and live at the moment
+  std::uint64_t blocks = 0;
+};
+
+struct Moment {
+  bool oom = false;         // true: the first out-of-memory; false: peak reserved
+  std::size_t op = 0;       // index into Trace::ops
+  std::uint64_t event = 0;  // index of the trace event
+  Bytes size = 0;           // requested bytes (an `oom` event records the rounded size)
+  Bytes rounded = 0;        // pytorch_round_size
+  StreamId stream = 0;
+  bool small_pool = false;  // rounded <= 1 MiB
+  std::vector<io::Frame> frames;
+  std::optional<Bytes> device_free;  // the `oom` event's driver figure
+  std::int64_t reserved = 0, allocated = 0, requested = 0;
+  std::vector<FreePart> parts;       // sums to reserved - allocated
+  Snapshot segments;                 // memory_snapshot() at that moment
+};
+
+struct Change {
+  std::string conf;               // to_string(config)
+  std::vector<std::string> keys;  // the keys changed from the recorded configuration
+  std::size_t index = 0;          // into tune_space() and Explanation::tried->results
+};
+
+struct Explanation {
+  std::string trace;   // file name
+  std::string conf;    // recorded configuration ("" = default)
+  Bytes device_memory = 0;
+  Bytes cap = 0;
+  Moment at;
+  std::vector<Site> sites;            // most bytes first
+  bool frames_recorded = false;
+  ReplayResult baseline;              // the recorded configuration, whole trace
+  std::optional<Change> fix;          // fewest keys changed, then lowest peak reserved
+  std::optional<Change> native_fix;   // the same among the candidates PyTorch's allocator accepts
+  std::size_t candidates = 0;         // configurations tried for the fix
+  std::size_t candidates_without_oom = 0;
+  // With no native fix: the smallest memory cap (to 2 MiB, by replay) under which the recorded
+  // configuration has no out-of-memory; nullopt when not searched or none up to the device.
+  std::optional<Bytes> cap_needed;
+  // Every configuration replayed for the fix (results[i] is tune_space()[i]), when searched.
+  std::optional<TuneResult> tried;
+  std::vector<std::string> notes;     // what was assumed
+
+  const ReplayResult& result(const Change& c) const { return tried->results[c.index]; }
+  const ReplayResult& base() const { return tried->baseline; }  // the recorded configuration, same way
+};
+
+// The keys whose values differ between `a` and `b` (PyTorch's names; "policy" for the policy).
+std::vector<std::string> changed_keys(const Config& a, const Config& b);
+
+// The state at `m.op` replayed under `config` (recorded addresses when they hold); fills
+// reserved/allocated/requested, parts and segments of `m`, whose op, size, stream are set.
+void take_apart(const LoadedTrace& lt, const Config& config, const ReplayOptions& o, Moment& m);
+
+// The live blocks at op `op` grouped by site, most bytes first (at most `top`).
+std::vector<Site> sites_at(const Trace& t, std::size_t op, const std::vector<std::vector<io::Frame>>& frames,
+                           std::size_t top);
+
+struct ExplainOptions {
+  unsigned threads = 2;
+  std::size_t top_sites = 8;
+  bool search_fix = true;
+  bool device_memory_given = false;  // --device-memory: no note that the device's memory was assumed
+};
+
+// The whole analysis. `o`: the recorded run's options (device memory, cap). Throws UsageError
+// when the trace's out-of-memory does not happen in the replay (a cap or the device's memory
+// was not given), naming what to pass.
+Explanation explain(const LoadedTrace& lt, const ReplayOptions& o, const std::vector<std::vector<io::Frame>>& frames,
+                    const ExplainOptions& eo = {});
+
+std::string explain_text(const Explanation& e);
+std::string explain_json(const Explanation& e);
+
+}  // namespace cachet::replay

@@ -1,0 +1,131 @@
+// explain: finding the moment (the first out-of-memory, else peak reserved) and the smallest
+// change of configuration that avoids the out-of-memory (explain.h).
+#include <algorithm>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "cachet/replay/explain.h"
+#include "cachet/replay/report.h"
+
+namespace cachet::replay {
+
+namespace {
+
+// The first op after which num_ooms rose, and the op of peak reserved, under `config`.
+struct Scan {
+  std::optional<std::size_t> first_oom;
+  std::size_t peak_op = 0;
+  ReplayResult result;
+};
+
+Scan scan(const Trace& t, const Config& config, const ReplayOptions& o) {
+  Scan s;
+  ReplayOptions x = o;
+  std::int64_t best = -1;
+  x.observer = [&](std::size_t k, const CachingAllocator& al) {
+    const DeviceStats st = al.stats();
+    if (!s.first_oom && st.num_ooms > 0) s.first_oom = k;
+    if (st.reserved_bytes[0].current > best) {
+      best = st.reserved_bytes[0].current;
+      s.peak_op = k;
+    }
+  };
+  s.result = replay(t, config, x);
+  return s;
+}
+
+bool avoids(const ReplayResult& r) { return r.stats.num_ooms == 0 && r.failed_allocs == 0; }
+
+}  // namespace
+
+Explanation explain(const LoadedTrace& lt, const ReplayOptions& o, const std::vector<std::vector<io::Frame>>& frames,
+                    const ExplainOptions& eo) {
+  const Trace& t = lt.trace;
+  const Config& config = lt.run.config;
+  Explanation e;
+  e.trace = lt.file.name;
+  e.conf = to_string(config);
+  e.device_memory = o.device_memory;
+  e.cap = o.cap;
+  e.frames_recorded = !frames.empty();
+  if (t.ops.empty()) throw std::invalid_argument(lt.file.name + ": the trace has no allocations to explain");
+
+  Scan s = scan(t, config, o);
+  e.baseline = std::move(s.result);
+  std::optional<std::size_t> recorded_oom;
+  for (std::size_t k = 0; k < t.ops.size() && !recorded_oom; ++k)
+    if (t.ops[k].kind == OpKind::OomRequest) recorded_oom = k;
+  const io::DeviceTrace* dt = lt.file.device(lt.device);
+  auto event_of = [&](std::size_t op) -> const TraceEvent* {
+    const std::uint32_t ev = t.ops[op].event;
+    return dt && ev < dt->events.size() ? &dt->events[ev] : nullptr;
+  };
+  if (recorded_oom && !s.first_oom) {
+    const TraceEvent* ev = event_of(*recorded_oom);
+    std::string why;
+    if (ev && ev->action == TraceAction::Oom)
+      why = fmt::format(" PyTorch's driver reported {} free at that moment, so the process could have had about {} "
+                        "more: a cap (set_per_process_memory_fraction) was in force, or the device was shared.",
+                        human_bytes(static_cast<std::int64_t>(ev->addr)), human_bytes(static_cast<std::int64_t>(ev->addr)));
+    throw std::invalid_argument(fmt::format(
+        "the recorded run ran out of memory (a request of {} at trace event {}) but the replay, with {} of device "
+        "memory and {}, did not.{} Give the cap the run had with --cap (fraction x total memory, e.g. --cap 12G), or "
+        "the device's memory with --device-memory.",
+        human_bytes(static_cast<std::int64_t>(t.ops[*recorded_oom].size)), t.ops[*recorded_oom].event,
+        human_bytes(static_cast<std::int64_t>(o.device_memory)),
+        o.cap ? "a cap of " + human_bytes(static_cast<std::int64_t>(o.cap)) : std::string("no cap"), why));
+  }
+  if (!recorded_oom && s.first_oom)
+    e.notes.push_back("the recorded run had no out-of-memory; this replay has one (a smaller cap or device memory "
+                      "than the recording's): explaining the replay's first");
+
+  Moment& m = e.at;
+  m.oom = s.first_oom.has_value();
+  m.op = m.oom ? *s.first_oom : s.peak_op;
+  const Op& op = t.ops[m.op];
+  m.event = op.event;
+  m.size = op.size;
+  m.stream = op.stream;
+  if (op.kind != OpKind::Alloc && op.kind != OpKind::OomRequest) {
+    // Peak reserved reached by something other than an allocation (cannot happen: only an
+    // allocation reserves); keep the numbers, say so.
+    e.notes.push_back("peak reserved was reached by an op that is not an allocation");
+  }
+  if (m.event < frames.size()) m.frames = frames[m.event];
+  if (const TraceEvent* ev = event_of(m.op); ev && ev->action == TraceAction::Oom) m.device_free = ev->addr;
+  take_apart(lt, config, o, m);
+  e.sites = sites_at(t, m.op, frames, eo.top_sites);
+  if (std::string line = device_memory_line(lt, o.cap); !line.empty())
+    e.notes.push_back(line.starts_with("note: ") ? line.substr(6) : line);
+
+  if (!m.oom || !eo.search_fix) return e;
+  const auto space = tune_space(config, o.cap > 0);
+  ReplayOptions x = o;
+  x.observer = nullptr;
+  x.addresses = AddressMode::Synthetic;
+  TuneResult tr = tune(t, config, space, x, eo.threads);
+  e.candidates = space.size();
+  auto better = [&](const Change& c, const std::optional<Change>& than) {
+    if (!than) return true;
+    if (c.keys.size() != than->keys.size()) return c.keys.size() < than->keys.size();
+    const std::int64_t pc = tr.results[c.index].peak_reserved(), pt = tr.results[than->index].peak_reserved();
+    if (pc != pt) return pc < pt;
+    return c.conf.size() < than->conf.size();
+  };
+  for (std::size_t i = 0; i < space.size(); ++i) {
+    if (!avoids(tr.results[i])) continue;
+    ++e.candidates_without_oom;
+    Change c{space[i].conf, changed_keys(config, space[i].config), i};
+    if (better(c, e.fix)) e.fix = c;
+    if (pytorch_accepts(space[i].config) && better(c, e.native_fix)) e.native_fix = c;
+  }
+  if (!e.native_fix) {
+    ReplayOptions y = x;
+    e.cap_needed = memory_needed(t, config, y);
+  }
+  e.tried = std::move(tr);
+  return e;
+}
+
+}  // namespace cachet::replay

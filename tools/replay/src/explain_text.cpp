@@ -1,0 +1,159 @@
+// explain: the text and JSON forms of an Explanation (explain.h). Text lines fit 100 columns
+// except stack frames, which are printed as recorded.
+#include <fmt/format.h>
+
+#include "cachet/replay/explain.h"
+#include "cachet/replay/report.h"
+
+namespace cachet::replay {
+
+namespace {
+
+std::string hb(std::int64_t b) { return human_bytes(b); }
+std::string hb(Bytes b) { return human_bytes(static_cast<std::int64_t>(b)); }
+
+const char* label(const std::string& key) {
+  if (key == "too_small") return "too small";
+  if (key == "oversize_rule") return "oversize rule";
+  if (key == "usable") return "usable";
+  if (key == "other_pool") return "other pool";
+  if (key == "other_streams") return "other streams";
+  if (key == "private_pools") return "private pools";
+  if (key == "pending_free") return "pending free";
+  return "unaccounted";
+}
+
+std::string variable(const Config& c) {
+  return c.policy == Policy::Cachet ? "CACHET_ALLOC_CONF" : "PYTORCH_CUDA_ALLOC_CONF";
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
+std::string frames_json(const std::vector<io::Frame>& fr) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < fr.size(); ++i)
+    s += fmt::format("{}{{\"name\": {}, \"filename\": {}, \"line\": {}}}", i ? ", " : "", json_quote(fr[i].name),
+                     json_quote(fr[i].filename), fr[i].line);
+  return s + "]";
+}
+
+}  // namespace
+
+std::string explain_text(const Explanation& e) {
+  const Moment& m = e.at;
+  std::string o;
+  o += fmt::format("trace: {}\nconfiguration: {}; device memory {}{}\n", e.trace, e.conf.empty() ? "(default)" : e.conf,
+                   hb(e.device_memory), e.cap ? "; cap " + hb(e.cap) : std::string());
+  for (const auto& n : e.notes) o += "note: " + n + "\n";
+  o += "\n";
+  if (m.oom)
+    o += fmt::format("The first out-of-memory, at trace event {}: a request of {} ({} bytes) on stream {}, {} pool.\n",
+                     m.event, hb(m.size), m.size, m.stream, m.small_pool ? "small" : "large");
+  else
+    o += fmt::format("No out-of-memory; peak reserved, at trace event {}: a request of {} ({} bytes) on stream {}, {} "
+                     "pool.\n",
+                     m.event, hb(m.size), m.size, m.stream, m.small_pool ? "small" : "large");
+  if (m.rounded != m.size) o += fmt::format("  rounded to {} bytes (docs/pytorch-allocator.md §1.2)\n", m.rounded);
+  if (m.device_free) o += fmt::format("  the driver reported {} free on the device then\n", hb(*m.device_free));
+  if (!m.frames.empty()) {
+    o += "  stack, innermost first, as PyTorch recorded it:\n";
+    for (const auto& f : m.frames) o += fmt::format("    {} {}:{}\n", f.name, f.filename, f.line);
+  } else {
+    o += e.frames_recorded ? "  (no stack recorded for this request)\n"
+                           : "  (no stacks recorded: _record_memory_history(stacks=\"python\") records them)\n";
+  }
+  o += fmt::format("\nMemory {}:\n", m.oom ? "when it failed" : "at the peak");
+  o += fmt::format("  reserved  {:>11}  {:>15} bytes (segments from the device)\n", hb(m.reserved), m.reserved);
+  o += fmt::format("  allocated {:>11}  {:>15} bytes (blocks in use)\n", hb(m.allocated), m.allocated);
+  o += fmt::format("  requested {:>11}  {:>15} bytes (what the program asked for; rounding: {})\n", hb(m.requested),
+                   m.requested, hb(m.allocated - m.requested));
+  o += fmt::format("\nWhere the {} reserved but not allocated was ({} bytes):\n", hb(m.reserved - m.allocated),
+                   m.reserved - m.allocated);
+  for (const auto& p : m.parts)
+    o += fmt::format("  {:<14}{:>11} {:>6} blocks  {}\n", label(p.key), hb(p.bytes), p.blocks, p.what);
+  Bytes sum = 0;
+  for (const auto& p : m.parts) sum += p.bytes;
+  o += fmt::format("  {:<14}{:>11}  = reserved - allocated, exactly ({} bytes)\n", "sum", hb(sum), sum);
+
+  if (!e.sites.empty()) {
+    o += fmt::format("\nAllocation sites holding the most memory {} (innermost frame outside PyTorch):\n",
+                     m.oom ? "when it failed" : "at the peak");
+    for (const auto& s : e.sites) o += fmt::format("  {:>11} {:>6} blocks  {}\n", hb(s.bytes), s.blocks, s.where);
+  }
+
+  if (!m.oom) return o;
+  o += fmt::format("\nSmallest change that avoids it (by replay: {} configurations tried, {} without out-of-memory):\n",
+                   e.candidates, e.candidates_without_oom);
+  if (!e.fix) o += "  none of them avoids it.\n";
+  auto change = [&](const Change& c) {
+    const ReplayResult& r = e.result(c);
+    const ReplayResult& b = e.base();
+    o += fmt::format("  {}=\"{}\"\n", variable(r.config), c.conf);
+    o += fmt::format("  {} key{} changed: {}\n", c.keys.size(), c.keys.size() == 1 ? "" : "s", join(c.keys, ", "));
+    o += fmt::format("  out-of-memory errors: {} instead of {}\n", r.stats.num_ooms, b.stats.num_ooms);
+    o += fmt::format("  peak reserved {} instead of {} (the recorded configuration, replayed the same way)\n"
+                     "  device calls (segment allocations and frees) {} instead of {}; allocation retries {} instead of {}\n",
+                     hb(r.peak_reserved()), hb(b.peak_reserved()), r.stats.num_device_alloc + r.stats.num_device_free,
+                     b.stats.num_device_alloc + b.stats.num_device_free, r.stats.num_alloc_retries,
+                     b.stats.num_alloc_retries);
+    if (r.config.policy == Policy::Cachet)
+      o += "  (policy:cachet needs cachet's plug-in, python/; PyTorch rejects the key in its own variables)\n";
+  };
+  if (e.fix) change(*e.fix);
+  if (e.fix && e.native_fix && e.native_fix->index != e.fix->index) {
+    o += "With PyTorch's own allocator:\n";
+    change(*e.native_fix);
+  }
+  if (!e.native_fix && e.fix) o += "With PyTorch's own allocator, none of the configurations tried avoids it.\n";
+  if (e.cap_needed)
+    o += fmt::format("  The recorded configuration needs a cap of at least {} ({} bytes, found by replay to 2 MiB).\n",
+                     hb(*e.cap_needed), *e.cap_needed);
+  return o;
+}
+
+std::string explain_json(const Explanation& e) {
+  const Moment& m = e.at;
+  std::string o = "{";
+  o += fmt::format("\"trace\": {}, \"conf\": {}, \"device_memory\": {}, \"cap\": {}, ", json_quote(e.trace),
+                   json_quote(e.conf), e.device_memory, e.cap);
+  o += fmt::format("\"moment\": {{\"kind\": \"{}\", \"op\": {}, \"event\": {}, \"size\": {}, \"rounded\": {}, "
+                   "\"stream\": {}, \"pool\": \"{}\", \"device_free\": {}, \"frames\": {}}}, ",
+                   m.oom ? "oom" : "peak", m.op, m.event, m.size, m.rounded, m.stream, m.small_pool ? "small" : "large",
+                   m.device_free ? std::to_string(*m.device_free) : "null", frames_json(m.frames));
+  o += fmt::format("\"reserved\": {}, \"allocated\": {}, \"requested\": {}, \"rounding\": {}, ", m.reserved, m.allocated,
+                   m.requested, m.allocated - m.requested);
+  o += "\"partition\": [";
+  for (std::size_t i = 0; i < m.parts.size(); ++i)
+    o += fmt::format("{}{{\"key\": \"{}\", \"bytes\": {}, \"blocks\": {}, \"what\": {}}}", i ? ", " : "",
+                     m.parts[i].key, m.parts[i].bytes, m.parts[i].blocks, json_quote(m.parts[i].what));
+  o += "], \"sites\": [";
+  for (std::size_t i = 0; i < e.sites.size(); ++i)
+    o += fmt::format("{}{{\"where\": {}, \"bytes\": {}, \"blocks\": {}, \"frames\": {}}}", i ? ", " : "",
+                     json_quote(e.sites[i].where), e.sites[i].bytes, e.sites[i].blocks, frames_json(e.sites[i].frames));
+  auto change = [&](const std::optional<Change>& c) -> std::string {
+    if (!c) return "null";
+    const ReplayResult& r = e.result(*c);
+    const ReplayResult& b = e.base();
+    std::vector<std::string> q;
+    for (const auto& k : c->keys) q.push_back(json_quote(k));
+    return fmt::format("{{\"variable\": \"{}\", \"conf\": {}, \"keys\": [{}], \"peak_reserved\": {}, "
+                       "\"baseline_peak_reserved\": {}, \"num_ooms\": {}, \"baseline_num_ooms\": {}, "
+                       "\"num_alloc_retries\": {}, \"baseline_num_alloc_retries\": {}, \"device_calls\": {}, "
+                       "\"baseline_device_calls\": {}}}",
+                       variable(r.config), json_quote(c->conf), join(q, ", "), r.peak_reserved(), b.peak_reserved(),
+                       r.stats.num_ooms, b.stats.num_ooms, r.stats.num_alloc_retries, b.stats.num_alloc_retries,
+                       r.stats.num_device_alloc + r.stats.num_device_free,
+                       b.stats.num_device_alloc + b.stats.num_device_free);
+  };
+  o += "], \"fix\": " + change(e.fix) + ", \"native_fix\": " + change(e.native_fix);
+  o += fmt::format(", \"candidates\": {}, \"candidates_without_oom\": {}, \"cap_needed\": {}, \"notes\": [", e.candidates,
+                   e.candidates_without_oom, e.cap_needed ? std::to_string(*e.cap_needed) : "null");
+  for (std::size_t i = 0; i < e.notes.size(); ++i) o += (i ? ", " : "") + json_quote(e.notes[i]);
+  return o + "]}\n";
+}
+
+}  // namespace cachet::replay

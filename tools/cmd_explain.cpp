@@ -30,7 +30,6 @@ int run_explain(const Args& a) {
   if (!in) return kExitBadInput;
   ExplainOptions eo;
   eo.threads = a.threads;
-  eo.device_memory_given = !a.device_memory.empty();
   eo.top_sites = a.top;
   const Explanation e = explain(in->loaded, in->options, in->frames, eo);
   const std::string out = a.json ? explain_json(e) : explain_text(e);

@@ -64,7 +64,6 @@ int run_report(const Args& a) {
   const Trace& t = lt.trace;
   ExplainOptions eo;
   eo.threads = a.threads;
-  eo.device_memory_given = !a.device_memory.empty();
   Explanation e = explain(lt, in->options, in->frames, eo);
 
   HtmlReport r;

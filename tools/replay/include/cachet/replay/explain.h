@@ -105,7 +105,6 @@ struct ExplainOptions {
   unsigned threads = 2;
   std::size_t top_sites = 8;
   bool search_fix = true;
-  bool device_memory_given = false;  // --device-memory: no note that the device's memory was assumed
 };
 
 // The whole analysis. `o`: the recorded run's options (device memory, cap). Throws UsageError

@@ -1,7 +1,8 @@
 // fuzz_cachet_policy: bytes become a configuration (capacity, cap or not, 1-3 streams) and up to
-// 600 operations on policy:cachet in validate mode (invariants after every operation), checked
-// from outside without the model (fuzz/src/cachet_interp.h). Any failed check aborts with the
-// configuration and the operations executed. The mix of operations is printed at exit.
+// 600 operations on policy:cachet in validate mode (invariants after every operation), in
+// lockstep with model::CachetPolicy and checked from outside (fuzz/src/cachet_interp.h). Any
+// failed check aborts with the case file of the operations executed. The mix of operations is
+// printed at exit.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>

@@ -5,7 +5,7 @@
 //       random inputs for N seconds (default 10); on a failed check writes the input to
 //       DIR/crash-cachet-<seed>-<case> (default: .), prints the report and exits 1.
 //   fuzz_cachet_random --replay FILE   runs one input (a crash, a seed); exit 0 when it passes;
-//       CACHET_FUZZ_SHOW_OPS=1 prints the configuration and operations it decoded
+//       CACHET_FUZZ_SHOW_OPS=1 prints the case file (cachet/ops.h) of the operations it decoded
 #include <chrono>
 #include <cstdint>
 #include <cstdio>

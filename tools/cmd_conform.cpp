@@ -151,7 +151,7 @@ std::string describe_segment(const SegmentSnapshot& s) {
 
 // Replays `rec` with `ops` through one engine and reports every mismatch. Returns ops run.
 std::size_t conform_one(const std::string& engine_name, const EngineFactory& factory,
-                        const io::Recording& rec, const std::vector<io::Op>& ops, const Config& config,
+                        const io::Recording& rec, const std::vector<ops::Op>& ops, const Config& config,
                         Report& report) {
   EngineSetup setup;
   setup.config = config;
@@ -168,55 +168,49 @@ std::size_t conform_one(const std::string& engine_name, const EngineFactory& fac
   std::vector<std::string> oom_messages;
   std::size_t done = 0;
   for (std::size_t i = 0; i < ops.size(); ++i) {
-    const io::Op& op = ops[i];
     const io::Step& want = rec.steps[i];
     try {
-      switch (op.kind) {
-        case io::Op::Kind::Alloc: {
-          if (op.stream >= rec.streams.size())
-            throw std::invalid_argument(fmt::format("op {}: stream index {} but the recording has {} streams",
-                                                    i, op.stream, rec.streams.size()));
-          const StreamId stream = rec.streams[op.stream];
-          std::optional<std::uint64_t> got;
-          std::string oom;
-          try {
-            got = engine->malloc(op.size, stream);
-          } catch (const OutOfMemory& e) {
-            oom = e.what();
-          }
-          if (got) pointers[op.id] = *got;
-          if (want.oom && !got) {
-            oom_messages.push_back(oom);
-          } else if (want.oom) {
-            mismatch(fmt::format("op {}: alloc {} B on stream {}: expected OOM, got pointer {}", i, op.size,
-                                 stream, hex(*got)));
-          } else if (!got) {
-            mismatch(fmt::format("op {}: alloc {} B on stream {}: expected pointer {}, got OOM: {}", i,
-                                 op.size, stream, want.result ? hex(*want.result) : "null", oom));
-          } else if (!want.result || *want.result != *got) {
-            mismatch(fmt::format("op {}: alloc {} B on stream {}: expected pointer {}, got {}", i, op.size,
-                                 stream, want.result ? hex(*want.result) : "null", hex(*got)));
-            if (report.printed <= report.max_printed) {
-              const Snapshot snap = engine->snapshot();
-              print_segment_around(snap, *got, "actual");
-              if (want.result) print_segment_around(snap, *want.result, "expected");
-            }
-          }
-          break;
+      if (const auto* a = std::get_if<ops::Allocate>(&ops[i])) {
+        const ops::Allocate& op = *a;
+        if (op.stream >= rec.streams.size())
+          throw std::invalid_argument(fmt::format("op {}: stream index {} but the recording has {} streams",
+                                                  i, op.stream, rec.streams.size()));
+        const StreamId stream = rec.streams[op.stream];
+        std::optional<std::uint64_t> got;
+        std::string oom;
+        try {
+          got = engine->malloc(op.size, stream);
+        } catch (const OutOfMemory& e) {
+          oom = e.what();
         }
-        case io::Op::Kind::Free: {
-          auto it = pointers.find(op.id);
-          // Frees of allocations that hit OOM are not in the op list (ORACLE_README); an id the
-          // engine never returned means the engine OOMed where PyTorch did not: already reported.
-          if (it != pointers.end()) {
-            engine->free(it->second);
-            pointers.erase(it);
+        if (got) pointers[op.id.value()] = *got;
+        if (want.oom && !got) {
+          oom_messages.push_back(oom);
+        } else if (want.oom) {
+          mismatch(fmt::format("op {}: alloc {} B on stream {}: expected OOM, got pointer {}", i, op.size,
+                               stream, hex(*got)));
+        } else if (!got) {
+          mismatch(fmt::format("op {}: alloc {} B on stream {}: expected pointer {}, got OOM: {}", i,
+                               op.size, stream, want.result ? hex(*want.result) : "null", oom));
+        } else if (!want.result || *want.result != *got) {
+          mismatch(fmt::format("op {}: alloc {} B on stream {}: expected pointer {}, got {}", i, op.size,
+                               stream, want.result ? hex(*want.result) : "null", hex(*got)));
+          if (report.printed <= report.max_printed) {
+            const Snapshot snap = engine->snapshot();
+            print_segment_around(snap, *got, "actual");
+            if (want.result) print_segment_around(snap, *want.result, "expected");
           }
-          break;
         }
-        case io::Op::Kind::EmptyCache:
-          engine->empty_cache();
-          break;
+      } else if (const auto* f = std::get_if<ops::Free>(&ops[i])) {
+        auto it = pointers.find(f->handle);
+        // Frees of allocations that hit OOM are not in the op list (ORACLE_README); an id the
+        // engine never returned means the engine OOMed where PyTorch did not: already reported.
+        if (it != pointers.end()) {
+          engine->free(it->second);
+          pointers.erase(it);
+        }
+      } else {  // EmptyCache (main() refuses the pool and capture ops: not supported yet)
+        engine->empty_cache();
       }
     } catch (const ReplayDivergence& d) {
       mismatch(fmt::format("op {}: divergence from the recorded device calls: {}", i, d.what()));
@@ -309,31 +303,29 @@ std::size_t conform_one(const std::string& engine_name, const EngineFactory& fac
 // or ran out of memory, every free's and empty_cache's step neither, and (requested_bytes being
 // exact) each allocation that succeeded grew requested_bytes.all.current by its size. The first
 // op that breaks this, with how many do; "" when none does.
-std::string pairing_problem(const std::vector<io::Op>& ops, const io::Recording& rec, const std::string& ops_path,
+std::string pairing_problem(const std::vector<ops::Op>& ops, const io::Recording& rec, const std::string& ops_path,
                             const std::string& rec_path) {
   const auto req = std::find(rec.stat_keys.begin(), rec.stat_keys.end(), "requested_bytes.all.current");
   const std::size_t k = static_cast<std::size_t>(req - rec.stat_keys.begin());
-  auto op_text = [](const io::Op& op) {
-    switch (op.kind) {
-      case io::Op::Kind::Alloc: return fmt::format("an allocation of {} bytes", op.size);
-      case io::Op::Kind::Free: return std::string("a free");
-      case io::Op::Kind::EmptyCache: break;
-    }
-    return std::string("empty_cache()");
+  auto op_text = [](const ops::Op& op) {
+    if (const auto* a = std::get_if<ops::Allocate>(&op)) return fmt::format("an allocation of {} bytes", a->size);
+    if (std::holds_alternative<ops::Free>(op)) return std::string("a free");
+    return std::string("empty_cache()");  // main() refuses the pool and capture ops before
   };
   std::string first;
   std::size_t bad = 0;
   std::int64_t requested = 0;
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const io::Step& st = rec.steps[i];
-    const bool alloc = ops[i].kind == io::Op::Kind::Alloc;
+    const auto* a = std::get_if<ops::Allocate>(&ops[i]);
+    const bool alloc = a != nullptr;
     std::string why;
     if (alloc != (st.oom || st.result.has_value())) {
       why = fmt::format("op {} of {} is {}, but step {} of {} {}", i, ops_path, op_text(ops[i]), i, rec_path,
                         st.oom ? "ran out of memory" : st.result ? "returned a pointer" : "returned no pointer");
-    } else if (alloc && st.result && k < 6 && st.stats[k] - requested != static_cast<std::int64_t>(ops[i].size)) {
+    } else if (alloc && st.result && k < 6 && st.stats[k] - requested != static_cast<std::int64_t>(a->size)) {
       why = fmt::format("op {} of {} allocates {} bytes, but at step {} of {} requested_bytes.all.current grew by {}",
-                        i, ops_path, ops[i].size, i, rec_path, st.stats[k] - requested);
+                        i, ops_path, a->size, i, rec_path, st.stats[k] - requested);
     }
     if (k < 6) requested = st.stats[k];
     if (why.empty()) continue;
@@ -396,7 +388,7 @@ int run(const Options& o) {
   }
 
   io::Recording rec;
-  std::vector<io::Op> ops;
+  std::vector<ops::Op> ops;
   Config config;
   try {
     rec = io::read_recording(result_path);
@@ -406,6 +398,14 @@ int run(const Options& o) {
     std::fprintf(stderr, "cachet conform: %s\n", e.what());
     return kExitBadInput;
   }
+  for (std::size_t i = 0; i < ops.size(); ++i)
+    if (ops::is_pool_op(ops[i])) {
+      std::fprintf(stderr,
+                   "cachet conform: %s op %zu (%s): private pools and graph capture are not supported yet "
+                   "(issue 16); this cachet replays op lists of \"a\", \"f\" and \"e\" ops only\n",
+                   ops_path.c_str(), i, ops::show(ops[i]).c_str());
+      return kExitBadInput;
+    }
   if (ops.size() != rec.steps.size()) {
     std::fprintf(stderr,
                  "cachet conform: %s has %zu ops but %s has %zu steps; they do not belong together "

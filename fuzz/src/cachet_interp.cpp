@@ -20,6 +20,7 @@
 #include "cachet/gpu/allocator.h"
 #include "cachet/gpu/host_backend.h"
 #include "cachet/gpu/policy_cachet.h"
+#include "cachet/lockstep.h"
 
 namespace cachet::fuzz {
 namespace {
@@ -88,7 +89,7 @@ struct Failure {
 
 class Run {
  public:
-  const std::string& ops() const { return ops_log_; }
+  std::string ops() const { return ops::show_case(case_); }
 
   std::string go(const std::uint8_t* data, std::size_t size) {
     FuzzedDataProvider in(data, size);
@@ -104,16 +105,18 @@ class Run {
     Config cfg;
     cfg.policy = Policy::Cachet;
     cfg.validate = true;
-    ops_log_ = "# policy:cachet, validate; capacity " + std::to_string(capacity_) + ", " + std::to_string(nstreams_) +
-               " streams\n";
+    case_.config = to_string(cfg);
+    case_.capacity = capacity_;
     ++g_mix.cases;
     try {
-      a_ = std::make_unique<CachingAllocator>(gpu::make_host_memory(o, &sim_), cfg);
-      a_->set_trace(true);
+      lockstep::Options lo;
+      lo.config = cfg;
+      lo.capacity = capacity_;
+      ls_ = std::make_unique<lockstep::CachetLockstep>(lo);
+      sim_ = ls_->shared_sim();
       if (capped) {
         ++g_mix.capped_cases;
-        log("fraction " + std::to_string(fraction));
-        a_->set_memory_fraction(fraction);
+        apply(ops::SetMemoryFraction{fraction});
         cap_ = static_cast<Bytes>(fraction * static_cast<double>(capacity_));
       }
       for (int n = 0; n < kMaxOps && in.remaining_bytes() > 0; ++n) {
@@ -122,14 +125,14 @@ class Run {
         check();
       }
       // Teardown: everything freed, every event completed, empty_cache gives every page back.
-      for (auto& [p, l] : live_) a_->free(reinterpret_cast<void*>(p));
+      for (auto& [p, l] : live_) apply(ops::Free{l.handle});
       live_.clear();
-      sim_->complete_all_events();
-      a_->empty_cache();
-      if (a_->stats().reserved_bytes[0].current != 0 || sim_->used() != 0)
-        throw Failure{"teardown: reserved " + std::to_string(a_->stats().reserved_bytes[0].current) +
+      apply(ops::CompleteAllEvents{});
+      apply(ops::EmptyCache{});
+      if (sut().stats().reserved_bytes[0].current != 0 || sim_->used() != 0)
+        throw Failure{"teardown: reserved " + std::to_string(sut().stats().reserved_bytes[0].current) +
                       " B, device used " + std::to_string(sim_->used()) + " B after freeing all and empty_cache"};
-      a_.reset();
+      ls_.reset();
       if (sim_->used() != 0) throw Failure{"destructor left device memory mapped"};
     } catch (const Failure& f) {
       return report(f.what);
@@ -145,16 +148,30 @@ class Run {
   struct Live {
     Bytes size = 0;  // requested
     StreamId stream = 0;
+    ops::Handle handle = 0;  // the lockstep handle (cachet/ops.h: Handles addressing)
   };
   struct Pending {
     Bytes size = 0;  // rounded
     std::set<StreamId> left;
   };
 
-  void log(const std::string& s) { ops_log_ += s + "\n"; }
+  CachingAllocator& sut() { return ls_->sut(); }
+
+  // One op on both sides (policy:cachet and model::CachetPolicy, cachet/lockstep.h): any
+  // divergence, failed check or exception other than OutOfMemory is a failure.
+  const lockstep::Outcome& apply(const ops::Op& op) {
+    case_.ops.push_back(op);
+    if (auto d = ls_->apply(op)) throw Failure{"lockstep with model::CachetPolicy: " + *d};
+    const lockstep::Outcome& o = ls_->last_sut();
+    if (o.kind != lockstep::Outcome::Kind::Ok && o.kind != lockstep::Outcome::Kind::Pointer &&
+        o.kind != lockstep::Outcome::Kind::OutOfMemory)
+      throw Failure{ops::show(op) + ": " + lockstep::show(o)};
+    return o;
+  }
 
   std::string report(const std::string& what) const {
-    return "fuzz_cachet_policy: " + what + "\n" + ops_log_;
+    return "fuzz_cachet_policy: " + what + "\n--- the case (replay: props_test --replay FILE.ops) ---\n" +
+           ops::show_case(case_) + "--- end of case ---\n";
   }
 
   // The live handle at index i of the address-ordered live blocks.
@@ -172,11 +189,10 @@ class Run {
       alloc(size, s);
     } else if (sel < 190) {
       auto it = nth_live(in);
-      log("free " + std::to_string(it->first - res_lo_));
-      const auto p = it->first;
+      const ops::Handle h = it->second.handle;
       live_.erase(it);
       ++g_mix.frees;
-      a_->free(reinterpret_cast<void*>(p));
+      apply(ops::Free{h});
     } else if (sel < 205) {
       // record_stream on one or two use streams, then free: pending until their events complete.
       auto it = nth_live(in);
@@ -186,61 +202,51 @@ class Run {
       const int uses = 1 + (sel & 1);
       for (int i = 0; i < uses; ++i) {
         const StreamId u = in.ConsumeIntegralInRange<StreamId>(1, 5);
-        log("record " + std::to_string(p - res_lo_) + " s" + std::to_string(u));
-        a_->record_stream(reinterpret_cast<void*>(p), u);
+        apply(ops::RecordStream{l.handle, u});
         if (u != l.stream) pd.left.insert(u);
       }
-      log("free " + std::to_string(p - res_lo_));
       live_.erase(it);
       ++g_mix.recorded_frees;
-      a_->free(reinterpret_cast<void*>(p));
+      apply(ops::Free{l.handle});
       if (!pd.left.empty()) pending_[p] = pd;
     } else if (sel < 228) {
       const StreamId u = 1 + sel % 5;
-      log("complete s" + std::to_string(u));
       ++g_mix.completes;
-      sim_->complete_events(u);
+      apply(ops::CompleteEvents{u});
       for (auto& [p, pd] : pending_) pd.left.erase(u);
       std::erase_if(pending_, [](const auto& kv) { return kv.second.left.empty(); });
     } else if (sel < 240) {
-      log("empty_cache");
       ++g_mix.empty_caches;
-      a_->empty_cache();
+      apply(ops::EmptyCache{});
       pending_.clear();  // R9 waits for every pending event
     } else {
       const double f = kFractions[sel % 8];
-      const auto cap = static_cast<Bytes>(f * static_cast<double>(capacity_));
-      log("fraction " + std::to_string(f));
       ++g_mix.fractions;
-      a_->set_memory_fraction(f);
+      apply(ops::SetMemoryFraction{f});
       cap_ = f < 1.0 ? std::optional<Bytes>(static_cast<Bytes>(f * static_cast<double>(capacity_))) : std::nullopt;
       // R7: a cap set below what is mapped unmaps whole free pages down to it; live pages stay
       // mapped, so reserved may stay above the cap, but never grows while it is (checked).
-      cap_floor_ = static_cast<Bytes>(a_->stats().reserved_bytes[0].current);
+      cap_floor_ = static_cast<Bytes>(sut().stats().reserved_bytes[0].current);
       if (cap_ && cap_floor_ > *cap_) ++g_mix.fractions_below_live;
     }
   }
 
   void alloc(Bytes size, StreamId s) {
-    log("alloc " + std::to_string(size) + " s" + std::to_string(s));
-    const auto syncs = a_->stats().num_sync_all_streams;
-    const auto maps = a_->stats().num_device_alloc;
-    const auto unmaps = a_->stats().num_device_free;
-    const Snapshot before = a_->snapshot();
-    void* vp = nullptr;
-    try {
-      vp = a_->allocate(size, s);
-    } catch (const OutOfMemory&) {
+    const auto syncs = sut().stats().num_sync_all_streams;
+    const auto maps = sut().stats().num_device_alloc;
+    const auto unmaps = sut().stats().num_device_free;
+    const Snapshot before = sut().snapshot();
+    const std::uint32_t handles = ls_->handle_count();
+    const lockstep::Outcome& o = apply(ops::Allocate{size, s, {}});
+    if (o.kind == lockstep::Outcome::Kind::OutOfMemory) {
       ++g_mix.ooms;
       ++ooms_;
-      log("# OutOfMemory");
     }
-    if (a_->stats().num_sync_all_streams != syncs) pending_.clear();  // R7 waited for every event
-    if (vp == nullptr) return;
+    if (sut().stats().num_sync_all_streams != syncs) pending_.clear();  // R7 waited for every event
+    if (o.kind != lockstep::Outcome::Kind::Pointer || o.ptr == 0) return;
     ++g_mix.allocs;
-    const auto p = reinterpret_cast<std::uintptr_t>(vp);
+    const std::uint64_t p = o.ptr;
     const Bytes n = align_up(size, gpu::kCachetAlign);
-    log("# -> " + std::to_string(p - res_lo_));
     if (p % 512 != 0) throw Failure{"pointer not 512-aligned"};
     if (p < res_lo_ || p + n > res_hi_) throw Failure{"block outside the reservation"};
     auto overlaps = [p, n](const auto& m) {
@@ -260,11 +266,11 @@ class Run {
     };
     if (overlaps(live_)) throw Failure{"new block overlaps a live block"};
     if (overlaps(pending_)) throw Failure{"new block overlaps a block whose stream-use events have not completed"};
-    live_[p] = Live{size, s};
+    live_[p] = Live{size, s, handles};
     // R2: a hot-path allocation (no map or unmap call: R7's trim after an event completion can
     // unmap pages before R2 runs) is carved from one free block: at its high end when small
     // (<= 1 MiB), at its low end when large.
-    if (a_->stats().num_device_alloc == maps && a_->stats().num_device_free == unmaps) {
+    if (sut().stats().num_device_alloc == maps && sut().stats().num_device_free == unmaps) {
       for (const auto& seg : before)
         for (const auto& b : seg.blocks)
           if (b.state == BlockState::Inactive && b.address <= p && p + n <= b.address + b.size &&
@@ -277,7 +283,7 @@ class Run {
   // The stream-reuse promise (cachet/gpu/policy_cachet.h), from the trace: no allocation gets
   // memory another stream freed, unless unmapped since.
   void check_trace() {
-    for (const TraceEvent& e : a_->trace()) {
+    for (const TraceEvent& e : sut().trace()) {
       const Bytes n = align_up(e.size, gpu::kCachetAlign);
       if (e.action == TraceAction::Alloc) {
         for (auto& [s, rg] : dirty_)
@@ -292,7 +298,7 @@ class Run {
         for (auto& [s, rg] : dirty_) remove_range(rg, e.addr, e.addr + e.size);
       }
     }
-    a_->clear_trace();
+    sut().clear_trace();
   }
 
   using RangeMap = std::map<std::uint64_t, std::uint64_t>;  // disjoint [lo, hi)
@@ -320,7 +326,7 @@ class Run {
 
   void check() {
     check_trace();
-    const DeviceStats st = a_->stats();
+    const DeviceStats st = sut().stats();
     const auto reserved = st.reserved_bytes[0].current;
     const auto allocated = st.allocated_bytes[0].current;
     std::int64_t live_bytes = 0, live_req = 0;
@@ -351,12 +357,12 @@ class Run {
   Bytes cap_floor_ = 0;  // reserved when the cap was last set
   gpu::DevicePtr res_lo_ = 0, res_hi_ = 0;
   std::shared_ptr<gpu::HostSim> sim_;
-  std::unique_ptr<CachingAllocator> a_;
+  std::unique_ptr<lockstep::CachetLockstep> ls_;
   std::map<std::uint64_t, Live> live_;
   std::map<std::uint64_t, Pending> pending_;
   std::map<StreamId, RangeMap> dirty_;  // memory each stream freed, not unmapped since
   std::int64_t ooms_ = 0;
-  std::string ops_log_;
+  ops::Case case_;  // the ops applied so far, replayable
 };
 
 }  // namespace

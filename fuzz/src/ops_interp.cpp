@@ -69,11 +69,12 @@ Bytes decode_size(FuzzedDataProvider& p, unsigned size_class, Bytes capacity) {
   }
 }
 
-std::optional<Op> decode_op(FuzzedDataProvider& p, const lockstep::Lockstep& ls, Bytes capacity) {
+template <class LS>
+std::optional<Op> decode_op(FuzzedDataProvider& p, const LS& ls, Bytes capacity) {
   const auto sel = p.ConsumeIntegral<std::uint8_t>();
   if (sel < 128) {
     const StreamId stream = sel & 3u;
-    return lockstep::Allocate{decode_size(p, (sel >> 2) & 7u, capacity), stream};
+    return lockstep::Allocate{decode_size(p, (sel >> 2) & 7u, capacity), stream, {}};
   }
   if (sel < 216) {
     const auto k = p.ConsumeIntegral<std::uint16_t>();
@@ -83,7 +84,7 @@ std::optional<Op> decode_op(FuzzedDataProvider& p, const lockstep::Lockstep& ls,
       return lockstep::Free{live[k % live.size()]};
     }
     if (ls.handle_count() == 0) return std::nullopt;
-    return lockstep::Free{static_cast<std::uint32_t>(k % ls.handle_count())};
+    return lockstep::Free{k % ls.handle_count()};
   }
   if (sel < 228) {
     const auto k = p.ConsumeIntegral<std::uint16_t>();
@@ -127,7 +128,7 @@ void count(const Op& op, const lockstep::Outcome& o) {
     ++g_mix.completes;
   } else if (std::holds_alternative<lockstep::EmptyCache>(op)) {
     ++g_mix.empty_caches;
-  } else {
+  } else if (std::holds_alternative<lockstep::SetMemoryFraction>(op)) {
     ++g_mix.fractions;
   }
 }
@@ -181,8 +182,9 @@ std::string run_bytes(const std::uint8_t* data, std::size_t size, Case* out) {
     return "";
   }
   std::string result;
-  {
-    lockstep::Lockstep ls(options_for(*config, c.capacity));
+  // The configuration's policy picks the pair (policy:cachet: model::CachetPolicy).
+  lockstep::visit_policy(config->policy, [&]<class LS>(std::type_identity<LS>) {
+    LS ls(options_for(*config, c.capacity));
     while (p.remaining_bytes() > 0 && c.ops.size() < kMaxOps) {
       const std::optional<Op> op = decode_op(p, ls, c.capacity);
       if (!op) {
@@ -205,7 +207,7 @@ std::string run_bytes(const std::uint8_t* data, std::size_t size, Case* out) {
       }
       count(*op, ls.last_sut());
     }
-  }
+  });
   if (out) *out = std::move(c);
   return result;
 }
@@ -218,12 +220,14 @@ std::string run_case(const Case& c) {
     return std::string("configuration does not parse: ") + e.what();
   }
   if (!config) return "";
-  lockstep::Lockstep ls(options_for(*config, c.capacity));
-  for (std::size_t i = 0; i < c.ops.size(); ++i) {
-    if (auto diff = ls.apply(c.ops[i]))
-      return "op #" + std::to_string(i) + " (" + lockstep::show(c.ops[i]) + "): " + *diff;
-  }
-  return "";
+  return lockstep::visit_policy(config->policy, [&]<class LS>(std::type_identity<LS>) -> std::string {
+    LS ls(options_for(*config, c.capacity));
+    for (std::size_t i = 0; i < c.ops.size(); ++i) {
+      if (auto diff = ls.apply(c.ops[i]))
+        return "op #" + std::to_string(i) + " (" + lockstep::show(c.ops[i]) + "): " + *diff;
+    }
+    return "";
+  });
 }
 
 // The case-file form is the lockstep harness's (cachet/lockstep.h show_case / parse_case).

@@ -1,8 +1,9 @@
 // fuzz/src/ops_interp.h: the fuzz_ops interpreter, shared by the libFuzzer target (fuzz_ops),
 // the random-campaign driver (fuzz_ops_random, no libFuzzer, builds with g++) and the mutant
 // check (fuzz_ops_mutant_<n>). Bytes become a configuration, a device capacity and an op
-// sequence (cachet/lockstep.h's vocabulary), applied to the model and the production allocator
-// in lockstep, with both sides' invariants checked after every op.
+// sequence (the op vocabulary of cachet/ops.h), applied to the model and the production allocator
+// in lockstep (cachet/lockstep.h; the configuration's policy picks the pair: a string saying
+// policy:cachet runs model::CachetPolicy), with both sides' invariants checked after every op.
 //
 // Byte format (decoded with FuzzedDataProvider; fuzz/README.md has the details):
 //   byte 0        configuration: < 0xC0 picks one of kPresetConfigs (the oracle's regimes);

@@ -4,8 +4,9 @@
 //
 // The dump drives cachet::CachingAllocator through its public API only, on the host simulation
 // backend (deterministic addresses), with every device call logged by a DeviceMemory wrapper,
-// so it survives a redesign of gpu/'s insides. Its own op vocabulary on purpose: the project's
-// op vocabularies are being unified by the same issue.
+// so it survives a redesign of gpu/'s insides. Its ops are the project's op vocabulary
+// (cachet/ops.h), id-addressed: each Allocate names its handle, and an op's dump line starts
+// with ops::show(op).
 #pragma once
 
 #include <cstdint>
@@ -15,25 +16,17 @@
 
 #include "cachet/config.h"
 #include "cachet/gpu/host_backend.h"
+#include "cachet/ops.h"
 #include "cachet/types.h"
 
 namespace cachet::behaviour {
 
-// One op. Handles name allocations: an Alloc binds `handle` to the pointer it returns (when it
-// returns one); Free/Record of a handle never bound is skipped; of a handle whose block was
-// freed, the old pointer is passed again (a usage error, or the block now at that address).
-struct Op {
-  enum class Kind : std::uint8_t { Alloc, Free, Record, Complete, EmptyCache, Fraction };
-  Kind kind = Kind::Alloc;
-  Bytes size = 0;          // Alloc
-  StreamId stream = 0;     // Alloc, Record, Complete (HostSim::complete_events)
-  std::uint64_t handle = 0;  // Alloc, Free, Record
-  double fraction = 1.0;   // Fraction (set_memory_fraction)
-};
-
-// "alloc h<handle> <size> s<stream>", "free h<handle>", "record h<handle> s<stream>",
-// "complete s<stream>", "empty_cache", "fraction <f>".
-std::string show(const Op& op);
+// The ops (cachet/ops.h), id-addressed: an Allocate binds its id to the pointer it returns (when
+// it returns; a null pointer too); Free/RecordStream of an id never bound is skipped; of an id
+// whose block was freed, the old pointer is passed again (a usage error, or the block now at
+// that address). CompleteEvents is HostSim::complete_events. The pool and capture ops are not
+// run (not supported yet: issue 16).
+using ops::Op;
 
 // One run: an allocator made from `conf` (parsed as CACHET_ALLOC_CONF) over a HostSim with
 // `host`, then `initial_fraction` (if any), then `ops`.

@@ -69,22 +69,9 @@ std::vector<Input> recording_inputs(const std::string& policy, const std::string
       in.host.recorded = std::move(addrs);
     }
     if (rec.cap > 0) in.initial_fraction = static_cast<double>(rec.cap) / static_cast<double>(rec.total_memory);
-    for (const io::Op& op : io::read_ops(io::ops_path_for(rec.path))) {
-      Op o;
-      switch (op.kind) {
-        case io::Op::Kind::Alloc:
-          o.kind = Op::Kind::Alloc;
-          o.size = op.size;
-          o.stream = rec.streams.at(op.stream);
-          o.handle = op.id;
-          break;
-        case io::Op::Kind::Free:
-          o.kind = Op::Kind::Free;
-          o.handle = op.id;
-          break;
-        case io::Op::Kind::EmptyCache: o.kind = Op::Kind::EmptyCache; break;
-      }
-      in.ops.push_back(o);
+    for (ops::Op op : io::read_ops(io::ops_path_for(rec.path))) {
+      if (auto* a = std::get_if<ops::Allocate>(&op)) a->stream = rec.streams.at(a->stream);  // index -> stream
+      in.ops.push_back(op);
     }
     out.push_back(std::move(in));
   }
@@ -154,31 +141,22 @@ std::vector<Op> random_ops(std::uint64_t seed, std::size_t n) {
     while (u >= w[kind]) u -= w[kind++];
     Op op;
     switch (kind) {
-      case 0:
-        op.kind = Op::Kind::Alloc;
-        op.size = size();
-        op.stream = r(100) == 0 ? kOtherDeviceStream : stream();
-        op.handle = next_handle++;
-        live.push_back(op.handle);
+      case 0: {
+        const Bytes sz = size();
+        const StreamId s = r(100) == 0 ? kOtherDeviceStream : stream();
+        op = ops::Allocate{sz, s, next_handle};
+        live.push_back(next_handle++);
         break;
-      case 1:
-        op.kind = Op::Kind::Free;
-        op.handle = pick(true);
+      }
+      case 1: op = ops::Free{pick(true)}; break;
+      case 2: {
+        const std::uint64_t h = pick(false);
+        op = ops::RecordStream{h, r(50) == 0 ? kOtherDeviceStream : StreamId{r(4)}};
         break;
-      case 2:
-        op.kind = Op::Kind::Record;
-        op.handle = pick(false);
-        op.stream = r(50) == 0 ? kOtherDeviceStream : StreamId{r(4)};
-        break;
-      case 3:
-        op.kind = Op::Kind::Complete;
-        op.stream = r(4);
-        break;
-      case 4: op.kind = Op::Kind::EmptyCache; break;
-      default:
-        op.kind = Op::Kind::Fraction;
-        op.fraction = r(100) == 0 ? 1.5 : fractions[r(std::size(fractions))];  // 1.5: a usage error
-        break;
+      }
+      case 3: op = ops::CompleteEvents{r(4)}; break;
+      case 4: op = ops::EmptyCache{}; break;
+      default: op = ops::SetMemoryFraction{r(100) == 0 ? 1.5 : fractions[r(std::size(fractions))]}; break;  // 1.5: a usage error
     }
     ops.push_back(op);
   }

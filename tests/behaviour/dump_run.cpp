@@ -235,19 +235,6 @@ void write_snapshot(CachingAllocator& a, std::string& out) {
 
 }  // namespace
 
-std::string show(const Op& op) {
-  switch (op.kind) {
-    case Op::Kind::Alloc:
-      return "alloc h" + std::to_string(op.handle) + " " + std::to_string(op.size) + " s" + std::to_string(op.stream);
-    case Op::Kind::Free: return "free h" + std::to_string(op.handle);
-    case Op::Kind::Record: return "record h" + std::to_string(op.handle) + " s" + std::to_string(op.stream);
-    case Op::Kind::Complete: return "complete s" + std::to_string(op.stream);
-    case Op::Kind::EmptyCache: return "empty_cache";
-    case Op::Kind::Fraction: return "fraction " + num(op.fraction);
-  }
-  return "?";
-}
-
 std::string dump(const Input& in) {
   std::string out = "== " + in.name + " conf='" + in.conf + "' capacity=" + std::to_string(in.host.capacity);
   if (in.host.total_memory) out += " total=" + std::to_string(*in.host.total_memory);
@@ -276,31 +263,46 @@ std::string dump(const Input& in) {
   std::unordered_map<std::uint64_t, Context> bound;  // handle -> its allocation
   for (std::size_t i = 0; i < in.ops.size(); ++i) {
     const Op& op = in.ops[i];
-    out += std::to_string(i) + ' ' + show(op) + " -> ";
+    out += std::to_string(i) + ' ' + ops::show(op) + " -> ";
     Context ctx;
-    if (op.kind == Op::Kind::Free || op.kind == Op::Kind::Record)
-      if (const auto it = bound.find(op.handle); it != bound.end()) ctx = it->second;
+    const auto* free_op = std::get_if<ops::Free>(&op);
+    const auto* record_op = std::get_if<ops::RecordStream>(&op);
+    if (free_op || record_op)
+      if (const auto it = bound.find(free_op ? free_op->handle : record_op->handle); it != bound.end()) ctx = it->second;
     std::string r = guarded([&]() -> std::string {
-      switch (op.kind) {
-        case Op::Kind::Alloc: {
-          void* p = a->allocate(op.size, op.stream);
-          ctx = {from_ptr(p), op.size, op.stream, true};
-          bound[op.handle] = ctx;
-          return p ? hex(from_ptr(p)) : "null";
-        }
-        case Op::Kind::Free:
-          if (!ctx.valid) return "skip";
-          a->free(to_ptr(ctx.ptr));
-          return "ok";
-        case Op::Kind::Record:
-          if (!ctx.valid) return "skip";
-          a->record_stream(to_ptr(ctx.ptr), op.stream);
-          return "ok";
-        case Op::Kind::Complete: sim->complete_events(op.stream); return "ok";
-        case Op::Kind::EmptyCache: a->empty_cache(); return "ok";
-        case Op::Kind::Fraction: a->set_memory_fraction(op.fraction); return "ok";
+      if (const auto* o = std::get_if<ops::Allocate>(&op)) {
+        void* p = a->allocate(o->size, o->stream);
+        ctx = {from_ptr(p), o->size, o->stream, true};
+        bound[o->id.value()] = ctx;
+        return p ? hex(from_ptr(p)) : "null";
       }
-      return "?";
+      if (free_op) {
+        if (!ctx.valid) return "skip";
+        a->free(to_ptr(ctx.ptr));
+        return "ok";
+      }
+      if (record_op) {
+        if (!ctx.valid) return "skip";
+        a->record_stream(to_ptr(ctx.ptr), record_op->stream);
+        return "ok";
+      }
+      if (const auto* o = std::get_if<ops::CompleteEvents>(&op)) {
+        sim->complete_events(o->stream);
+        return "ok";
+      }
+      if (std::holds_alternative<ops::CompleteAllEvents>(op)) {
+        sim->complete_all_events();
+        return "ok";
+      }
+      if (std::holds_alternative<ops::EmptyCache>(op)) {
+        a->empty_cache();
+        return "ok";
+      }
+      if (const auto* o = std::get_if<ops::SetMemoryFraction>(&op)) {
+        a->set_memory_fraction(o->fraction);
+        return "ok";
+      }
+      return "error: not supported yet (issue 16)";
     });
     out += one_line(std::move(r));
     w.finish(out, calls, ctx);

@@ -46,7 +46,7 @@ TEST(FuzzRegressionFormat, OpsFileRoundTrips) {
   cachet::fuzz::Case c;
   c.config = "max_split_size_mb:128";
   c.capacity = 256ull << 20;
-  c.ops = {cachet::lockstep::Allocate{1000, 1}, cachet::lockstep::Free{0}, cachet::lockstep::EmptyCache{}};
+  c.ops = {cachet::lockstep::Allocate{1000, 1, {}}, cachet::lockstep::Free{0}, cachet::lockstep::EmptyCache{}};
   const cachet::fuzz::Case back = cachet::fuzz::parse_ops_file(cachet::fuzz::to_ops_file(c));
   EXPECT_EQ(back.config, c.config);
   EXPECT_EQ(back.capacity, c.capacity);

@@ -22,7 +22,7 @@ std::string block_state(BlockState s) { return std::string(to_string(s)); }
 
 TEST_P(Replay, MatchesPyTorch) {
   const io::Recording rec = io::read_recording(recording_path(GetParam()));
-  const std::vector<io::Op> ops = io::read_ops(io::ops_path_for(rec.path));
+  const std::vector<ops::Op> ops = io::read_ops(io::ops_path_for(rec.path));
   ASSERT_EQ(ops.size(), rec.steps.size());
   std::shared_ptr<gpu::HostSim> sim;
   auto alloc = replay_allocator(rec, &sim);
@@ -32,38 +32,33 @@ TEST_P(Replay, MatchesPyTorch) {
   std::vector<std::string> oom_messages;
   int mismatches = 0;
   for (std::size_t i = 0; i < ops.size() && mismatches < 5; ++i) {
-    const io::Op& op = ops[i];
     const io::Step& want = rec.steps[i];
-    switch (op.kind) {
-      case io::Op::Kind::Alloc: {
-        const StreamId stream = rec.streams.at(op.stream);
-        try {
-          void* p = alloc->allocate(op.size, stream);
-          if (want.oom || !want.result || reinterpret_cast<std::uintptr_t>(p) != *want.result) {
-            ADD_FAILURE() << "op " << i << ": alloc " << op.size << " returned " << p << ", PyTorch "
-                          << (want.oom ? std::string("oom") : std::to_string(want.result.value_or(0)));
-            ++mismatches;
-          }
-          live[op.id] = p;
-        } catch (const OutOfMemory& e) {
-          if (!want.oom) {
-            ADD_FAILURE() << "op " << i << ": alloc " << op.size << " OOM but PyTorch returned a pointer: " << e.what();
-            ++mismatches;
-          }
-          oom_messages.emplace_back(e.what());
+    if (const auto* a = std::get_if<ops::Allocate>(&ops[i])) {
+      const StreamId stream = rec.streams.at(a->stream);
+      try {
+        void* p = alloc->allocate(a->size, stream);
+        if (want.oom || !want.result || reinterpret_cast<std::uintptr_t>(p) != *want.result) {
+          ADD_FAILURE() << "op " << i << ": alloc " << a->size << " returned " << p << ", PyTorch "
+                        << (want.oom ? std::string("oom") : std::to_string(want.result.value_or(0)));
+          ++mismatches;
         }
-        break;
+        live[a->id.value()] = p;
+      } catch (const OutOfMemory& e) {
+        if (!want.oom) {
+          ADD_FAILURE() << "op " << i << ": alloc " << a->size << " OOM but PyTorch returned a pointer: " << e.what();
+          ++mismatches;
+        }
+        oom_messages.emplace_back(e.what());
       }
-      case io::Op::Kind::Free: {
-        auto it = live.find(op.id);
-        if (it == live.end()) break;  // that allocation OOMed
+    } else if (const auto* f = std::get_if<ops::Free>(&ops[i])) {
+      if (auto it = live.find(f->handle); it != live.end()) {  // else that allocation OOMed
         alloc->free(it->second);
         live.erase(it);
-        break;
       }
-      case io::Op::Kind::EmptyCache:
-        alloc->empty_cache();
-        break;
+    } else if (std::holds_alternative<ops::EmptyCache>(ops[i])) {
+      alloc->empty_cache();
+    } else {
+      FAIL() << "op " << i << " (" << ops::show(ops[i]) << "): not supported yet (issue 16)";
     }
     const auto got = step_stats(alloc->stats());
     if (got != want.stats) {
@@ -142,23 +137,24 @@ TEST_P(Replay, MatchesPyTorch) {
 // The same replays in validate mode: invariants() after every op (docs/invariants.md).
 TEST_P(Replay, InvariantsHoldAfterEveryOp) {
   const io::Recording rec = io::read_recording(recording_path(GetParam()));
-  const std::vector<io::Op> ops = io::read_ops(io::ops_path_for(rec.path));
+  const std::vector<ops::Op> ops = io::read_ops(io::ops_path_for(rec.path));
   Config base;
   base.validate = true;
   auto alloc = replay_allocator(rec, nullptr, base);
   std::map<std::uint64_t, void*> live;
   for (std::size_t i = 0; i < ops.size(); ++i) {
-    const io::Op& op = ops[i];
     try {
-      if (op.kind == io::Op::Kind::Alloc) {
-        live[op.id] = alloc->allocate(op.size, rec.streams.at(op.stream));
-      } else if (op.kind == io::Op::Kind::Free) {
-        if (auto it = live.find(op.id); it != live.end()) {
+      if (const auto* a = std::get_if<ops::Allocate>(&ops[i])) {
+        live[a->id.value()] = alloc->allocate(a->size, rec.streams.at(a->stream));
+      } else if (const auto* f = std::get_if<ops::Free>(&ops[i])) {
+        if (auto it = live.find(f->handle); it != live.end()) {
           alloc->free(it->second);
           live.erase(it);
         }
-      } else {
+      } else if (std::holds_alternative<ops::EmptyCache>(ops[i])) {
         alloc->empty_cache();
+      } else {
+        FAIL() << "op " << i << " (" << ops::show(ops[i]) << "): not supported yet (issue 16)";
       }
     } catch (const OutOfMemory&) {
     } catch (const InvariantViolation& e) {

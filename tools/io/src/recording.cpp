@@ -232,38 +232,53 @@ Recording read_recording(const std::string& path) {
   return rec;
 }
 
-std::vector<Op> read_ops(const std::string& path) {
+std::vector<ops::Op> read_ops(const std::string& path) {
   Reader r(path);
   const std::string text = read_file(path);
   simdjson::dom::parser parser;
   const element doc = r.parse(parser, text, kOpList);
   r.check_kind(doc, kOpList);
-  array ops = r.as_array(doc, "top level");
-  std::vector<Op> out;
-  out.reserve(ops.size());
+  array list = r.as_array(doc, "top level");
+  std::vector<ops::Op> out;
+  out.reserve(list.size());
   std::size_t i = 0;
-  for (element e : ops) {
+  for (element e : list) {
     const std::string where = "op " + std::to_string(i++);
     array a = r.as_array(e, where);
     if (a.size() == 0) r.fail(where, "empty op");
     const std::string kind = r.as_string(a.at(0), where + "[0]");
-    Op op;
+    const auto arity = [&](std::size_t n, const char* form) {
+      if (a.size() != n) r.fail(where, std::string("expected ") + form);
+    };
+    const auto uint_at = [&](std::size_t k, const char* what) { return r.as_uint(a.at(k), where + " " + what); };
     if (kind == "a") {
-      if (a.size() != 4) r.fail(where, "expected [\"a\", id, size, stream]");
-      op.kind = Op::Kind::Alloc;
-      op.id = r.as_uint(a.at(1), where + " id");
-      op.size = r.as_uint(a.at(2), where + " size");
-      op.stream = static_cast<std::uint32_t>(r.as_uint(a.at(3), where + " stream"));
+      arity(4, "[\"a\", id, size, stream]");
+      out.push_back(ops::Allocate{uint_at(2, "size"), uint_at(3, "stream"), uint_at(1, "id")});
     } else if (kind == "f") {
-      if (a.size() != 2) r.fail(where, "expected [\"f\", id]");
-      op.kind = Op::Kind::Free;
-      op.id = r.as_uint(a.at(1), where + " id");
+      arity(2, "[\"f\", id]");
+      out.push_back(ops::Free{uint_at(1, "id")});
     } else if (kind == "e") {
-      op.kind = Op::Kind::EmptyCache;
+      out.push_back(ops::EmptyCache{});
+    } else if (kind == "pb" || kind == "pe" || kind == "pr") {
+      arity(2, "[\"pb\"|\"pe\"|\"pr\", pool]");
+      const std::uint64_t k = uint_at(1, "pool");
+      if (kind == "pb") out.push_back(ops::UseMemPoolBegin{k});
+      else if (kind == "pe") out.push_back(ops::UseMemPoolEnd{k});
+      else out.push_back(ops::ReleasePool{k});
+    } else if (kind == "gb") {
+      arity(4, "[\"gb\", graph, stream, share] (share: a graph index or -1)");
+      const std::int64_t share = r.as_int(a.at(3), where + " share");
+      if (share < -1) r.fail(where + " share", "expected a graph index or -1 (a new pool)");
+      out.push_back(ops::CaptureBegin{uint_at(1, "graph"), uint_at(2, "stream"),
+                                      share < 0 ? std::nullopt : std::optional<std::uint64_t>(share)});
+    } else if (kind == "ge" || kind == "gx") {
+      arity(2, "[\"ge\"|\"gx\", graph]");
+      const std::uint64_t k = uint_at(1, "graph");
+      if (kind == "ge") out.push_back(ops::CaptureEnd{k});
+      else out.push_back(ops::GraphReset{k});
     } else {
-      r.fail(where, "unknown op \"" + kind + "\" (expected \"a\", \"f\" or \"e\")");
+      r.fail(where, "unknown op \"" + kind + "\" (expected \"a\", \"f\", \"e\", \"pb\", \"pe\", \"pr\", \"gb\", \"ge\" or \"gx\")");
     }
-    out.push_back(op);
   }
   return out;
 }

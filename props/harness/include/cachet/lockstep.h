@@ -1,38 +1,34 @@
-// cachet/lockstep.h: the model and the production allocator, side by side, one op at a time.
+// cachet/lockstep.h: a reference model and the production allocator, side by side, one op at a
+// time.
 //
-// Shared by props/ (RapidCheck state machines) and fuzz/ (fuzz_ops): one op vocabulary, one
-// runner, one replayable text form. The API is stable; add, do not change.
+// Shared by props/ (RapidCheck state machines), fuzz/ (fuzz_ops, fuzz_cachet_policy) and the
+// tests: one runner, templated over (model, implementation), for each policy's pair:
+//   PytorchLockstep  model::Allocator     and CachingAllocator under policy:pytorch
+//   CachetLockstep   model::CachetPolicy  and CachingAllocator under policy:cachet
+// The ops and their text and case-file forms are the project's one vocabulary (cachet/ops.h),
+// re-exported here.
 //
-//   Op        Allocate{size, stream} | Free{handle} | RecordStream{handle, stream} |
-//             CompleteEvents{stream} | EmptyCache | SetMemoryFraction{fraction}
-//   handle    the index of a successful, non-null allocation, in the order they happened
-//             (0, 1, 2, ...). Free/RecordStream of a handle that was freed passes its old
+//   Lockstep  holds the model ("model") and cachet::CachingAllocator ("sut"), applies one op to
+//             the sut, then to the model, and returns a divergence report (nullopt = both
+//             agree): the same pointer or the same error (OOM: the same message text; usage
+//             and device errors: the same kind, wording is free), the same device calls
+//             (malloc / reserve / map: address, size, outcome), the same trace events in the
+//             same order (action, address, size, stream: so the order of cudaFree and unmap
+//             calls is compared too), the same 122 stats (flatten), the same snapshot, and both
+//             implementations' invariants clean. The same checks for both pairs.
+//   handles   ops name allocations by handle (cachet/ops.h "Addressing"): in a Handles list,
+//             handle k is the k-th allocation that returned memory; in an Ids list, the id its
+//             Allocate bound. Free/RecordStream of a handle that was freed passes its old
 //             address to both allocators (both must report the same usage error, or free the
-//             block that now lives at that address); a handle never handed out is skipped.
-//   Lockstep  holds cachet::model::Allocator ("model") and cachet::CachingAllocator ("sut"),
-//             applies one op to the sut, then to the model, and returns a divergence report
-//             (nullopt = both agree): the same pointer or the same error (OOM: the same
-//             message text; usage and device errors: the same kind, wording is free), the
-//             same device calls (malloc / reserve / map: address, size, outcome), the same
-//             trace events in the same order (action, address, size, stream: so the order of
-//             cudaFree and unmap calls is compared too), the same 122 stats (flatten), the
-//             same snapshot, and both implementations' invariants clean.
+//             block that now lives at that address); a handle never bound is skipped.
+//   pools     the pool and capture ops (issue 16) are answered "not supported yet (issue 16)":
+//             Outcome::Kind::Unsupported on both sides and a report, nothing applied.
 //
 // Addresses: the sut's backend is wrapped so that every malloc / reserve / map it makes is
 // logged; the model's SegmentSource hands the model exactly those addresses, in order (one
 // queue per kind), and checks sizes. On the host backend the model also decides out-of-memory
 // by itself, from the same capacity (a device call the sut did not make, or made with another
 // size or outcome, is a divergence). On a real device the device's outcome is taken.
-//
-// Text form (show / parse_op), one op per line:
-//   alloc <bytes> s<stream> | free h<handle> | record h<handle> s<stream> | complete s<stream>
-//   | empty_cache | fraction <double>
-// Blank lines and lines starting with '#' are ignored by parse_ops.
-//
-// A case file (.ops: props/regressions, tests/fuzz_regressions; show_case / parse_case):
-//   # config: <CACHET_ALLOC_CONF string>     (absent: the defaults)
-//   # capacity: <bytes>                      (absent: 8 GiB)
-//   <one op per line>                        other '#' lines are comments
 #pragma once
 
 #include <cstdint>
@@ -40,6 +36,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -48,57 +45,28 @@
 #include "cachet/gpu/backend.h"
 #include "cachet/gpu/host_backend.h"
 #include "cachet/model/allocator.h"
+#include "cachet/model/cachet_policy.h"
+#include "cachet/ops.h"
 #include "cachet/types.h"
 
 namespace cachet::lockstep {
 
-struct Allocate {
-  Bytes size = 0;
-  StreamId stream = 0;
-  friend bool operator==(const Allocate&, const Allocate&) = default;
-};
-struct Free {
-  std::uint32_t handle = 0;
-  friend bool operator==(const Free&, const Free&) = default;
-};
-struct RecordStream {
-  std::uint32_t handle = 0;
-  StreamId stream = 0;
-  friend bool operator==(const RecordStream&, const RecordStream&) = default;
-};
-struct CompleteEvents {  // every event recorded so far on `stream` completes
-  StreamId stream = 0;
-  friend bool operator==(const CompleteEvents&, const CompleteEvents&) = default;
-};
-struct EmptyCache {
-  friend bool operator==(const EmptyCache&, const EmptyCache&) = default;
-};
-struct SetMemoryFraction {
-  double fraction = 1.0;
-  friend bool operator==(const SetMemoryFraction&, const SetMemoryFraction&) = default;
-};
-
-using Op = std::variant<Allocate, Free, RecordStream, CompleteEvents, EmptyCache, SetMemoryFraction>;
-
-// One op as a replayable line (no newline).
-std::string show(const Op& op);
-// The inverse of show(); nullopt when `line` is not one op.
-std::optional<Op> parse_op(std::string_view line);
-// Ops one per line.
-std::string show(const std::vector<Op>& ops);
-// Lines of show() output; throws std::invalid_argument naming the first bad line (1-based).
-std::vector<Op> parse_ops(std::string_view text);
-
-// A replayable case: the configuration string, the device capacity and the ops.
-struct Case {
-  std::string config;          // CACHET_ALLOC_CONF form ("" = the defaults)
-  Bytes capacity = 8 * GiB;
-  std::vector<Op> ops;
-};
-// "# config: ...\n# capacity: ...\n" then show(ops).
-std::string show_case(const Case& c);
-// The inverse of show_case(); throws std::invalid_argument on a bad op line or capacity.
-Case parse_case(std::string_view text);
+// The vocabulary (cachet/ops.h).
+using ops::Allocate;
+using ops::Case;
+using ops::CompleteAllEvents;
+using ops::CompleteEvents;
+using ops::EmptyCache;
+using ops::Free;
+using ops::Handle;
+using ops::Op;
+using ops::parse_case;
+using ops::parse_op;
+using ops::parse_ops;
+using ops::RecordStream;
+using ops::SetMemoryFraction;
+using ops::show;
+using ops::show_case;
 
 // What one side did with one op.
 struct Outcome {
@@ -109,7 +77,8 @@ struct Outcome {
     UsageError,   // cachet::UsageError; message = what()
     DeviceError,  // cachet::DeviceError; message = what()
     Other,        // any other exception (an invariant violation, a logic_error, ...)
-    Skipped,      // the op named a handle that was never handed out: not applied
+    Skipped,      // the op named a handle that was never bound: not applied
+    Unsupported,  // a pool or capture op: not supported yet (issue 16); not applied
   };
   Kind kind = Kind::Ok;
   std::uint64_t ptr = 0;
@@ -145,8 +114,17 @@ struct DeviceCounters {
   std::uint64_t mallocs = 0, frees = 0, reserves = 0, maps = 0, unmaps = 0, oom_calls = 0;
 };
 
+// Model: model::Allocator or model::CachetPolicy; Impl: CachingAllocator (both instantiations
+// live in lockstep.cpp). Options::config.policy must be the model's policy (else the
+// constructor throws std::invalid_argument saying which pair the policy needs).
+template <class Model, class Impl = CachingAllocator>
 class Lockstep {
  public:
+  using ModelType = Model;
+  using ImplType = Impl;
+  static constexpr Policy kPolicy =
+      std::is_same_v<Model, model::CachetPolicy> ? Policy::Cachet : Policy::PyTorch;
+
   // Host simulation backend with options.capacity.
   explicit Lockstep(Options options);
   // Any backend (a real CUDA device): the model takes the device's addresses and outcomes;
@@ -165,23 +143,37 @@ class Lockstep {
   const Outcome& last_model() const;
   const Outcome& last_sut() const;
 
-  std::uint32_t handle_count() const;            // handles handed out so far
-  bool live(std::uint32_t handle) const;          // allocated and not freed
-  std::uint64_t address(std::uint32_t handle) const;
-  Bytes requested(std::uint32_t handle) const;    // the size asked for
-  StreamId stream(std::uint32_t handle) const;    // the stream it was allocated on
-  std::vector<std::uint32_t> live_handles() const;
+  std::uint32_t handle_count() const;            // allocations bound so far (live or freed)
+  bool live(Handle handle) const;                 // bound and not freed
+  std::uint64_t address(Handle handle) const;
+  Bytes requested(Handle handle) const;           // the size asked for
+  StreamId stream(Handle handle) const;           // the stream it was allocated on
+  std::vector<Handle> live_handles() const;       // in increasing handle order
+  // The cap set_memory_fraction put on both (nullopt: none), as model::memory_cap computes it.
+  std::optional<Bytes> cap() const;
 
-  model::Allocator& model();
-  CachingAllocator& sut();
+  Model& model();
+  Impl& sut();
   gpu::HostSim* sim();  // nullptr on a real device
+  std::shared_ptr<gpu::HostSim> shared_sim() const;  // the same; outlives the pair
   const Options& options() const;
   const DeviceCounters& device_counters() const;
 
-  struct Impl;
+  struct State;
 
  private:
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<State> s_;
 };
+
+using PytorchLockstep = Lockstep<model::Allocator>;
+using CachetLockstep = Lockstep<model::CachetPolicy>;
+
+// Calls f(tag) with tag = std::type_identity<PytorchLockstep> or <CachetLockstep>, the pair
+// for `policy` (a case file's configuration picks it).
+template <class F>
+decltype(auto) visit_policy(Policy policy, F&& f) {
+  if (policy == Policy::Cachet) return f(std::type_identity<CachetLockstep>{});
+  return f(std::type_identity<PytorchLockstep>{});
+}
 
 }  // namespace cachet::lockstep

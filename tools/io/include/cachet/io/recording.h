@@ -11,24 +11,20 @@
 #include <string>
 #include <vector>
 
+#include "cachet/ops.h"
 #include "cachet/snapshot.h"
 #include "cachet/trace.h"
 #include "cachet/types.h"
 
 namespace cachet::io {
 
-// One op of an op list.
-struct Op {
-  enum class Kind : std::uint8_t {
-    Alloc,       // ["a", id, size, stream]
-    Free,        // ["f", id]
-    EmptyCache,  // ["e"]
-  };
-  Kind kind = Kind::Alloc;
-  std::uint64_t id = 0;   // Alloc/Free: the name of the pointer
-  Bytes size = 0;         // Alloc
-  std::uint32_t stream = 0;  // Alloc: stream index into Recording::streams
-};
+// An op list's ops are the project's op vocabulary (cachet/ops.h), id-addressed: each
+// ["a", id, size, s] is ops::Allocate{size, s, id}, ["f", id] ops::Free{id}, ["e"]
+// ops::EmptyCache; the pool and capture ops of the torch-2.11-h100 recordings: ["pb", k]
+// UseMemPoolBegin, ["pe", k] UseMemPoolEnd, ["pr", k] ReleasePool, ["gb", k, s, share]
+// CaptureBegin (share -1: a new pool), ["ge", k] CaptureEnd, ["gx", k] GraphReset.
+// Streams (Allocate::stream, CaptureBegin::stream) are stream INDICES: Recording::streams[s] is
+// the cudaStream_t the recording ran on.
 
 // steps[i]: the state after op i.
 struct Step {
@@ -56,7 +52,7 @@ struct Recording {
 };
 
 Recording read_recording(const std::string& path);
-std::vector<Op> read_ops(const std::string& path);
+std::vector<ops::Op> read_ops(const std::string& path);
 
 // The op list that pairs with a recording: results/res_<regime>_<config>.json[.gz] ->
 // ../ops/ops_<regime>.json[.gz] (whichever exists; the regime is the longest one whose ops file

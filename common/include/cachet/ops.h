@@ -1,0 +1,156 @@
+// cachet/ops.h: the op vocabulary. One list of what a caller can do to an allocator, with one
+// text form (one op per line) and one case-file form, used by every place that holds op
+// sequences: props/ (RapidCheck commands, props/regressions/*.ops), the lockstep harness
+// (props/harness), fuzz/ (decoded inputs, tests/fuzz_regressions/*.ops), tests/behaviour (its
+// dump lines), and tools/io (io::read_ops: the op lists of PyTorch recordings).
+//
+// It lives in common/ because it names caller actions only (sizes, streams, handles, pools),
+// needs neither model/ nor gpu/, and is shared by layers that may not depend on each other
+// (tools/io uses common/ only). Running ops is each runner's business (the lockstep harness,
+// the behaviour dump, cachet conform); this header only says what they are.
+//
+// Addressing: an op that names an allocation (free, record) names it by a handle. A list uses
+// one of two addressings, never both:
+//   Handles  allocations carry no name; handle k is the k-th allocation that returned memory
+//            (a non-null pointer), counted from 0 in list order. What generators make (props,
+//            fuzz): a shrunk or edited list needs no renumbering of the allocations.
+//   Ids      every Allocate names its allocation (Allocate::id); frees and records name those
+//            ids. The recordings' addressing (["a", id, size, stream] / ["f", id]): an id is
+//            bound only when its allocation returns memory, so OOMs leave no gaps to count.
+// Free/record of a name never bound is not applied ("skipped"); of a name whose block was
+// freed, the runner passes the old address again (a usage error, or the block now there).
+//
+// Text form (show / parse_op), one op per line ([..] are recording keys, io::read_ops):
+//   alloc <bytes> s<stream>            Allocate, handle-addressed           ["a", id, size, s]
+//   alloc h<id> <bytes> s<stream>      Allocate, id-addressed
+//   free h<handle>                     Free                                 ["f", id]
+//   record h<handle> s<stream>         RecordStream (Tensor.record_stream)
+//   complete s<stream>                 CompleteEvents: every event recorded so far on the
+//                                      stream has completed (simulated devices)
+//   complete_all                       CompleteAllEvents: the same for every stream
+//   empty_cache                        EmptyCache                           ["e"]
+//   fraction <double>                  SetMemoryFraction (%.17g: round-trips exactly)
+//   use_pool p<k>                      UseMemPoolBegin: use_mem_pool(pool k) entered  ["pb", k]
+//   end_pool p<k>                      UseMemPoolEnd: that context left               ["pe", k]
+//   release_pool p<k>                  ReleasePool: pool k's MemPool dropped          ["pr", k]
+//   capture_begin g<k> s<stream> pool new|g<j>                                        ["gb", k, s, j]
+//                                      CaptureBegin: graph k captures on the stream, into
+//                                      a new private pool or the pool of graph j (j = -1: new)
+//   capture_end g<k>                   CaptureEnd                                     ["ge", k]
+//   graph_reset g<k>                   GraphReset: graph k's reset()                  ["gx", k]
+// Streams are raw stream ids, except in io::read_ops lists: there a stream is the recording's
+// stream index (io::Recording::streams maps it). The pool and capture ops are parsed and printed
+// now; the runners answer them "not supported yet (issue 16)" until private pools exist.
+//
+// Case file (.ops; show_case / parse_case):
+//   # config: <CACHET_ALLOC_CONF string>     (absent: the defaults; "policy:cachet" picks it)
+//   # capacity: <bytes>                      (absent: 8 GiB)
+//   <one op per line>                        blank lines and other '#' lines are comments
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "cachet/types.h"
+
+namespace cachet::ops {
+
+using Handle = std::uint64_t;  // a handle (Handles addressing) or an id (Ids addressing)
+using PoolIndex = std::uint64_t;   // pool k of a list (MemPool objects, in the list's numbering)
+using GraphIndex = std::uint64_t;  // graph k of a list (CUDAGraph objects)
+
+struct Allocate {
+  Bytes size = 0;
+  StreamId stream = 0;
+  std::optional<Handle> id;  // Ids addressing: the name this allocation binds; Handles: none
+  friend bool operator==(const Allocate&, const Allocate&) = default;
+};
+struct Free {
+  Handle handle = 0;
+  friend bool operator==(const Free&, const Free&) = default;
+};
+struct RecordStream {
+  Handle handle = 0;
+  StreamId stream = 0;
+  friend bool operator==(const RecordStream&, const RecordStream&) = default;
+};
+struct CompleteEvents {  // every event recorded so far on `stream` completes
+  StreamId stream = 0;
+  friend bool operator==(const CompleteEvents&, const CompleteEvents&) = default;
+};
+struct CompleteAllEvents {
+  friend bool operator==(const CompleteAllEvents&, const CompleteAllEvents&) = default;
+};
+struct EmptyCache {
+  friend bool operator==(const EmptyCache&, const EmptyCache&) = default;
+};
+struct SetMemoryFraction {
+  double fraction = 1.0;
+  friend bool operator==(const SetMemoryFraction&, const SetMemoryFraction&) = default;
+};
+// Private pools and graph capture (issue 16): the ops of PyTorch 2.11 recordings that use
+// torch.cuda.MemPool with use_mem_pool, and CUDAGraph capture_begin / capture_end / reset.
+struct UseMemPoolBegin {
+  PoolIndex pool = 0;
+  friend bool operator==(const UseMemPoolBegin&, const UseMemPoolBegin&) = default;
+};
+struct UseMemPoolEnd {
+  PoolIndex pool = 0;
+  friend bool operator==(const UseMemPoolEnd&, const UseMemPoolEnd&) = default;
+};
+struct ReleasePool {
+  PoolIndex pool = 0;
+  friend bool operator==(const ReleasePool&, const ReleasePool&) = default;
+};
+struct CaptureBegin {
+  GraphIndex graph = 0;
+  StreamId stream = 0;
+  std::optional<GraphIndex> share;  // the graph whose pool this capture uses; none: a new pool
+  friend bool operator==(const CaptureBegin&, const CaptureBegin&) = default;
+};
+struct CaptureEnd {
+  GraphIndex graph = 0;
+  friend bool operator==(const CaptureEnd&, const CaptureEnd&) = default;
+};
+struct GraphReset {
+  GraphIndex graph = 0;
+  friend bool operator==(const GraphReset&, const GraphReset&) = default;
+};
+
+using Op = std::variant<Allocate, Free, RecordStream, CompleteEvents, CompleteAllEvents, EmptyCache,
+                        SetMemoryFraction, UseMemPoolBegin, UseMemPoolEnd, ReleasePool, CaptureBegin, CaptureEnd,
+                        GraphReset>;
+
+// The pool and capture ops (issue 16): runners without private pools refuse them.
+bool is_pool_op(const Op& op);
+
+enum class Addressing : std::uint8_t { Handles, Ids };
+// The list's addressing: Ids when any Allocate carries an id, else Handles.
+Addressing addressing(const std::vector<Op>& ops);
+
+// One op as a replayable line (no newline).
+std::string show(const Op& op);
+// The inverse of show(); nullopt when `line` is not one op.
+std::optional<Op> parse_op(std::string_view line);
+// Ops one per line.
+std::string show(const std::vector<Op>& ops);
+// Lines of show() output (blank and '#' lines skipped); throws std::invalid_argument naming the
+// first bad line (1-based) and what it should look like, or a list that mixes the addressings.
+std::vector<Op> parse_ops(std::string_view text);
+
+// A replayable case: the configuration string, the device capacity and the ops.
+struct Case {
+  std::string config;  // CACHET_ALLOC_CONF form ("" = the defaults)
+  Bytes capacity = 8 * GiB;
+  std::vector<Op> ops;
+};
+// "# config: ...\n# capacity: ...\n" then show(ops).
+std::string show_case(const Case& c);
+// The inverse of show_case(); throws std::invalid_argument on a bad op line or capacity.
+Case parse_case(std::string_view text);
+
+}  // namespace cachet::ops

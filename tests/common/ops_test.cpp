@@ -1,0 +1,98 @@
+// The op vocabulary (cachet/ops.h): every op's line, written out by hand, parses to the op and
+// prints back the same; the recordings' pool and capture ops; the two addressings; case files.
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cachet/ops.h"
+
+namespace cachet::ops {
+namespace {
+
+TEST(Ops, EveryOpHasOneLine) {
+  const std::vector<std::pair<Op, std::string>> rows{
+      {Allocate{1048577, 2, {}}, "alloc 1048577 s2"},
+      {Allocate{28, 877637248, 2}, "alloc h2 28 s877637248"},
+      {Free{3}, "free h3"},
+      {RecordStream{1, 3}, "record h1 s3"},
+      {CompleteEvents{1}, "complete s1"},
+      {CompleteAllEvents{}, "complete_all"},
+      {EmptyCache{}, "empty_cache"},
+      {SetMemoryFraction{0.123456789012345}, "fraction 0.123456789012345"},
+      {SetMemoryFraction{0.5}, "fraction 0.5"},
+      {UseMemPoolBegin{4}, "use_pool p4"},
+      {UseMemPoolEnd{4}, "end_pool p4"},
+      {ReleasePool{0}, "release_pool p0"},
+      {CaptureBegin{0, 2, std::nullopt}, "capture_begin g0 s2 pool new"},
+      {CaptureBegin{3, 1, 0}, "capture_begin g3 s1 pool g0"},
+      {CaptureEnd{3}, "capture_end g3"},
+      {GraphReset{1}, "graph_reset g1"},
+  };
+  for (const auto& [op, line] : rows) {
+    EXPECT_EQ(show(op), line);
+    const auto back = parse_op(line);
+    ASSERT_TRUE(back.has_value()) << line;
+    EXPECT_EQ(*back, op) << line;
+  }
+}
+
+TEST(Ops, PoolOpsAreMarked) {
+  EXPECT_TRUE(is_pool_op(UseMemPoolBegin{0}));
+  EXPECT_TRUE(is_pool_op(CaptureBegin{0, 1, std::nullopt}));
+  EXPECT_TRUE(is_pool_op(GraphReset{0}));
+  EXPECT_FALSE(is_pool_op(Allocate{1, 0, {}}));
+  EXPECT_FALSE(is_pool_op(CompleteAllEvents{}));
+}
+
+TEST(Ops, RejectsMalformedLines) {
+  for (const char* bad : {"alloc 12", "free 3", "alloc x s0", "alloc 1 0", "record h1", "fraction", "fraction 0.5x",
+                          "use_pool 3", "capture_begin g0 s1", "capture_begin g0 s1 pool", "capture_begin g0 s1 pool 2",
+                          "graph_reset p1", "bogus", "complete_all s1", "alloc h1 2 3 s0"})
+    EXPECT_FALSE(parse_op(bad).has_value()) << bad;
+}
+
+TEST(Ops, ParseOpsNamesTheBadLine) {
+  try {
+    (void)parse_ops("alloc 1 s0\n# c\n\nbogus op\n");
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("line 4: not an op: 'bogus op' (expected one of: alloc <bytes> s<stream>", 0), 0u) << m;
+  }
+}
+
+TEST(Ops, Addressing) {
+  EXPECT_EQ(addressing(parse_ops("alloc 1 s0\nfree h0\n")), Addressing::Handles);
+  EXPECT_EQ(addressing(parse_ops("alloc h7 1 s0\nfree h7\n")), Addressing::Ids);
+  EXPECT_EQ(addressing({}), Addressing::Handles);
+  try {
+    (void)parse_ops("alloc 1 s0\nalloc h1 2 s0\n");
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("line 2: the list mixes", 0), 0u) << e.what();
+  }
+}
+
+TEST(Ops, CaseFileRoundTrip) {
+  Case c;
+  c.config = "max_split_size_mb:128,garbage_collection_threshold:0.5";
+  c.capacity = 256 * MiB;
+  c.ops = {Allocate{1000, 1, {}}, Free{0}, EmptyCache{}, SetMemoryFraction{0.25}, UseMemPoolBegin{1}};
+  const std::string text = show_case(c);
+  EXPECT_EQ(text,
+            "# config: max_split_size_mb:128,garbage_collection_threshold:0.5\n# capacity: 268435456\n"
+            "alloc 1000 s1\nfree h0\nempty_cache\nfraction 0.25\nuse_pool p1\n");
+  const Case back = parse_case("# a comment\n" + text);
+  EXPECT_EQ(back.config, c.config);
+  EXPECT_EQ(back.capacity, c.capacity);
+  EXPECT_EQ(back.ops, c.ops);
+  EXPECT_EQ(parse_case("alloc 1 s0\n").capacity, 8 * GiB);  // defaults
+  EXPECT_EQ(parse_case("alloc 1 s0\n").config, "");
+  EXPECT_THROW((void)parse_case("# capacity: lots\n"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace cachet::ops

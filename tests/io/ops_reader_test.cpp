@@ -1,0 +1,70 @@
+// io::read_ops: a recording's op list becomes the op vocabulary (cachet/ops.h), id-addressed,
+// with the pool and capture ops of the torch-2.11-h100 recordings (tests/data/oracle-h100/README.md).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "cachet/io/file.h"
+#include "cachet/io/recording.h"
+#include "cachet/ops.h"
+
+namespace cachet::io {
+namespace {
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  const auto p = std::filesystem::temp_directory_path() / ("cachet_ops_" + std::to_string(::getpid()) + "_" + name);
+  std::ofstream(p, std::ios::binary) << text;
+  return p.string();
+}
+
+TEST(ReadOps, EveryRecordedOpKind) {
+  const std::string path = write_temp(
+      "kinds.json",
+      R"([["a", 7, 1230, 1], ["pb", 2], ["pe", 2], ["pr", 2], ["gb", 0, 2, -1], ["gb", 1, 1, 0], ["ge", 1],)"
+      R"( ["gx", 0], ["f", 7], ["e"]])");
+  const std::vector<ops::Op> got = read_ops(path);
+  const std::vector<ops::Op> want{ops::Allocate{1230, 1, 7}, ops::UseMemPoolBegin{2},    ops::UseMemPoolEnd{2},
+                                  ops::ReleasePool{2},       ops::CaptureBegin{0, 2, {}}, ops::CaptureBegin{1, 1, 0},
+                                  ops::CaptureEnd{1},        ops::GraphReset{0},          ops::Free{7},
+                                  ops::EmptyCache{}};
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(ops::addressing(got), ops::Addressing::Ids);
+  EXPECT_EQ(ops::show(got),
+            "alloc h7 1230 s1\nuse_pool p2\nend_pool p2\nrelease_pool p2\ncapture_begin g0 s2 pool new\n"
+            "capture_begin g1 s1 pool g0\ncapture_end g1\ngraph_reset g0\nfree h7\nempty_cache\n");
+  std::filesystem::remove(path);
+}
+
+TEST(ReadOps, TheOracleListsAreIdAddressed) {
+  const auto ops = read_ops(std::string(CACHET_TEST_DATA) + "/oracle/ops/ops_small.json.gz");
+  ASSERT_EQ(ops.size(), 3000u);
+  EXPECT_EQ(ops[0], (ops::Op{ops::Allocate{89, 0, 0}}));  // ["a", 0, 89, 0]
+  EXPECT_EQ(ops[1], (ops::Op{ops::Free{0}}));             // ["f", 0]
+}
+
+TEST(ReadOps, MalformedOpsNameTheOpAndTheForm) {
+  const std::pair<const char*, const char*> rows[] = {
+      {R"([["a", 0, 1]])", ": op 0: expected [\"a\", id, size, stream]"},
+      {R"([["pb"]])", ": op 0: expected [\"pb\"|\"pe\"|\"pr\", pool]"},
+      {R"([["e"], ["gb", 0, 1, -2]])", ": op 1 share: expected a graph index or -1 (a new pool)"},
+      {R"([["gx", 0, 1]])", ": op 0: expected [\"ge\"|\"gx\", graph]"},
+      {R"([["zz", 0]])", ": op 0: unknown op \"zz\" (expected \"a\", \"f\", \"e\", \"pb\", \"pe\", \"pr\", \"gb\", \"ge\" or \"gx\")"},
+  };
+  for (const auto& [text, message] : rows) {
+    const std::string path = write_temp("bad.json", text);
+    try {
+      (void)read_ops(path);
+      ADD_FAILURE() << text << ": no error";
+    } catch (const ReadError& e) {
+      EXPECT_EQ(std::string(e.what()), path + message) << text;
+    }
+    std::filesystem::remove(path);
+  }
+}
+
+}  // namespace
+}  // namespace cachet::io

@@ -6,6 +6,8 @@
 # of docs/invariants.md) in that failure.
 # An entry "<n>:lockstep:trace" requires that the lockstep failure was the trace-event order
 # ("trace events differ": cachet/lockstep.h compares each op's trace events in order).
+# Mutants 17-23 (policy:cachet) run `props_mutant_<n> --policy cachet`: the same properties
+# against model::CachetPolicy.
 # props_mutant_<n>_regressions (CACHET_PROPS_MUTANT_REGRESSIONS "<n>:<file>") replays a case of
 # props/regressions with the mutant: it must fail the lockstep check (the case catches the bug),
 # with the given first line of the report.
@@ -30,8 +32,11 @@ set(CACHET_PROPS_MUTANT_KILLS
   "14:sut-invariants:INV-STATS-1"
   "15:sut-invariants:INV-POOL-1" "15:lockstep"
   "16:sut-invariants:INV-SEG-3"
-  "24:lockstep:trace")
-set(CACHET_PROPS_MUTANT_REGRESSIONS "24:gc_largest_first.ops:trace events differ")
+  "24:lockstep:trace"
+  "17:lockstep" "18:lockstep" "19:lockstep:trace" "20:lockstep" "20:stats-recount" "20:memory-cap"
+  "21:lockstep" "21:memory-cap" "22:lockstep:trace" "22:pending-event" "23:lockstep")
+set(CACHET_PROPS_MUTANT_REGRESSIONS "24:gc_largest_first.ops:trace events differ"
+  "23:cachet_retry_skips_best_fit.ops:device calls differ")
 set(_built "")
 foreach(pair IN LISTS CACHET_PROPS_MUTANT_KILLS)
   string(REPLACE ":" ";" pl "${pair}")
@@ -57,7 +62,12 @@ foreach(pair IN LISTS CACHET_PROPS_MUTANT_KILLS)
     set_target_properties(props_mutant_${n} PROPERTIES EXCLUDE_FROM_ALL FALSE)
     list(APPEND _built ${n})
   endif()
-  add_test(NAME props_mutant_${n}_${name} COMMAND props_mutant_${n})
+  # Mutants 17-23 are policy:cachet's (gpu/src/mutant.h): its properties run them.
+  set(policy_args "")
+  if(n GREATER_EQUAL 17 AND n LESS_EQUAL 23)
+    set(policy_args --policy cachet)
+  endif()
+  add_test(NAME props_mutant_${n}_${name} COMMAND props_mutant_${n} ${policy_args})
   set_tests_properties(props_mutant_${n}_${name} PROPERTIES LABELS mutants TIMEOUT 600
     ENVIRONMENT "RC_PARAMS=seed=20250501 max_success=1000 max_size=300;CACHET_PROPS_CHECKS=${check};CACHET_PROPS_SKIP=coverage"
     PASS_REGULAR_EXPRESSION "${expect}")

@@ -22,6 +22,7 @@
 #include "cachet/summary.h"
 #include "command.h"
 #include "engine.h"
+#include "pool_front_end.h"
 
 namespace cachet::cli {
 
@@ -73,6 +74,17 @@ class ModelEngine final : public ReplayEngine {
   DeviceStats stats() const override { return alloc_.stats(); }
   Snapshot snapshot() const override { return alloc_.snapshot(); }
   std::vector<TraceEvent> trace() const override { return alloc_.trace(); }
+  void create_or_incref_pool(PoolId id) override { alloc_.create_or_incref_pool(id); }
+  void begin_allocate_to_pool(PoolId id, PoolRoute route) override { alloc_.begin_allocate_to_pool(id, route); }
+  void end_allocate_to_pool(PoolId id) override { alloc_.end_allocate_to_pool(id); }
+  void release_pool(PoolId id) override { alloc_.release_pool(id); }
+  void empty_cache_of(PoolId id) override {
+    guard([&] {
+      alloc_.empty_cache(id);
+      return 0;
+    });
+  }
+  int pool_use_count(PoolId id) const override { return alloc_.pool_use_count(id); }
 
  private:
   template <class F>
@@ -135,9 +147,12 @@ void print_segment_around(const Snapshot& snap, std::uint64_t addr, const char* 
   std::printf("    %s: %s is in no segment of the engine\n", label, hex(addr).c_str());
 }
 
+std::string describe_pool(PoolId id) { return fmt::format("[{}, {}]", id.first, id.second); }
+
 std::string describe_segment(const SegmentSnapshot& s) {
-  std::string out = fmt::format("{} size {} stream {} {}{} [", hex(s.address), s.total_size, s.stream,
-                                s.is_large ? "large" : "small", s.is_expandable ? " expandable" : "");
+  std::string out = fmt::format("{} size {} stream {} {}{} pool {} [", hex(s.address), s.total_size, s.stream,
+                                s.is_large ? "large" : "small", s.is_expandable ? " expandable" : "",
+                                describe_pool(s.pool_id));
   for (std::size_t i = 0; i < s.blocks.size(); ++i) {
     if (i == 8) {
       out += fmt::format(" ... {} blocks", s.blocks.size());
@@ -165,6 +180,7 @@ std::size_t conform_one(const std::string& engine_name, const EngineFactory& fac
   };
 
   std::map<std::uint64_t, std::uint64_t> pointers;  // op id -> engine pointer
+  PoolFrontEnd pools(*engine, rec.streams);          // the pool and capture ops (§14.9)
   std::vector<std::string> oom_messages;
   std::size_t done = 0;
   for (std::size_t i = 0; i < ops.size(); ++i) {
@@ -209,9 +225,19 @@ std::size_t conform_one(const std::string& engine_name, const EngineFactory& fac
           engine->free(it->second);
           pointers.erase(it);
         }
-      } else {  // EmptyCache (main() refuses the pool and capture ops: not supported yet)
+      } else if (std::holds_alternative<ops::EmptyCache>(ops[i])) {
         engine->empty_cache();
+      } else {  // the pool and capture ops (docs/pytorch-allocator.md §14.9)
+        pools.apply(ops[i]);
       }
+      if (want.error) mismatch(fmt::format("op {}: PyTorch refused this op, the engine did not", i));
+    } catch (const PyTorchFailure& e) {
+      // The engine says PyTorch 2.11 fails here; the recording must say so too. Either way the
+      // replay cannot go on (PyTorch's process ends at such a failure).
+      if (!want.error)
+        mismatch(fmt::format("op {}: the engine reports a PyTorch failure PyTorch did not have: {}", i, e.what()));
+      std::printf("[%s] replay stopped at op %zu: %s\n", engine_name.c_str(), i, e.what());
+      return i + 1;
     } catch (const ReplayDivergence& d) {
       mismatch(fmt::format("op {}: divergence from the recorded device calls: {}", i, d.what()));
       std::printf("[%s] replay stopped at op %zu\n", engine_name.c_str(), i);
@@ -262,9 +288,37 @@ std::size_t conform_one(const std::string& engine_name, const EngineFactory& fac
     const SegmentSnapshot& w = rec.segments[k];
     const SegmentSnapshot& g = snap[k];
     if (w.address != g.address || w.total_size != g.total_size || w.stream != g.stream ||
-        w.is_large != g.is_large || w.blocks != g.blocks)
+        w.is_large != g.is_large || w.pool_id != g.pool_id || w.blocks != g.blocks)
       mismatch(fmt::format("final snapshot: segment {}:\n  expected {}\n  actual   {}", k,
                            describe_segment(w), describe_segment(g)));
+  }
+
+  // Private pools: every pool made (ids in order) and the MemPools alive at the end with their use
+  // counts (PyTorch lists them in its dict's order; compared by k).
+  if (!rec.pool_ids.empty() || !rec.live_pools.empty()) {
+    const auto& got_ids = pools.pool_ids();
+    if (got_ids.size() != rec.pool_ids.size())
+      mismatch(fmt::format("pool_ids: expected {} pools, the replay made {}", rec.pool_ids.size(), got_ids.size()));
+    for (std::size_t k = 0; k < std::min(got_ids.size(), rec.pool_ids.size()); ++k)
+      if (got_ids[k].name != rec.pool_ids[k].name || got_ids[k].id != rec.pool_ids[k].id)
+        mismatch(fmt::format("pool_ids[{}]: expected {} {}, got {} {}", k, rec.pool_ids[k].name,
+                             describe_pool(rec.pool_ids[k].id), got_ids[k].name, describe_pool(got_ids[k].id)));
+    if (done == ops.size()) {
+      std::map<std::uint64_t, io::LivePool> want_live, got_live;
+      for (const auto& p : rec.live_pools) want_live[p.k] = p;
+      for (const auto& p : pools.live_pools()) got_live[p.k] = p;
+      for (const auto& [k, w] : want_live) {
+        auto it = got_live.find(k);
+        if (it == got_live.end() || it->second.id != w.id || it->second.use_count != w.use_count)
+          mismatch(fmt::format("live_pools: MemPool {} expected {} use_count {}, got {}", k, describe_pool(w.id),
+                               w.use_count,
+                               it == got_live.end() ? std::string("none")
+                                                    : fmt::format("{} use_count {}", describe_pool(it->second.id),
+                                                                  it->second.use_count)));
+      }
+      if (got_live.size() != want_live.size())
+        mismatch(fmt::format("live_pools: expected {} MemPools alive, got {}", want_live.size(), got_live.size()));
+    }
   }
 
   // memory_summary().
@@ -398,11 +452,12 @@ int run(const Options& o) {
     std::fprintf(stderr, "cachet conform: %s\n", e.what());
     return kExitBadInput;
   }
+  // Only the model has private pools yet (docs/pytorch-allocator.md §14); gpu/ (impl) does not.
   for (std::size_t i = 0; i < ops.size(); ++i)
-    if (ops::is_pool_op(ops[i])) {
+    if (ops::is_pool_op(ops[i]) && std::find(names.begin(), names.end(), "impl") != names.end()) {
       std::fprintf(stderr,
-                   "cachet conform: %s op %zu (%s): private pools and graph capture are not supported yet "
-                   "(issue 16); this cachet replays op lists of \"a\", \"f\" and \"e\" ops only\n",
+                   "cachet conform: %s op %zu (%s): the production allocator (impl) has no private pools "
+                   "or graph capture yet (issue 16); replay it with --engine model\n",
                    ops_path.c_str(), i, ops::show(ops[i]).c_str());
       return kExitBadInput;
     }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cachet/config.h"
+#include "cachet/errors.h"
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
 #include "cachet/trace.h"
@@ -47,6 +48,25 @@ class ReplayEngine {
   virtual DeviceStats stats() const = 0;
   virtual Snapshot snapshot() const = 0;
   virtual std::vector<TraceEvent> trace() const = 0;
+
+  // Private pools (docs/pytorch-allocator.md §14), PyTorch's allocator calls: createOrIncrefPool,
+  // beginAllocateToPool, endAllocateToPool, releasePool, emptyCache(id), getPoolUseCount.
+  // An engine without private pools refuses them (UsageError), changing nothing.
+  virtual void create_or_incref_pool(PoolId) { no_pools(); }
+  virtual void begin_allocate_to_pool(PoolId, PoolRoute) { no_pools(); }
+  virtual void end_allocate_to_pool(PoolId) { no_pools(); }
+  virtual void release_pool(PoolId) { no_pools(); }
+  virtual void empty_cache_of(PoolId) { no_pools(); }
+  virtual int pool_use_count(PoolId) const {
+    no_pools();
+    return 0;
+  }
+
+ private:
+  [[noreturn]] static void no_pools() {
+    throw UsageError("this engine does not support private pools (MemPool, CUDA graph capture) yet; "
+                     "replay with --engine model");
+  }
 };
 
 using EngineFactory = std::function<std::unique_ptr<ReplayEngine>(const EngineSetup&)>;

@@ -4,6 +4,7 @@
 // s so far as completed (what cudaEventQuery would then report). process_events() at the start
 // of malloc walks each stream's FIFO and stops at its first incomplete event (head-of-line,
 // issue #71616). synchronize_and_free_events() waits for all of them.
+#include "cachet/errors.h"
 #include "cachet/model/allocator.h"
 
 namespace cachet::model {
@@ -26,6 +27,7 @@ void Allocator::complete_all_events() {
 }
 
 void Allocator::process_events() {
+  insert_events_deferred_until_no_capture();
   for (auto it = cuda_events_.begin(); it != cuda_events_.end();) {
     auto& events = it->second;
     const auto done = completed_upto_.find(it->first);
@@ -39,15 +41,31 @@ void Allocator::process_events() {
   }
 }
 
-void Allocator::synchronize_and_free_events() {
+void Allocator::synchronize_and_free_events(const PrivatePool* pool) {
   // Counted on every call, even with no events (§11.5).
   ++stats_.num_sync_all_streams;
-  for (auto& [stream, events] : cuda_events_) {
-    for (const Event& e : events)
-      if (--e.block->event_count == 0) free_block(e.block);
-    completed_upto_[stream] = next_event_seq_;
+  // PyTorch asserts that no capture is under way: it would synchronize inside one (§14.8).
+  if (!captures_underway_.empty())
+    throw PyTorchFailure(
+        "PyTorch 2.11 fails here: synchronize_and_free_events while a capture or use_mem_pool is "
+        "under way (\"captures_underway.empty() INTERNAL ASSERT FAILED\"): a MemPool was destroyed "
+        "while another pool was active (docs/pytorch-allocator.md §14.8)");
+  insert_events_deferred_until_no_capture();
+  for (auto it = cuda_events_.begin(); it != cuda_events_.end();) {
+    auto& events = it->second;
+    // With a pool, only the events of that pool's blocks (§14.6).
+    for (auto e = events.begin(); e != events.end();) {
+      if (pool != nullptr && e->block->pool->owner != pool) {
+        ++e;
+        continue;
+      }
+      Block* block = e->block;
+      e = events.erase(e);
+      if (--block->event_count == 0) free_block(block);
+    }
+    if (pool == nullptr) completed_upto_[it->first] = next_event_seq_;
+    it = events.empty() ? cuda_events_.erase(it) : std::next(it);
   }
-  cuda_events_.clear();
 }
 
 }  // namespace cachet::model

@@ -123,6 +123,7 @@ void Allocator::unmap_block(Block* block) {
   if (first >= last) return;
   const std::uint64_t addr = es.base + first * es.page_size;
   const Bytes unmapped = (last - first) * es.page_size;
+  refuse_device_free_in_capture("unmapping an expandable segment");  // §14.8
   source_.unmap(addr, unmapped);
   for (Bytes i = first; i < last; ++i) es.mapped_pages.erase(i);
 
@@ -156,6 +157,7 @@ void Allocator::unmap_block(Block* block) {
   total_allocated_ -= unmapped;
   DeviceStats::for_all_and(stats_.reserved_bytes, stat_type(pool),
                            [&](Stat& s) { s.decrease(static_cast<std::int64_t>(unmapped)); });
+  count_device_free(pool, "unmap_block");  // §14.5, §14.8
   ++stats_.num_device_free;
   record(TraceAction::SegmentUnmap, addr, unmapped, block->stream);
 }

@@ -47,7 +47,11 @@ void Allocator::free(std::uint64_t ptr) {
   DeviceStats::for_all_and(stats_.allocated_bytes, type, [&](Stat& s) { s.decrease(size); });
   record(TraceAction::FreeRequested, block->ptr, block->requested_size, block->stream);
   if (block->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
-  if (!block->stream_uses.empty()) {
+  if (!block->stream_uses.empty() && !captures_underway_.empty()) {
+    // No event may be recorded during a capture: the free waits for its end (§14.7).
+    block->set_state(BlockState::Deferred);  // Allocated -> Deferred
+    deferred_blocks_.push_back(block);
+  } else if (!block->stream_uses.empty()) {
     insert_events(block);  // Allocated -> AwaitingEvents; completes when its events have (§6)
   } else {
     free_block(block);  // Allocated -> Free
@@ -130,6 +134,8 @@ void Allocator::record_stream(std::uint64_t ptr, StreamId stream) {
   // A use on the allocating stream needs no event (§6).
   if (stream == block->stream) return;
   block->stream_uses.insert(stream);
+  // A use made while a capture is under way needs no event after the capture (§14.7).
+  if (!captures_underway_.empty()) block->capture_stream_uses.insert(stream);
 }
 
 }  // namespace cachet::model

@@ -23,14 +23,16 @@ std::uint64_t Allocator::malloc(Bytes orig_size, StreamId stream) {
     return *addr;
   }
 
-  // 1. Blocks whose stream-use events completed return to their pools first.
-  process_events();
+  // 1. Blocks whose stream-use events completed return to their pools first; not while a
+  //    capture or use_mem_pool is under way (§14.7).
+  if (captures_underway_.empty()) process_events();
 
   // 2. Size, pool, segment size (§1).
   AllocParams p;
   p.stream = stream;
   p.size = round_size(config_, orig_size);
-  p.pool = is_small_size(p.size) ? &small_blocks_ : &large_blocks_;
+  // The default pools, or the private pool of an active capture or use_mem_pool (§14.2).
+  p.pool = &get_pool(p.size, stream);
   p.alloc_size = allocation_size(config_, p.size);
 
   // 3. Best fit in the pool; then the ladder of ways to get memory (§3.1 step 5).
@@ -39,7 +41,8 @@ std::uint64_t Allocator::malloc(Bytes orig_size, StreamId stream) {
     if (gc_enabled()) garbage_collect_cached_blocks();
     found = alloc_block(p, false) ||
             (release_available_cached_blocks(p) && alloc_block(p, false));
-    if (!found) {
+    // The last retry frees the cache; never while a capture is under way (§14.7).
+    if (!found && captures_underway_.empty()) {
       release_cached_blocks();
       found = alloc_block(p, true);
     }
@@ -101,11 +104,13 @@ bool Allocator::alloc_block(AllocParams& p, bool is_retry) {
   if (allowed_max_ && total_allocated_ + size > *allowed_max_) return false;
   if (config_.expandable_segments) {
     p.block = try_allocate_expandable_block(p);
+    if (p.block != nullptr) count_device_alloc(*p.pool);  // §14.5
     return p.block != nullptr;
   }
   const auto addr = source_.allocate(size);
   if (!addr) return false;
   total_allocated_ += size;
+  count_device_alloc(*p.pool);  // §14.5
   Block* b = new_block();
   b->stream = p.stream;
   b->size = size;

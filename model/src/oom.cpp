@@ -20,6 +20,8 @@ void Allocator::raise_oom(const AllocParams& p) {
   f.allowed = allowed_max_;
   f.allocated = static_cast<Bytes>(stats_.allocated_bytes[0].current);
   f.reserved = static_cast<Bytes>(stats_.reserved_bytes[0].current);
+  // Free blocks of every private pool (§3.7, §14.6).
+  f.private_pool_free = private_pool_free_bytes();
   throw OutOfMemory(oom_message(f));
 }
 

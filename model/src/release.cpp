@@ -12,11 +12,39 @@ void Allocator::empty_cache() {
   release_cached_blocks();
 }
 
-void Allocator::release_cached_blocks() {
-  synchronize_and_free_events();
-  // Large pool before small pool (§13.6, visible in the trace).
-  release_blocks(large_blocks_);
-  release_blocks(small_blocks_);
+void Allocator::empty_cache(PoolId id) {
+  if (config_.no_caching) return;
+  release_cached_blocks(id);
+}
+
+void Allocator::release_cached_blocks(PoolId id) {
+  // The default pools only for the default id and only when no capture or use_mem_pool is
+  // under way (§3.4, §14.6).
+  if (id.is_default() && captures_underway_.empty()) {
+    synchronize_and_free_events();
+    // Large pool before small pool (§13.6, visible in the trace).
+    release_blocks(large_blocks_);
+    release_blocks(small_blocks_);
+  }
+  release_private_pools(id);
+}
+
+// The freeable private pools (all of them for the default id, else only that one), in PyTorch's
+// order (FreeableOrder): small pool before large; a pool with no device allocation left is
+// forgotten (§14.5, §14.6).
+void Allocator::release_private_pools(PoolId id) {
+  for (PrivatePool* pp : graph_pools_freeable_.in_order()) {
+    if (!id.is_default()) {
+      if (pp->id != id) continue;
+      synchronize_and_free_events(pp);
+    }
+    release_blocks(pp->small);
+    release_blocks(pp->large);
+    if (pp->device_allocs == 0) {
+      graph_pools_freeable_.erase(pp);
+      graph_pools_.erase(pp->id);
+    }
+  }
 }
 
 void Allocator::release_blocks(BlockPool& pool) {
@@ -37,6 +65,8 @@ void Allocator::release_blocks(BlockPool& pool) {
 }
 
 void Allocator::release_block(Block* b) {
+  refuse_device_free_in_capture("cudaFree");  // §14.8
+  count_device_free(*b->pool, "release_block");  // §14.5
   ++stats_.num_device_free;
   record(TraceAction::SegmentFree, b->ptr, b->size, b->stream);
   source_.free(b->ptr, b->size);

@@ -16,39 +16,39 @@ SnapshotState state_of(const Block* b) {
   switch (b->state()) {
     case BlockState::Allocated: return SnapshotState::ActiveAllocated;
     case BlockState::AwaitingEvents: return SnapshotState::ActivePendingFree;
+    case BlockState::Deferred: return SnapshotState::ActivePendingFree;  // §14.7
     case BlockState::Free: return SnapshotState::Inactive;
     case BlockState::Unmapped: break;
   }
   throw std::logic_error("model: an unmapped block in a snapshot");
 }
 
-// Every mapped block: both pools and the active set (PyTorch's get_all_blocks).
-template <class F>
-void for_all_blocks(const BlockPool& large, const BlockPool& small,
-                    const std::map<std::uint64_t, Block*>& active, F&& f) {
-  for (const Block* b : large.blocks) f(b);
-  for (const Block* b : small.blocks) f(b);
-  for (const auto& [ptr, b] : active) f(b);
-}
 }  // namespace
 
 Snapshot Allocator::snapshot() const {
   Snapshot out;
-  for_all_blocks(large_blocks_, small_blocks_, active_blocks_, [&](const Block* head) {
+  // Every mapped block: the default and private pools and the active set (PyTorch's
+  // get_all_blocks).
+  std::vector<const Block*> all;
+  for_each_block_pool([&](const BlockPool& pool) { all.insert(all.end(), pool.blocks.begin(), pool.blocks.end()); });
+  for (const auto& [ptr, b] : active_blocks_) all.push_back(b);
+  for (const Block* head : all) {
     // One segment per contiguous mapped run (a whole cudaMalloc, or a mapped range of an
     // expandable segment).
-    if (head->prev != nullptr && head->prev->is_mapped()) return;
+    if (head->prev != nullptr && head->prev->is_mapped()) continue;
     SegmentSnapshot seg;
     seg.address = head->ptr;
     seg.stream = head->stream;
     seg.is_large = !head->pool->is_small;
     seg.is_expandable = head->expandable != nullptr;
+    // segment_pool_id: the owner of the head block's pool (§14.1).
+    if (head->pool->owner != nullptr) seg.pool_id = head->pool->owner->id;
     for (const Block* b = head; b != nullptr && b->is_mapped(); b = b->next) {
       seg.total_size += b->size;
       seg.blocks.push_back(BlockSnapshot{b->ptr, b->size, b->requested_size, state_of(b)});
     }
     out.push_back(std::move(seg));
-  });
+  }
   std::sort(out.begin(), out.end(),
             [](const SegmentSnapshot& a, const SegmentSnapshot& b) { return a.address < b.address; });
   return out;
@@ -60,7 +60,11 @@ void Allocator::check_invariants() const {
   auto fail = [](const char* id, const std::string& what) {
     throw std::logic_error(std::string(id) + " model: " + what);
   };
-  for (const BlockPool* pool : {&large_blocks_, &small_blocks_}) {
+  std::size_t pooled = 0;
+  std::vector<const BlockPool*> pools;
+  for_each_block_pool([&](const BlockPool& pool) { pools.push_back(&pool); });
+  for (const BlockPool* pool : pools) {
+    pooled += pool->blocks.size() + pool->unmapped.size();
     for (const Block* b : pool->blocks) {
       if (!b->is_free())
         fail("[INV-POOL-1]",
@@ -109,9 +113,12 @@ void Allocator::check_invariants() const {
     if (q != b->event_count)
       fail("[INV-EVENT-2]", "event_count " + std::to_string(b->event_count) + " but " +
                                 std::to_string(q) + " queued events" + at);
-    if (s != BlockState::Allocated && !b->stream_uses.empty())
+    // Stream uses stay on an allocated block, and on a free deferred by a capture (§14.7).
+    if (s != BlockState::Allocated && s != BlockState::Deferred && !b->stream_uses.empty())
       fail("[INV-EVENT-3]", std::string("stream uses on a block in state ") + state_name(s) + at);
-    const bool active = s == BlockState::Allocated || s == BlockState::AwaitingEvents;
+    if (s == BlockState::Deferred && b->stream_uses.empty())
+      fail("[INV-EVENT-3]", "a deferred free without stream uses" + at);
+    const bool active = b->is_active();
     if (active != (find_active(b->ptr) == b))
       fail("[INV-POOL-1]", std::string("active_blocks disagrees with state ") + state_name(s) + at);
     if (s == BlockState::Free && !b->pool->blocks.contains(const_cast<Block*>(b)))
@@ -119,10 +126,21 @@ void Allocator::check_invariants() const {
     if (s == BlockState::Unmapped && !b->pool->unmapped.contains(const_cast<Block*>(b)))
       fail("[INV-POOL-1]", "an Unmapped block outside its pool's unmapped set" + at);
   }
-  if (active_blocks_.size() + large_blocks_.blocks.size() + small_blocks_.blocks.size() +
-          large_blocks_.unmapped.size() + small_blocks_.unmapped.size() !=
-      owned_.size())
+  if (active_blocks_.size() + pooled != owned_.size())
     fail("[INV-POOL-1]", "a block is in no container, or in two");
+  // Private pools (§14.4, §14.5).
+  std::map<const PrivatePool*, int> segments_of;
+  for (const auto& [key, owned] : owned_)
+    if (owned->pool->owner != nullptr && owned->prev == nullptr && owned->expandable == nullptr)
+      ++segments_of[owned->pool->owner];
+  for (const auto& [id, pp] : graph_pools_) {
+    if (pp->use_count < 0) fail("[INV-PRIV-1]", "a negative use count");
+    if ((pp->use_count == 0) != graph_pools_freeable_.contains(pp.get()))
+      fail("[INV-PRIV-1]", "the freeable list disagrees with the use count");
+    if (expandable_segments_.empty() && pp->device_allocs != segments_of[pp.get()])
+      fail("[INV-PRIV-2]", "device allocation count " + std::to_string(pp->device_allocs) +
+                               ", segments " + std::to_string(segments_of[pp.get()]));
+  }
   // [INV-STATS-1]: the stats agree with the structure (§5.3).
   std::int64_t segments = 0, reserved = 0, allocated = 0, active_bytes = 0, allocations = 0,
                active = 0, inactive_split = 0, inactive_split_bytes = 0;

@@ -34,6 +34,14 @@ class DeviceError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// PyTorch 2.11 itself fails at this point (an internal assertion that ends the process); the
+// model says so instead of guessing what would follow. what() names the rule
+// (docs/pytorch-allocator.md §N). After it the model's state is PyTorch's at its assertion.
+class PyTorchFailure : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
 // A configuration string could not be accepted. what() is the full human message; the fields
 // say where and what.
 class ConfigError : public std::invalid_argument {

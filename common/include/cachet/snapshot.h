@@ -33,6 +33,7 @@ struct SegmentSnapshot {
   StreamId stream = 0;
   bool is_large = false;       // segment_type "large" (else "small")
   bool is_expandable = false;
+  PoolId pool_id;  // segment_pool_id: its pool (docs/pytorch-allocator.md §14.1)
   std::vector<BlockSnapshot> blocks;  // address order, tiling the segment
 
   Bytes allocated_size() const;  // sum of active_allocated block sizes

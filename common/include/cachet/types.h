@@ -13,11 +13,15 @@
 //             wait for an event recorded on that stream.
 //   inactive split  a free block inside a segment that has more than one block.
 //   oversize  a block or segment of max_split_size bytes or more: never split.
+//   private pool  a pool of its own (small and large) that allocations are routed to while a
+//             torch.cuda.MemPool is in use (use_mem_pool) or a CUDA graph is being captured;
+//             named by a PoolId (PyTorch's MempoolId_t). The default pools have id {0, 0}.
 //
 // This header holds only names and PyTorch's constants. Algorithms live in model/ (the
 // specification) and gpu/ (the allocator people run), separately, on purpose.
 #pragma once
 
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 
@@ -26,6 +30,27 @@ namespace cachet {
 using StreamId = std::uint64_t;  // raw cudaStream_t value; 0 = legacy default stream
 using DeviceIndex = int;
 using Bytes = std::uint64_t;
+
+// PyTorch's MempoolId_t (docs/pytorch-allocator.md §14.1): {0, 0} the default pools; {0, n} a
+// torch.cuda.MemPool or graph_pool_handle(); {n, 0} a pool a CUDA graph capture made.
+struct PoolId {
+  std::uint64_t first = 0;
+  std::uint64_t second = 0;
+  bool is_default() const { return first == 0 && second == 0; }
+  friend auto operator<=>(const PoolId&, const PoolId&) = default;
+};
+
+// Which allocations a private pool takes while it is active (PyTorch's filter of
+// beginAllocateToPool, §14.2): every allocation of the thread that entered use_mem_pool (the
+// model and the replays are single-threaded, so: every allocation), or those on the stream a
+// CUDA graph is capturing.
+struct PoolRoute {
+  enum class Kind : std::uint8_t { CurrentThread, CaptureStream };
+  Kind kind = Kind::CurrentThread;
+  StreamId stream = 0;  // CaptureStream: the capturing stream
+  bool takes(StreamId s) const { return kind == Kind::CurrentThread || s == stream; }
+  bool is_capture() const { return kind == Kind::CaptureStream; }
+};
 
 inline constexpr Bytes KiB = 1024;
 inline constexpr Bytes MiB = 1024 * KiB;

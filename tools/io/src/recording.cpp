@@ -120,6 +120,12 @@ class Reader {
   std::string path_;
 };
 
+PoolId read_pool_id(const Reader& r, element e, const std::string& where) {
+  array a = r.as_array(e, where);
+  if (a.size() != 2) r.fail(where, "expected a pool id [first, second]");
+  return PoolId{r.as_uint(a.at(0), where + "[0]"), r.as_uint(a.at(1), where + "[1]")};
+}
+
 Snapshot read_segments(const Reader& r, array segs, bool expandable) {
   Snapshot out;
   std::size_t i = 0;
@@ -135,6 +141,7 @@ Snapshot read_segments(const Reader& r, array segs, bool expandable) {
       r.fail(where + ".segment_type", "expected \"large\" or \"small\", got \"" + type + "\"");
     s.is_large = type == "large";
     s.is_expandable = expandable;
+    if (auto e = r.optional_field(so, "segment_pool_id")) s.pool_id = read_pool_id(r, *e, where + ".segment_pool_id");
     if (auto e = r.optional_field(so, "is_expandable")) {
       bool b;
       if (e->get(b)) r.fail(where + ".is_expandable", "expected true or false");
@@ -195,8 +202,9 @@ Recording read_recording(const std::string& path) {
     std::string_view sv;
     if (res.is_null()) {
     } else if (!res.get(sv)) {
-      if (sv != "oom") r.fail(where + "[0]", "expected a pointer, \"oom\" or null");
-      s.oom = true;
+      if (sv != "oom" && sv != "error") r.fail(where + "[0]", "expected a pointer, \"oom\", \"error\" or null");
+      s.oom = sv == "oom";
+      s.error = sv == "error";
     } else {
       s.result = r.as_uint(res, where + "[0]");
     }
@@ -228,6 +236,41 @@ Recording read_recording(const std::string& path) {
     i = 0;
     for (element m : r.as_array(*e, "oom_messages"))
       rec.oom_messages.push_back(r.as_string(m, "oom_messages[" + std::to_string(i++) + "]"));
+  }
+  if (auto e = r.optional_field(root, "pool_ids"); e && !e->is_null()) {
+    i = 0;
+    for (element m : r.as_array(*e, "pool_ids")) {
+      const std::string where = "pool_ids[" + std::to_string(i++) + "]";
+      array a = r.as_array(m, where);
+      if (a.size() != 2) r.fail(where, "expected [name, [first, second]]");
+      RecordedPool p;
+      std::string_view sv;
+      if (!a.at(0).get(sv))
+        p.name = std::string(sv);
+      else
+        p.name = std::to_string(r.as_uint(a.at(0), where + "[0]"));
+      p.id = read_pool_id(r, a.at(1), where + "[1]");
+      rec.pool_ids.push_back(p);
+    }
+  }
+  if (auto e = r.optional_field(root, "live_pools"); e && !e->is_null()) {
+    i = 0;
+    for (element m : r.as_array(*e, "live_pools")) {
+      const std::string where = "live_pools[" + std::to_string(i++) + "]";
+      array a = r.as_array(m, where);
+      if (a.size() != 3) r.fail(where, "expected [k, [first, second], use_count]");
+      rec.live_pools.push_back(LivePool{r.as_uint(a.at(0), where + "[0]"), read_pool_id(r, a.at(1), where + "[1]"),
+                                        static_cast<int>(r.as_int(a.at(2), where + "[2]"))});
+    }
+  }
+  if (auto e = r.optional_field(root, "errors"); e && !e->is_null()) {
+    i = 0;
+    for (element m : r.as_array(*e, "errors")) {
+      const std::string where = "errors[" + std::to_string(i++) + "]";
+      array a = r.as_array(m, where);
+      if (a.size() != 2) r.fail(where, "expected [op index, message]");
+      rec.errors.emplace_back(r.as_uint(a.at(0), where + "[0]"), r.as_string(a.at(1), where + "[1]"));
+    }
   }
   return rec;
 }

@@ -27,6 +27,7 @@
 #include "cachet/trace.h"
 #include "cachet/types.h"
 #include "cachet/model/block.h"
+#include "cachet/model/private_pool.h"
 #include "cachet/model/segment_source.h"
 
 namespace cachet::model {
@@ -58,8 +59,30 @@ class Allocator {
   // per_process_memory_fraction applies only at construction, and no_caching cannot change.
   void set_allocator_settings(const Config& config);
 
-  // torch.cuda.empty_cache(): release_cached_blocks (§3.4).
+  // torch.cuda.empty_cache(): release_cached_blocks (§3.4) of the default pools and of every
+  // freeable private pool (§14.6).
   void empty_cache();
+  // emptyCache(id) with a private pool's id (a MemPool's destructor): that pool only, if freeable
+  // (§14.6). The default id is empty_cache().
+  void empty_cache(PoolId id);
+
+  // Private pools (§14). createOrIncrefPool: a new pool (use_count 1) or one more user of a live
+  // one; UsageError for the default id or a pool whose users all released it.
+  void create_or_incref_pool(PoolId id);
+  // beginAllocateToPool: create_or_incref_pool, then allocations that `route` takes go to the
+  // pool until end_allocate_to_pool (§14.2). UsageError when the pool is already active.
+  void begin_allocate_to_pool(PoolId id, PoolRoute route);
+  // endAllocateToPool. UsageError when the pool is not active.
+  void end_allocate_to_pool(PoolId id);
+  // releasePool: one user fewer; at 0 the pool becomes freeable (§14.4). UsageError for an
+  // unknown pool or one already at 0.
+  void release_pool(PoolId id);
+  // getPoolUseCount; UsageError for an unknown pool.
+  int pool_use_count(PoolId id) const;
+  // Whether the pool is still known (live, or freeable with segments left).
+  bool has_pool(PoolId id) const { return graph_pools_.contains(id); }
+  // Any use_mem_pool or capture active (PyTorch's captures_underway is not empty, §14.7).
+  bool capture_underway() const { return !captures_underway_.empty(); }
   // torch.cuda.set_per_process_memory_fraction (§3.6): in [0, 1], else UsageError.
   void set_memory_fraction(double fraction);
   double memory_fraction() const;
@@ -103,9 +126,27 @@ class Allocator {
   // events.cpp
   void insert_events(Block* b);
   void process_events();
-  void synchronize_and_free_events();
+  // With a pool: only the events of that private pool's blocks (§14.6).
+  void synchronize_and_free_events(const PrivatePool* pool = nullptr);
+  // private_pool.cpp
+  BlockPool& get_pool(Bytes size, StreamId stream);
+  void insert_events_deferred_until_no_capture();
+  void release_private_pools(PoolId id);
+  void count_device_alloc(BlockPool& pool);
+  void count_device_free(BlockPool& pool, const char* where);
+  void refuse_device_free_in_capture(const char* what) const;
+  Bytes private_pool_free_bytes() const;
+  template <class F>
+  void for_each_block_pool(F&& f) const {
+    f(large_blocks_);
+    f(small_blocks_);
+    for (const auto& [id, pp] : graph_pools_) {
+      f(pp->large);
+      f(pp->small);
+    }
+  }
   // release.cpp
-  void release_cached_blocks();
+  void release_cached_blocks(PoolId id = PoolId{});
   void release_blocks(BlockPool& pool);
   void release_block(Block* b);
   bool release_available_cached_blocks(const AllocParams& p);
@@ -148,6 +189,13 @@ class Allocator {
   Bytes total_allocated_ = 0;
   std::optional<Bytes> allowed_max_;
   std::vector<TraceEvent> trace_;
+  // Private pools (§14): every known pool by id; the freeable ones (use_count 0) in PyTorch's
+  // release order; the active ones, newest last (get_pool searches newest first); the frees
+  // that wait for the end of the captures (Deferred blocks, in the order they were freed).
+  std::map<PoolId, std::unique_ptr<PrivatePool>> graph_pools_;
+  FreeableOrder graph_pools_freeable_;
+  std::vector<std::pair<PoolId, PoolRoute>> captures_underway_;
+  std::vector<Block*> deferred_blocks_;
   // No-caching mode (Config::no_caching): live raw device allocations, address -> size.
   std::map<std::uint64_t, Bytes> raw_allocations_;
 };

@@ -9,6 +9,10 @@
 //   AwaitingEvents  freed after other streams used it: one event per stream was recorded and
 //                   event_count of them are outstanding (> 0); still in active_blocks, in no
 //                   pool, reused by nobody. The snapshot's active_pending_free (§2.5, §6).
+//   Deferred        freed while a capture or use_mem_pool was under way after other streams
+//                   used it: no event could be recorded; it keeps its stream_uses and waits,
+//                   in Allocator::deferred_blocks and active_blocks, until no capture is under
+//                   way (§14.7). The snapshot's active_pending_free too.
 //   Free            mapped and reusable: in its pool's `blocks` (best-fit order); out of it
 //                   only between the search that found it and alloc_found_block.
 //   Unmapped        expandable segments only: reserved addresses with no memory behind them,
@@ -19,6 +23,9 @@
 //   Free -> Allocated               alloc_found_block (§2.4)
 //   Allocated -> Free               free() with no stream uses: free_block at once (§2.5)
 //   Allocated -> AwaitingEvents     free() with stream uses: insert_events (§2.5, §6)
+//   Allocated -> Deferred           free() with stream uses while a capture is under way (§14.7)
+//   Deferred -> AwaitingEvents      insert_events_deferred_until_no_capture (§14.7)
+//   Deferred -> Free                the same, when every stream use was made during the capture
 //   AwaitingEvents -> Free          its last event completed: process_events or
 //                                   synchronize_and_free_events call free_block (§6)
 //   Free -> Unmapped                unmap_block, from release_cached_blocks (§3.4, §7)
@@ -27,7 +34,8 @@
 //                                   back by release_block (§3.4) or release_expandable_segment
 // Invariants: Allocator::check_invariants and CachetPolicy::check_invariants check the rules of
 // docs/invariants.md ([INV-POOL-1]: the state names the one container a block is in;
-// [INV-EVENT-1], [INV-EVENT-3]: events and stream uses only in their states; and the rest).
+// [INV-EVENT-1], [INV-EVENT-3]: events and stream uses only in their states, stream uses kept in
+// Allocated and Deferred; and the rest).
 #pragma once
 
 #include <cstdint>
@@ -42,7 +50,7 @@ namespace cachet::model {
 
 // Not the snapshot's cachet::BlockState (active_allocated, active_pending_free, inactive),
 // which shows only mapped blocks and has no Unmapped; see the table above.
-enum class BlockState : std::uint8_t { Allocated, AwaitingEvents, Free, Unmapped };
+enum class BlockState : std::uint8_t { Allocated, AwaitingEvents, Free, Unmapped, Deferred };
 
 inline const char* state_name(BlockState s) {
   switch (s) {
@@ -50,6 +58,7 @@ inline const char* state_name(BlockState s) {
     case BlockState::AwaitingEvents: return "AwaitingEvents";
     case BlockState::Free: return "Free";
     case BlockState::Unmapped: return "Unmapped";
+    case BlockState::Deferred: return "Deferred";
   }
   return "?";
 }
@@ -57,8 +66,10 @@ inline const char* state_name(BlockState s) {
 // [INV-STATE-1]: the transitions of the table above.
 constexpr bool legal_transition(BlockState from, BlockState to) {
   switch (from) {
-    case BlockState::Allocated: return to == BlockState::Free || to == BlockState::AwaitingEvents;
+    case BlockState::Allocated:
+      return to == BlockState::Free || to == BlockState::AwaitingEvents || to == BlockState::Deferred;
     case BlockState::AwaitingEvents: return to == BlockState::Free;
+    case BlockState::Deferred: return to == BlockState::AwaitingEvents || to == BlockState::Free;
     case BlockState::Free: return to == BlockState::Allocated || to == BlockState::Unmapped;
     case BlockState::Unmapped: return to == BlockState::Free;
   }
@@ -84,6 +95,7 @@ inline void check_born_or_deleted(BlockState s, const char* what, std::uint64_t 
 
 struct BlockPool;
 struct ExpandableSegment;
+struct PrivatePool;
 
 struct Block {
   explicit Block(BlockState born = BlockState::Free) : state_(born) {
@@ -98,7 +110,11 @@ struct Block {
   Block* prev = nullptr;
   Block* next = nullptr;
   int event_count = 0;              // outstanding stream-use events (§6): AwaitingEvents only
-  std::set<StreamId> stream_uses;   // record_stream()s since allocation: Allocated only
+  std::set<StreamId> stream_uses;   // record_stream()s since allocation: Allocated, Deferred
+  // The record_stream()s made while a capture was under way (PyTorch's
+  // block_to_cudagraph_stream_uses, §14.7): they need no event once the capture has ended.
+  // Cleared only when the block's deferred free is processed, as in PyTorch.
+  std::set<StreamId> capture_stream_uses;
   std::int64_t gc_count_base = 0;   // pool's free-block search count when it entered the pool
   ExpandableSegment* expandable = nullptr;
 
@@ -116,6 +132,11 @@ struct Block {
     state_ = to;
   }
   bool is_allocated() const { return state_ == BlockState::Allocated; }
+  // Handed out, or freed and waiting (events or the end of a capture): in active_blocks.
+  bool is_active() const {
+    return state_ == BlockState::Allocated || state_ == BlockState::AwaitingEvents ||
+           state_ == BlockState::Deferred;
+  }
   bool is_free() const { return state_ == BlockState::Free; }
   bool is_unmapped() const { return state_ == BlockState::Unmapped; }
   bool is_mapped() const { return state_ != BlockState::Unmapped; }
@@ -145,10 +166,12 @@ struct ByAddress {
 };
 
 struct BlockPool {
-  explicit BlockPool(bool small) : is_small(small) {}
+  explicit BlockPool(bool small, PrivatePool* owner_pool = nullptr)
+      : is_small(small), owner(owner_pool) {}
   std::set<Block*, BySize> blocks;       // Free blocks
   std::set<Block*, ByAddress> unmapped;  // Unmapped blocks (expandable segments)
   const bool is_small;
+  PrivatePool* const owner;  // the private pool this pool belongs to; null: a default pool (§14.1)
   // Ticks once per free-block search while garbage collection is on (§3.5, §13.3).
   std::int64_t get_free_blocks_call_count = 0;
 

@@ -26,9 +26,22 @@ namespace cachet::io {
 // Streams (Allocate::stream, CaptureBegin::stream) are stream INDICES: Recording::streams[s] is
 // the cudaStream_t the recording ran on.
 
+// A pool a recording made: ["<k>" or "g<k>", [first, second]] (pool_ids).
+struct RecordedPool {
+  std::string name;  // "3" for MemPool 3, "g1" for graph 1's pool
+  PoolId id;
+};
+// A MemPool alive at the end: [k, id, use_count] (live_pools).
+struct LivePool {
+  std::uint64_t k = 0;
+  PoolId id;
+  int use_count = 0;
+};
+
 // steps[i]: the state after op i.
 struct Step {
   bool oom = false;                     // the allocation raised OutOfMemoryError
+  bool error = false;                   // PyTorch refused the op ("error"; see Recording::errors)
   std::optional<std::uint64_t> result;  // the returned pointer (allocations that succeeded)
   std::array<std::int64_t, 6> stats{};  // in stat_keys order
 };
@@ -49,6 +62,11 @@ struct Recording {
   std::vector<TraceEvent> trace;  // oom rows: addr 0 (recorded as null)
   std::string summary;            // memory_summary() at the end
   std::vector<std::string> oom_messages;
+  // Private-pool recordings only (absent elsewhere): every pool made, in order; the MemPools
+  // alive at the end; the ops PyTorch refused ([op index, message]).
+  std::vector<RecordedPool> pool_ids;
+  std::vector<LivePool> live_pools;
+  std::vector<std::pair<std::size_t, std::string>> errors;
 };
 
 Recording read_recording(const std::string& path);

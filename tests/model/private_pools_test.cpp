@@ -1,0 +1,224 @@
+// Private pools and capture (docs/pytorch-allocator.md §14): the rules the recordings do not
+// exercise (stream uses during a capture, the retry skipped, where PyTorch fails), with values
+// worked out by hand from §14; the recordings themselves run in tests/conformance.
+#include <fstream>
+
+#include "cachet/errors.h"
+#include "harness.h"
+
+namespace cachet::model::test {
+namespace {
+
+constexpr PoolRoute kThread{PoolRoute::Kind::CurrentThread, 0};
+PoolRoute capture(StreamId s) { return PoolRoute{PoolRoute::Kind::CaptureStream, s}; }
+
+// use_mem_pool takes every allocation of the thread, whatever its stream; the pool's segments
+// carry its id and stay until the pool is freeable and its cache emptied (§14.2, §14.4, §14.6).
+TEST(PrivatePools, UseMemPoolRoutesEveryStreamAndCountsUsers) {
+  Device d;
+  const PoolId id{0, 1};
+  d.alloc.create_or_incref_pool(id);  // torch.cuda.MemPool()
+  EXPECT_EQ(d.alloc.pool_use_count(id), 1);
+  d.alloc.begin_allocate_to_pool(id, kThread);  // use_mem_pool enter
+  EXPECT_EQ(d.alloc.pool_use_count(id), 2);
+  const auto a = d.malloc(1000, 0);
+  const auto b = d.malloc(1000, 7);  // another stream: the pool too, a segment of stream 7
+  d.alloc.end_allocate_to_pool(id);
+  d.alloc.release_pool(id);  // use_mem_pool exit
+  EXPECT_EQ(d.alloc.pool_use_count(id), 1);
+  const auto c = d.malloc(1000, 0);  // no pool active: the default pool, a third segment
+  Snapshot s = d.alloc.snapshot();
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[0].pool_id, id);
+  EXPECT_EQ(s[1].pool_id, id);
+  EXPECT_EQ(s[1].stream, 7u);
+  EXPECT_EQ(s[2].pool_id, PoolId{});
+  d.free(a);
+  d.free(b);
+  d.free(c);
+  d.alloc.empty_cache();  // the pool has a user left: only the default segment goes
+  EXPECT_EQ(d.alloc.stats().reserved_bytes[0].current, 2 * 2097152);
+  EXPECT_EQ(d.alloc.stats().num_sync_all_streams, 1);
+  d.alloc.release_pool(id);  // ~MemPool: releasePool, emptyCache(id)
+  d.alloc.empty_cache(id);
+  d.alloc.check_invariants();
+  EXPECT_EQ(d.alloc.stats().reserved_bytes[0].current, 0);
+  EXPECT_EQ(d.alloc.stats().num_sync_all_streams, 2);  // emptyCache(id) synchronizes too
+  EXPECT_EQ(d.alloc.stats().num_device_free, 3);
+  EXPECT_FALSE(d.alloc.has_pool(id));  // no segment left: forgotten
+}
+
+// A capture takes only its stream; allocations on other streams stay in the default pools.
+TEST(PrivatePools, CaptureRoutesOnlyItsStream) {
+  Device d;
+  const PoolId id{1, 0};
+  d.alloc.begin_allocate_to_pool(id, capture(5));
+  d.malloc(1000, 5);
+  d.malloc(1000, 0);
+  d.alloc.end_allocate_to_pool(id);
+  const Snapshot s = d.alloc.snapshot();
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].pool_id, id);
+  EXPECT_EQ(s[0].stream, 5u);
+  EXPECT_EQ(s[1].pool_id, PoolId{});
+}
+
+// Two graphs sharing a pool: the second capture reuses the first's free blocks; the pool is
+// freeable only after both released it; a block freed after the release returns to the pool
+// and its segment goes at the next empty_cache (§14.3-§14.5).
+TEST(PrivatePools, SharedPoolAndBlocksFreedAfterRelease) {
+  Device d;
+  const PoolId id{1, 0};
+  d.alloc.begin_allocate_to_pool(id, capture(5));
+  const auto x = d.malloc(4 * MiB, 5);  // a 20 MiB segment of the pool
+  d.free(x);
+  d.alloc.end_allocate_to_pool(id);
+  d.alloc.begin_allocate_to_pool(id, capture(6));  // graph 2 shares the pool, on stream 6
+  EXPECT_EQ(d.alloc.pool_use_count(id), 2);
+  const auto y = d.malloc(4 * MiB, 5);  // not stream 6: the default pool
+  d.alloc.end_allocate_to_pool(id);
+  d.alloc.begin_allocate_to_pool(id, capture(5));  // a third capture on stream 5
+  const auto z = d.malloc(4 * MiB, 5);
+  EXPECT_EQ(z, x);  // the pool's cached block
+  d.alloc.end_allocate_to_pool(id);
+  d.alloc.release_pool(id);
+  d.alloc.release_pool(id);
+  d.alloc.empty_cache();  // use count 1: the pool keeps its segment
+  EXPECT_EQ(d.alloc.stats().segment[0].current, 2);
+  d.alloc.release_pool(id);  // freeable, but z is alive
+  d.alloc.empty_cache();
+  EXPECT_EQ(d.alloc.stats().segment[0].current, 2);  // y's segment and z's
+  EXPECT_TRUE(d.alloc.has_pool(id));
+  d.free(z);  // back to the released pool
+  d.free(y);
+  d.alloc.empty_cache();
+  EXPECT_EQ(d.alloc.stats().segment[0].current, 0);
+  EXPECT_FALSE(d.alloc.has_pool(id));
+  EXPECT_THROW(d.alloc.release_pool(id), UsageError);
+}
+
+// During a capture no event is recorded or queried: a free with stream uses waits (Deferred,
+// active_pending_free); a use recorded during the capture needs no event afterwards; one
+// recorded before it gets its event when the capture has ended (§14.7).
+TEST(PrivatePools, StreamUsesDuringCapture) {
+  Device d;
+  const auto before = d.malloc(1000, 0);
+  d.alloc.record_stream(before, 9);  // before the capture
+  const PoolId id{1, 0};
+  d.alloc.begin_allocate_to_pool(id, capture(5));
+  const auto inside = d.malloc(1000, 5);
+  d.alloc.record_stream(inside, 9);  // during the capture
+  d.free(before);
+  d.free(inside);
+  // 1000 B rounds to 1024 (§1.2).
+  EXPECT_EQ(d.blocks(0), (Blocks{{1024, 1000, P}, {2096128, 0, I}}));
+  EXPECT_EQ(d.blocks(1), (Blocks{{1024, 1000, P}, {2096128, 0, I}}));
+  EXPECT_EQ(d.alloc.stats().active_bytes[0].current, 2048);
+  d.malloc(1000, 5);  // events are not processed during the capture: nothing completes
+  EXPECT_EQ(d.alloc.stats().active_bytes[0].current, 3072);
+  d.alloc.end_allocate_to_pool(id);
+  d.malloc(600, 0);  // process_events: `inside` completes at once, `before` waits for stream 9
+  EXPECT_EQ(d.blocks(0), (Blocks{{1024, 1000, P}, {1024, 600, A}, {2095104, 0, I}}));
+  EXPECT_EQ(std::get<2>(d.blocks(1)[0]), I);
+  d.alloc.complete_events(9);
+  d.malloc(600, 0);
+  EXPECT_EQ(std::get<2>(d.blocks(0)[0]), A);  // `before` completed and was reused
+}
+
+// The last retry (release_cached_blocks) is skipped during a capture: a request the cached
+// default segment could have made room for runs out of memory instead (§14.6, §14.7).
+TEST(PrivatePools, NoFreeAndRetryDuringCapture) {
+  Device d(Config{}, 100 * MiB);
+  d.free(d.malloc(60 * MiB));  // a 60 MiB default segment, cached
+  const PoolId id{1, 0};
+  d.alloc.begin_allocate_to_pool(id, capture(5));
+  EXPECT_THROW(d.alloc.malloc(60 * MiB, 5), OutOfMemory);
+  EXPECT_EQ(d.alloc.stats().num_alloc_retries, 0);
+  EXPECT_EQ(d.alloc.stats().num_ooms, 1);
+  d.alloc.end_allocate_to_pool(id);
+  d.alloc.begin_allocate_to_pool(PoolId{0, 1}, kThread);  // a use_mem_pool is no capture
+  EXPECT_THROW(d.alloc.malloc(60 * MiB, 5), OutOfMemory);  // but the retry is skipped too
+  d.alloc.end_allocate_to_pool(PoolId{0, 1});
+  d.malloc(60 * MiB, 5);  // no pool active: release_cached_blocks, then the retry
+  EXPECT_EQ(d.alloc.stats().num_alloc_retries, 1);
+}
+
+// Where PyTorch 2.11 fails (§14.8): a cudaFree during a capture (here garbage collection).
+TEST(PrivatePools, PyTorchFailsOnGarbageCollectionDuringCapture) {
+  Config c = conf("garbage_collection_threshold:0.5");
+  Device d(c);
+  d.alloc.set_memory_fraction(static_cast<double>(100 * MiB) / static_cast<double>(kH200Total));
+  d.free(d.malloc(60 * MiB));  // reserved 60 MiB > 50 MiB: the next miss collects
+  d.alloc.begin_allocate_to_pool(PoolId{1, 0}, capture(5));
+  try {
+    d.alloc.malloc(30 * MiB, 5);
+    FAIL() << "expected PyTorchFailure";
+  } catch (const PyTorchFailure& e) {
+    EXPECT_NE(std::string(e.what()).find("§14.8"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cudaFree"), std::string::npos) << e.what();
+  }
+}
+
+// ...a MemPool destroyed while another pool is in use (emptyCache(id) synchronizes, §14.8).
+TEST(PrivatePools, PyTorchFailsOnEmptyCacheOfAPoolDuringAnother) {
+  Device d;
+  d.alloc.create_or_incref_pool(PoolId{0, 1});
+  d.alloc.begin_allocate_to_pool(PoolId{0, 2}, kThread);
+  d.alloc.release_pool(PoolId{0, 1});
+  EXPECT_THROW(d.alloc.empty_cache(PoolId{0, 1}), PyTorchFailure);
+}
+
+// ...expandable segments unmapping more ranges than the pool grew by: one growth of three
+// 20 MiB pages, two separate unmaps (§14.5, §14.8).
+TEST(PrivatePools, PyTorchFailsOnExpandableUnmapCount) {
+  Device d(conf("expandable_segments:True"));
+  const PoolId id{0, 1};
+  d.alloc.create_or_incref_pool(id);
+  d.alloc.begin_allocate_to_pool(id, kThread);
+  d.free(d.malloc(60 * MiB));  // one alloc_block: pages 0-2 mapped, device allocation count 1
+  const auto b = d.malloc(20 * MiB);
+  const auto c = d.malloc(20 * MiB);
+  const auto e = d.malloc(20 * MiB);
+  d.alloc.end_allocate_to_pool(id);
+  d.alloc.release_pool(id);
+  d.free(b);
+  d.free(e);
+  d.alloc.release_pool(id);  // freeable; page 1 (c) stays mapped
+  try {
+    d.alloc.empty_cache();  // unmaps page 0 (count 0), then page 2: PyTorch's assertion
+    FAIL() << "expected PyTorchFailure";
+  } catch (const PyTorchFailure& ex) {
+    EXPECT_NE(std::string(ex.what()).find("cudaMalloc_count > 0"), std::string::npos) << ex.what();
+  }
+  (void)c;
+}
+
+// The release order of freeable pools is ska::flat_hash_map's: hash = first or second, index =
+// (hash * 11400714819323198485) >> (64 - log2 slots). Worked by hand: with 4 slots ids 1, 2
+// land in slots 2 and 0; the third insert grows to 8 slots: 1 -> 4, 2 -> 1, 3 -> 6.
+TEST(PrivatePools, FreeableOrderIsTheHashMapsOrder) {
+  PrivatePool p1(PoolId{0, 1}), p2(PoolId{0, 2}), p3(PoolId{3, 0});
+  FreeableOrder order;
+  order.insert(&p1);
+  order.insert(&p2);
+  EXPECT_EQ(order.in_order(), (std::vector<PrivatePool*>{&p2, &p1}));
+  order.insert(&p3);
+  EXPECT_EQ(order.in_order(), (std::vector<PrivatePool*>{&p2, &p1, &p3}));
+  order.erase(&p1);
+  EXPECT_EQ(order.in_order(), (std::vector<PrivatePool*>{&p2, &p3}));
+  EXPECT_EQ(order.size(), 2u);
+}
+
+TEST(PrivatePools, BadPoolCallsAreUsageErrors) {
+  Device d;
+  EXPECT_THROW(d.alloc.create_or_incref_pool(PoolId{}), UsageError);
+  EXPECT_THROW(d.alloc.end_allocate_to_pool(PoolId{0, 1}), UsageError);
+  EXPECT_THROW(d.alloc.release_pool(PoolId{0, 1}), UsageError);
+  EXPECT_THROW((void)d.alloc.pool_use_count(PoolId{0, 1}), UsageError);
+  d.alloc.begin_allocate_to_pool(PoolId{0, 1}, kThread);
+  EXPECT_THROW(d.alloc.begin_allocate_to_pool(PoolId{0, 1}, kThread), UsageError);
+  EXPECT_EQ(d.alloc.pool_use_count(PoolId{0, 1}), 1);  // unchanged by the refused call
+}
+
+}  // namespace
+}  // namespace cachet::model::test

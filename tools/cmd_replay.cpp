@@ -111,11 +111,13 @@ int run_replay(const Args& a) {
       if (jobs[i].config.policy == Policy::Cachet && a.addresses.empty() && r.note.empty())
         r.note = "policy:cachet: synthetic addresses (the recorded ones are the PyTorch policy's)";
     } catch (const std::exception& e) {
+      progress.clear();
       std::fprintf(stderr, "cachet replay: configuration '%s' cannot be replayed: %s\n",
                    to_string(jobs[i].config).c_str(), e.what());
       return kExitBadInput;
     }
   }
+  progress.clear();  // before the results, on a terminal
   std::vector<const ReplayResult*> rows;
   for (const auto& r : results) rows.push_back(&r);
   if (a.json) {

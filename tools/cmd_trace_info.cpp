@@ -11,12 +11,14 @@
 #include "cachet/io/file.h"
 #include "cachet/io/trace_reader.h"
 #include "cachet/io/trace_stats.h"
+#include "cachet/replay/report.h"
 #include "command.h"
 
 namespace cachet::cli {
 namespace {
 
-std::string gib(Bytes b) { return fmt::format("{} ({:.2f} GiB)", b, static_cast<double>(b) / GiB); }
+// One unit style across the commands (replay, tune, explain): "11.88 GiB = 12750684160 bytes".
+std::string gib(Bytes b) { return replay::human_bytes_exact(b); }
 
 int run_trace_info(const std::string& path, bool all_settings) {
   io::TraceFile t;
@@ -31,7 +33,9 @@ int run_trace_info(const std::string& path, bool all_settings) {
   out += fmt::format("format:        {}\n", io::to_string(t.format));
   if (!t.sidecar.empty()) out += fmt::format("stats sidecar: {}\n", t.sidecar);
   if (!t.device_name.empty()) out += fmt::format("device name:   {}\n", t.device_name);
-  out += fmt::format("total memory:  {}\n", t.total_memory ? gib(*t.total_memory) : "unknown");
+  out += fmt::format("total memory:  {}\n", t.total_memory ? gib(*t.total_memory)
+                                    : "not recorded (replay and tune take it from an out-of-memory entry, "
+                                      "or --device-memory, and say which)");
   if (t.cap) out += fmt::format("memory cap:    {}\n", *t.cap ? gib(*t.cap) : "none");
   out += fmt::format("alloc conf:    {}\n",
                      !t.settings.conf ? "not recorded"

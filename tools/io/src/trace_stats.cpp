@@ -2,6 +2,8 @@
 // set of live segments.
 #include "cachet/io/trace_stats.h"
 
+#include "cachet/summary.h"
+
 #include <fmt/format.h>
 
 #include <unordered_map>
@@ -92,8 +94,12 @@ std::string TraceStats::one_line() const {
   add(allocs_over_live, "allocs over a live block");
   add(segment_frees_without_alloc, "segment frees without segment_alloc");
   add(time_reversals, "time reversals");
-  out += fmt::format("; live at end: {} blocks ({} bytes), {} frees pending", allocs_never_freed,
-                     bytes_never_freed, frees_pending_at_end);
+  // The unit style of the commands: "137.07 MiB = 143728640 bytes".
+  const std::string live = bytes_never_freed < KiB ? format_size(bytes_never_freed)
+                                                   : fmt::format("{} = {} bytes", format_size(bytes_never_freed),
+                                                                 bytes_never_freed);
+  out += fmt::format("; live at end: {} blocks ({}), {} frees pending", allocs_never_freed, live,
+                     frees_pending_at_end);
   out += fmt::format("; anomalies: {}", anomalies.empty() ? "none" : anomalies);
   if (starts_mid_run()) out += " (trace starts mid-run or its ring buffer dropped events)";
   return out;

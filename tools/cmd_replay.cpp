@@ -202,9 +202,7 @@ Runner setup(CLI::App& sub) {
   sub.add_option("--cap", a->cap,
                  "memory cap (set_per_process_memory_fraction) in bytes, or with a suffix K/M/G/T (powers of 1024): "
                  "'13.5G'. Default: the recorded one (oracle recordings), else none");
-  sub.add_option("--device-memory", a->device_memory,
-                 "the device's memory (same syntax). Default: recorded beside the trace, else from its "
-                 "out-of-memory entry, else no device limit (said)");
+  sub.add_option("--device-memory", a->device_memory, kDeviceMemoryHelp);
   sub.add_flag("--json", a->json, "print a JSON array, one object per configuration");
   return [a] { return run_replay(*a); };
 }

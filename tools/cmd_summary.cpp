@@ -66,9 +66,7 @@ Runner setup(CLI::App& sub) {
   auto a = std::make_shared<Args>();
   sub.add_option("TRACE", a->path, "PyTorch memory snapshot (pickle or JSON) or an oracle recording")->required();
   sub.add_option("--conf", a->conf, "configuration (default: the recorded one)");
-  sub.add_option("--device-memory", a->device_memory,
-                 "the device's memory (bytes, or with a suffix K/M/G/T). Default: recorded beside the trace, else "
-                 "from its out-of-memory entry, else no device limit (said)");
+  sub.add_option("--device-memory", a->device_memory, kDeviceMemoryHelp);
   sub.add_option("--cap", a->cap, "memory cap (set_per_process_memory_fraction), same syntax: '12G'");
   sub.add_flag("--abbreviated", a->abbreviated, "memory_summary(abbreviated=True)");
   return [a] { return run_summary(*a); };

@@ -30,4 +30,10 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitCheckFailed = 1;
 inline constexpr int kExitBadInput = 2;
 
+// The help of --device-memory, one text for every command that replays (where the value comes
+// from when the option is absent: tools/replay/src/load.cpp load_trace).
+inline constexpr const char* kDeviceMemoryHelp =
+    "the device's memory (bytes, or with a suffix K/M/G/T). Default: recorded beside the trace, "
+    "else from its out-of-memory entry, else no device limit (said)";
+
 }  // namespace cachet::cli

@@ -364,7 +364,8 @@ std::string pairing_problem(const std::vector<ops::Op>& ops, const io::Recording
   auto op_text = [](const ops::Op& op) {
     if (const auto* a = std::get_if<ops::Allocate>(&op)) return fmt::format("an allocation of {} bytes", a->size);
     if (std::holds_alternative<ops::Free>(op)) return std::string("a free");
-    return std::string("empty_cache()");  // main() refuses the pool and capture ops before
+    if (std::holds_alternative<ops::EmptyCache>(op)) return std::string("empty_cache()");
+    return ops::show(op);  // a pool or capture op
   };
   std::string first;
   std::size_t bad = 0;
@@ -452,15 +453,6 @@ int run(const Options& o) {
     std::fprintf(stderr, "cachet conform: %s\n", e.what());
     return kExitBadInput;
   }
-  // Only the model has private pools yet (docs/pytorch-allocator.md §14); gpu/ (impl) does not.
-  for (std::size_t i = 0; i < ops.size(); ++i)
-    if (ops::is_pool_op(ops[i]) && std::find(names.begin(), names.end(), "impl") != names.end()) {
-      std::fprintf(stderr,
-                   "cachet conform: %s op %zu (%s): the production allocator (impl) has no private pools "
-                   "or graph capture yet (issue 16); replay it with --engine model\n",
-                   ops_path.c_str(), i, ops::show(ops[i]).c_str());
-      return kExitBadInput;
-    }
   if (ops.size() != rec.steps.size()) {
     std::fprintf(stderr,
                  "cachet conform: %s has %zu ops but %s has %zu steps; they do not belong together "

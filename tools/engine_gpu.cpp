@@ -44,6 +44,19 @@ class GpuEngine final : public ReplayEngine {
       return 0;
     });
   }
+  // Private pools (docs/pytorch-allocator.md §14). Where PyTorch 2.11 itself fails (§14.8) gpu/
+  // refuses with PyTorchFailsHere; the replay reports it as PyTorch's failure.
+  void create_or_incref_pool(PoolId id) override { alloc_->create_or_incref_pool(id); }
+  void begin_allocate_to_pool(PoolId id, PoolRoute route) override { alloc_->begin_allocate_to_pool(id, route); }
+  void end_allocate_to_pool(PoolId id) override { alloc_->end_allocate_to_pool(id); }
+  void release_pool(PoolId id) override { alloc_->release_pool(id); }
+  void empty_cache_of(PoolId id) override {
+    guard([&] {
+      alloc_->empty_cache(id);
+      return 0;
+    });
+  }
+  int pool_use_count(PoolId id) const override { return alloc_->pool_use_count(id); }
   DeviceStats stats() const override { return alloc_->stats(); }
   Snapshot snapshot() const override { return alloc_->snapshot(); }
   // The snapshot events our own snapshot() calls add are not part of the replayed run.
@@ -61,6 +74,8 @@ class GpuEngine final : public ReplayEngine {
       return f();
     } catch (const DeviceError& e) {  // recorded-address mode: a device call PyTorch did not make
       throw ReplayDivergence(e.what());
+    } catch (const PyTorchFailsHere& e) {  // §14.8: where PyTorch 2.11 fails, gpu/ refuses
+      throw PyTorchFailure(e.what());
     }
   }
   std::unique_ptr<CachingAllocator> alloc_;

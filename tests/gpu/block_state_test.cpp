@@ -15,17 +15,19 @@ using cachet::gpu::detail::legal_transition;
 using cachet::gpu::detail::snapshot_state;
 
 constexpr BlockState kAll[] = {BlockState::Allocated, BlockState::AwaitingEvents, BlockState::Free,
-                               BlockState::Unmapped};
+                               BlockState::Unmapped, BlockState::Deferred};
 
 TEST(BlockState, LegalTransitionsAreExactlyTheTable) {
-  // Rows: from; columns: to; in the order Allocated, AwaitingEvents, Free, Unmapped.
-  const bool table[4][4] = {
-      {false, true, true, false},    // Allocated -> AwaitingEvents (free with stream uses), Free
-      {false, false, true, false},   // AwaitingEvents -> Free (last event completed)
-      {true, false, false, true},    // Free -> Allocated (handed out), Unmapped (pages unmapped)
-      {false, false, true, false}};  // Unmapped -> Free (pages mapped)
-  for (int f = 0; f < 4; ++f)
-    for (int t = 0; t < 4; ++t)
+  // Rows: from; columns: to; in the order Allocated, AwaitingEvents, Free, Unmapped, Deferred.
+  const bool table[5][5] = {
+      {false, true, true, false, true},     // Allocated -> AwaitingEvents (free with stream uses), Free,
+                                            //   Deferred (free with stream uses in a capture, §14.7)
+      {false, false, true, false, false},   // AwaitingEvents -> Free (last event completed)
+      {true, false, false, true, false},    // Free -> Allocated (handed out), Unmapped (pages unmapped)
+      {false, false, true, false, false},   // Unmapped -> Free (pages mapped)
+      {false, true, true, false, false}};   // Deferred -> AwaitingEvents, Free (capture over, §14.7)
+  for (int f = 0; f < 5; ++f)
+    for (int t = 0; t < 5; ++t)
       EXPECT_EQ(legal_transition(kAll[f], kAll[t]), table[f][t]) << "from " << f << " to " << t;
 }
 
@@ -34,12 +36,14 @@ TEST(BlockState, BornAndGoneOnlyFreeOrUnmapped) {
   EXPECT_FALSE(born_or_gone(BlockState::AwaitingEvents));
   EXPECT_TRUE(born_or_gone(BlockState::Free));
   EXPECT_TRUE(born_or_gone(BlockState::Unmapped));
+  EXPECT_FALSE(born_or_gone(BlockState::Deferred));
 }
 
 TEST(BlockState, SnapshotShowsPyTorchsThreeStates) {
   EXPECT_EQ(snapshot_state(BlockState::Allocated), cachet::BlockState::ActiveAllocated);
   EXPECT_EQ(snapshot_state(BlockState::AwaitingEvents), cachet::BlockState::ActivePendingFree);
   EXPECT_EQ(snapshot_state(BlockState::Free), cachet::BlockState::Inactive);
+  EXPECT_EQ(snapshot_state(BlockState::Deferred), cachet::BlockState::ActivePendingFree);
 }
 
 TEST(BlockStateDeathTest, IllegalTransitionAborts) {

@@ -84,6 +84,47 @@ void CachingAllocator::empty_cache() {
   validate("empty_cache");
 }
 
+void CachingAllocator::empty_cache(PoolId id) {
+  std::lock_guard lock(mu_);
+  core_->with_policy([id](auto& p) { p.empty_cache(id); });
+  validate("empty_cache(pool)");
+}
+
+// Private pools (docs/pytorch-allocator.md §14).
+void CachingAllocator::create_or_incref_pool(PoolId id) {
+  std::lock_guard lock(mu_);
+  core_->with_policy([id](auto& p) { p.create_or_incref_pool(id); });
+  validate("create_or_incref_pool");
+}
+
+void CachingAllocator::begin_allocate_to_pool(PoolId id, PoolFilter filter, bool capture) {
+  if (!filter) throw UsageError("begin_allocate_to_pool: the filter is empty; pass a function that takes a stream");
+  std::lock_guard lock(mu_);
+  core_->with_policy([&](auto& p) { p.begin_allocate_to_pool(id, filter, capture); });
+  validate("begin_allocate_to_pool");
+}
+
+void CachingAllocator::begin_allocate_to_pool(PoolId id, PoolRoute route) {
+  begin_allocate_to_pool(id, [route](StreamId s) { return route.takes(s); }, route.is_capture());
+}
+
+void CachingAllocator::end_allocate_to_pool(PoolId id) {
+  std::lock_guard lock(mu_);
+  core_->with_policy([id](auto& p) { p.end_allocate_to_pool(id); });
+  validate("end_allocate_to_pool");
+}
+
+void CachingAllocator::release_pool(PoolId id) {
+  std::lock_guard lock(mu_);
+  core_->with_policy([id](auto& p) { p.release_pool(id); });
+  validate("release_pool");
+}
+
+int CachingAllocator::pool_use_count(PoolId id) const {
+  std::lock_guard lock(mu_);
+  return core_->with_policy([id](const auto& p) { return p.pool_use_count(id); });
+}
+
 void CachingAllocator::set_memory_fraction(double fraction) {
   std::lock_guard lock(mu_);
   core_->with_policy([fraction](auto& p) { p.set_memory_fraction(fraction); });

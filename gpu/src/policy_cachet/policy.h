@@ -103,7 +103,22 @@ class CachetPolicy : public Shell {
   void apply_config(const Config& c);
   std::vector<std::string> invariants() const;
 
+  // Private pools (docs/pytorch-allocator.md §14): not yet in policy:cachet; each refuses with a
+  // UsageError, changing nothing.
+  void create_or_incref_pool(PoolId) { no_private_pools(); }
+  void begin_allocate_to_pool(PoolId, const PoolFilter&, bool) { no_private_pools(); }
+  void end_allocate_to_pool(PoolId) { no_private_pools(); }
+  void release_pool(PoolId) { no_private_pools(); }
+  void empty_cache(PoolId id) {
+    if (!id.is_default()) no_private_pools();
+    empty_cache();
+  }
+  int pool_use_count(PoolId) const { no_private_pools(); }
+
  private:
+  [[noreturn]] static void no_private_pools() {
+    throw UsageError("policy:cachet does not support private pools yet (issue 16)");
+  }
   struct Placement {
     DevicePtr at = 0;  // the new block's address
     Bytes new_pages = 0;

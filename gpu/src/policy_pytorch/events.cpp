@@ -23,9 +23,14 @@ void PytorchPolicy::record_stream(DevicePtr ptr, StreamId stream) {
   if (stream == b->stream) return;  // uses on the allocation stream need no event
   if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end())
     b->stream_uses.push_back(stream);
+  // A use made while a capture is under way needs no event after the capture (§14.7).
+  if (capture_underway() &&
+      std::find(b->capture_stream_uses.begin(), b->capture_stream_uses.end(), stream) == b->capture_stream_uses.end())
+    b->capture_stream_uses.push_back(stream);
 }
 
 void PytorchPolicy::process_events() {
+  insert_events_deferred_until_no_capture();  // callers make sure no capture is under way (§14.7)
   // Per stream FIFO; stop at the first event not yet complete on that stream (§6).
   for (auto it = cuda_events_.begin(); it != cuda_events_.end();) {
     auto& q = it->second;
@@ -44,20 +49,27 @@ void PytorchPolicy::process_events() {
   }
 }
 
-void PytorchPolicy::synchronize_and_free_events() {
-  accounting_.synchronized_all_streams();
+void PytorchPolicy::synchronize_and_free_events(const PrivatePool* pool) {
+  // Callers make sure no capture is under way (PyTorch asserts it, §14.8.3).
+  accounting_.synchronized_all_streams();  // counted on every call, with a pool too (§14.6)
+  insert_events_deferred_until_no_capture();
   for (auto it = cuda_events_.begin(); it != cuda_events_.end();) {
     auto& q = it->second;
-    while (!q.empty()) {
-      auto [e, b] = q.front();
-      auto st = mem_->event_synchronize(e);
+    // With a pool, only the events of that private pool's blocks, the others keep their order.
+    for (auto e = q.begin(); e != q.end();) {
+      Block* b = e->second;
+      if (pool != nullptr && pool_for(b).owner != pool) {
+        ++e;
+        continue;
+      }
+      auto st = mem_->event_synchronize(e->first);
       if (!st.is_ok()) throw DeviceError(device_error("cudaEventSynchronize", 0, device_, st));
-      q.pop_front();
+      event_pool_.release(e->first);
+      e = q.erase(e);
       --pending_events_;
-      event_pool_.release(e);
       if (--b->event_count == 0) free_block(b);
     }
-    it = cuda_events_.erase(it);
+    it = q.empty() ? cuda_events_.erase(it) : std::next(it);
   }
 }
 

@@ -39,6 +39,7 @@ Block* PytorchPolicy::find_expandable_block(StreamId stream, BlockPool* pool, By
   if (r.status.is_oom()) return nullptr;
   if (!r.is_ok()) throw DeviceError(device_error("cuMemAddressReserve", va, device_, r.status));
   auto seg = std::make_unique<Segment>();
+  seg->pool = pool;
   seg->base = r.value;
   seg->size = va;
   seg->stream = stream;
@@ -54,6 +55,7 @@ Block* PytorchPolicy::find_expandable_block(StreamId stream, BlockPool* pool, By
   c->is_small = pool->is_small;
   seg->head = c;
   segments_.emplace(r.value, std::move(seg));
+  if (pool->owner != nullptr) ++pool->owner->segments, pool->owner->had_expandable = true;
   pool->unmapped.insert(*c);
   return c;
 }
@@ -159,6 +161,7 @@ void PytorchPolicy::unmap_block(Block* b) {
   pool.unmapped.insert(*b);
 
   total_allocated_memory_ -= n;
+  count_device_free(pool);  // §14.5
   accounting_.pages_unmapped(stat_type(pool), n, 0);
   record(TraceAction::SegmentUnmap, at, n, b->stream);
 }
@@ -170,6 +173,7 @@ void PytorchPolicy::release_expandable_segment(Block* b) {
   if (!st.is_ok()) throw DeviceError(device_error("cuMemAddressFree", seg->size, device_, st));
   BlockPool& pool = pool_for(b);
   pool.unmapped.erase(pool.unmapped.iterator_to(*b));
+  if (pool.owner != nullptr) --pool.owner->segments;
   segments_.erase(seg->base);
   arena_.release(b);
 }

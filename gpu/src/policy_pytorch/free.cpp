@@ -29,33 +29,53 @@ void PytorchPolicy::free(DevicePtr ptr) {
   Block* b = find_active(ptr, "free");
   if (!b->is_allocated())
     throw UsageError("free(" + hex(ptr) + "): double free: the block was already freed and is waiting for " +
-                     std::to_string(b->event_count) + " stream-use event(s); free each pointer once");
+                     (b->state() == BlockState::Deferred ? std::string("the end of a capture (§14.7)")
+                                                         : std::to_string(b->event_count) + " stream-use event(s)") +
+                     "; free each pointer once");
 
-  // Stream uses: record one event per using stream before changing anything, so a failing
-  // event call leaves the block allocated and the stats untouched (§6).
-  std::vector<std::pair<EventHandle, StreamId>> events;
   const bool wait_for_uses = !b->stream_uses.empty() && !mutant(kMutantIgnorePendingEvent);
-  if (wait_for_uses) {
-    events.reserve(b->stream_uses.size());
-    event_pool_.record_on(*mem_, device_, b->stream_uses, events,
-                          [](EventHandle e, StreamId s) { return std::pair{e, s}; });
+  if (wait_for_uses && capture_underway()) {
+    // No event may be recorded during a capture: the free waits for its end (§14.7).
+    accounting_.free_requested(stat_type(pool_for(b)), b->size, b->size >= config_.max_split_size);
+    record(TraceAction::FreeRequested, b->ptr, b->requested_size, b->stream);
+    deferred_blocks_.push_back(b);
+    b->set_state(BlockState::Deferred);
+    return;
   }
-
-  accounting_.free_requested(stat_type(pool_for(b)), b->size, b->size >= config_.max_split_size);
-  record(TraceAction::FreeRequested, b->ptr, b->requested_size, b->stream);
-
   if (wait_for_uses) {
-    b->stream_uses.clear();
-    for (auto& [e, s] : events) {
-      b->event_count += mutant(kMutantDoubleCountEvent) ? 2 : 1;
-      cuda_events_[s].emplace_back(e, b);
-      ++pending_events_;
-    }
-    b->set_state(BlockState::AwaitingEvents);  // its events recorded and counted (§6)
+    insert_events(b, [&] {
+      accounting_.free_requested(stat_type(pool_for(b)), b->size, b->size >= config_.max_split_size);
+      record(TraceAction::FreeRequested, b->ptr, b->requested_size, b->stream);
+    });
   } else {
+    accounting_.free_requested(stat_type(pool_for(b)), b->size, b->size >= config_.max_split_size);
+    record(TraceAction::FreeRequested, b->ptr, b->requested_size, b->stream);
     b->stream_uses.clear();
     free_block(b);
   }
+}
+
+// One event per using stream, recorded before anything changes, so a failing event call leaves
+// the block as it was and the stats untouched (§6); then `before` (free's accounting), and the
+// block waits for them (Allocated or Deferred -> AwaitingEvents).
+template <class Before>
+void PytorchPolicy::insert_events(Block* b, Before&& before) {
+  std::vector<std::pair<EventHandle, StreamId>> events;
+  events.reserve(b->stream_uses.size());
+  event_pool_.record_on(*mem_, device_, b->stream_uses, events,
+                        [](EventHandle e, StreamId s) { return std::pair{e, s}; });
+  before();
+  b->stream_uses.clear();
+  for (auto& [e, s] : events) {
+    b->event_count += mutant(kMutantDoubleCountEvent) ? 2 : 1;
+    cuda_events_[s].emplace_back(e, b);
+    ++pending_events_;
+  }
+  b->set_state(BlockState::AwaitingEvents);  // its events recorded and counted (§6)
+}
+
+void PytorchPolicy::insert_events(Block* b) {
+  insert_events(b, [] {});
 }
 
 void PytorchPolicy::free_block(Block* b) {
@@ -79,6 +99,7 @@ void PytorchPolicy::free_block(Block* b) {
     net_bytes -= static_cast<std::int64_t>(prev->size);
     prev->size += b->size;
     prev->requested_size = b->requested_size;
+    prev->capture_stream_uses = std::move(b->capture_stream_uses);  // PyTorch keeps the freed block (§14.7)
     prev->next = b->next;
     if (prev->next) prev->next->prev = prev;
     arena_.release(b);
@@ -98,6 +119,7 @@ void PytorchPolicy::free_block(Block* b) {
       next->ptr = b->ptr;
       next->size += b->size;
       next->requested_size = b->requested_size;
+      next->capture_stream_uses = std::move(b->capture_stream_uses);
       next->prev = b->prev;
       if (next->prev) next->prev->next = next;
       else next->segment->head = next;

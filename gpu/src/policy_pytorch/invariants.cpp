@@ -2,6 +2,7 @@
 // where each is checked), over the allocator's own state. O(blocks + events); cheap enough to run
 // after every operation (cachet_validate:True). Returns one line per violation, each starting with
 // its ID. § numbers refer to docs/pytorch-allocator.md.
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -70,8 +71,12 @@ std::vector<std::string> PytorchPolicy::invariants() const {
       if (seg->is_small && b->is_allocated() && b->size > kSmallSize)
         fail("[INV-SIZE-3]", bw + ": a small-pool allocation larger than 1 MiB");
       // The state against the other fields (shell/block_state.h).
-      if (!b->is_allocated() && !b->stream_uses.empty())
+      const bool deferred = b->state() == BlockState::Deferred;
+      if (!b->is_allocated() && !deferred && !b->stream_uses.empty())
         fail("[INV-EVENT-3]", bw + ": stream uses on a block that is not allocated");
+      if (deferred && b->stream_uses.empty()) fail("[INV-EVENT-3]", bw + ": a deferred free without stream uses");
+      if (deferred != (std::find(deferred_blocks_.begin(), deferred_blocks_.end(), b) != deferred_blocks_.end()))
+        fail("[INV-POOL-1]", bw + " is " + state_name(b->state()) + " but the deferred list disagrees (§14.7)");
       if ((b->state() == BlockState::AwaitingEvents) != (b->event_count > 0))
         fail("[INV-EVENT-1]", bw + " is " + state_name(b->state()) + " with event_count " +
                                   std::to_string(b->event_count));
@@ -81,7 +86,7 @@ std::vector<std::string> PytorchPolicy::invariants() const {
         fail("[INV-EVENT-2]", bw + ": event_count " + std::to_string(b->event_count) + " but " + std::to_string(q) +
                             " queued events");
 
-      const BlockPool& pool = b->is_small ? small_blocks_ : large_blocks_;
+      const BlockPool& pool = *seg->pool;
       const bool in_free = b->is_mapped() && pool.blocks.find(*b, SizeOrder{}) != pool.blocks.end() &&
                            &*pool.blocks.find(*b, SizeOrder{}) == b;
       const bool in_unmapped = !b->is_mapped() &&
@@ -125,11 +130,17 @@ std::vector<std::string> PytorchPolicy::invariants() const {
         }
     }
   }
-  if (small_blocks_.blocks.size() + large_blocks_.blocks.size() != free_count)
-    fail("[INV-POOL-1]", "the pools hold " + std::to_string(small_blocks_.blocks.size() + large_blocks_.blocks.size()) +
-                        " free blocks, the segments " + std::to_string(free_count));
-  if (small_blocks_.unmapped.size() + large_blocks_.unmapped.size() != unmapped_count)
+  std::size_t pooled_free = 0, pooled_unmapped = 0;
+  for_each_block_pool([&](const BlockPool& pool) {
+    pooled_free += pool.blocks.size();
+    pooled_unmapped += pool.unmapped.size();
+  });
+  if (pooled_free != free_count)
+    fail("[INV-POOL-1]", "the pools hold " + std::to_string(pooled_free) + " free blocks, the segments " +
+                        std::to_string(free_count));
+  if (pooled_unmapped != unmapped_count)
     fail("[INV-POOL-1]", "the unmapped sets and the segments disagree on the number of unmapped blocks");
+  check_private_pools(out);
   if (active_.size() != active_count)
     fail("[INV-POOL-1]", "the active table holds " + std::to_string(active_.size()) + " blocks, the segments " +
                         std::to_string(active_count));
@@ -179,6 +190,55 @@ std::vector<std::string> PytorchPolicy::invariants() const {
     fail("[INV-CAP-1]", "reserved " + std::to_string(total_allocated_memory_) + " B exceeds the cap of " +
                         std::to_string(*cap_.allowed()) + " B");
   return out;
+}
+
+// Private pools (§14): [INV-PRIV-1] use counts and the freeable list; [INV-PRIV-2] the device
+// allocation count without expandable segments; [INV-SEG-3] every block in a pool's free or
+// unmapped set belongs to a segment of that pool, so a private pool's blocks never reach another
+// pool; the deferred frees and the active pools name live blocks and known pools (§14.7, §14.2).
+void PytorchPolicy::check_private_pools(std::vector<std::string>& out) const {
+  auto fail = [&](const char* id, const std::string& msg) { out.push_back(std::string(id) + " " + msg); };
+  for_each_block_pool([&](const BlockPool& pool) {
+    const std::string name = pool.owner ? "private pool " + std::to_string(pool.owner->id.first) + "," +
+                                              std::to_string(pool.owner->id.second)
+                                        : std::string("the default pools");
+    for (const Block& b : pool.blocks)
+      if (b.segment->pool != &pool) fail("[INV-SEG-3]", "free block " + hex(b.ptr) + " in " + name + " belongs to another pool's segment");
+    for (const Block& b : pool.unmapped)
+      if (b.segment->pool != &pool) fail("[INV-SEG-3]", "unmapped block " + hex(b.ptr) + " in " + name + " belongs to another pool's segment");
+  });
+  std::map<const PrivatePool*, int> cuda_segments, all_segments;
+  for (const auto& [base, seg] : segments_) {
+    const PrivatePool* owner = seg->pool->owner;
+    if (owner == nullptr) continue;
+    if (!graph_pools_.contains(owner->id) || graph_pools_.at(owner->id).get() != owner)
+      fail("[INV-SEG-3]", "segment " + hex(base) + " belongs to a private pool that is not known");
+    ++all_segments[owner];
+    if (!seg->expandable) ++cuda_segments[owner];
+  }
+  for (const auto& [id, pp] : graph_pools_) {
+    const std::string name = "private pool {" + std::to_string(id.first) + ", " + std::to_string(id.second) + "}";
+    if (pp->use_count < 0) fail("[INV-PRIV-1]", name + " has use count " + std::to_string(pp->use_count));
+    if ((pp->use_count == 0) != graph_pools_freeable_.contains(id))
+      fail("[INV-PRIV-1]", name + ": use count " + std::to_string(pp->use_count) + " but " +
+                               (graph_pools_freeable_.contains(id) ? "" : "not ") + "in the freeable list");
+    if (!pp->had_expandable && pp->device_allocs != cuda_segments[pp.get()])
+      fail("[INV-PRIV-2]", name + ": device allocation count " + std::to_string(pp->device_allocs) + ", segments " +
+                               std::to_string(cuda_segments[pp.get()]));
+    if (pp->segments != all_segments[pp.get()])
+      fail("[INV-PRIV-2]", name + " counts " + std::to_string(pp->segments) + " segments, it has " +
+                               std::to_string(all_segments[pp.get()]));
+  }
+  if (graph_pools_freeable_.size() != static_cast<std::size_t>(std::count_if(
+          graph_pools_.begin(), graph_pools_.end(), [](const auto& kv) { return kv.second->use_count == 0; })))
+    fail("[INV-PRIV-1]", "the freeable list holds a pool that is not known, or twice");
+  for (const Underway& u : captures_underway_)
+    if (!graph_pools_.contains(u.id) || graph_pools_.at(u.id)->use_count <= 0)
+      fail("[INV-PRIV-1]", "an active pool {" + std::to_string(u.id.first) + ", " + std::to_string(u.id.second) +
+                               "} is not known or has no user");
+  for (const Block* b : deferred_blocks_)
+    if (b->state() != BlockState::Deferred || active_.find(b->ptr) != b)
+      fail("[INV-POOL-1]", "deferred block " + hex(b->ptr) + " is " + state_name(b->state()) + " or not active (§14.7)");
 }
 
 }  // namespace cachet::gpu::detail

@@ -39,10 +39,11 @@ PytorchPolicy::~PytorchPolicy() {
     (void)mem_->unreserve(base, seg->size);
   }
   for (auto& [p, n] : uncached_) (void)mem_->free(p);
-  large_blocks_.blocks.clear();
-  large_blocks_.unmapped.clear();
-  small_blocks_.blocks.clear();
-  small_blocks_.unmapped.clear();
+  for_each_block_pool([](const BlockPool& pool) {
+    auto& p = const_cast<BlockPool&>(pool);
+    p.blocks.clear();
+    p.unmapped.clear();
+  });
   // Blocks still in segments (allocated, pending or cached) own heap memory of their own (a
   // stream_uses list that outgrew its inline capacity): destroy them, not just their storage.
   for (auto& [base, seg] : segments_) {
@@ -112,17 +113,27 @@ DevicePtr PytorchPolicy::malloc(Bytes orig_size, StreamId stream) {
     uncached_[r.value] = orig_size;
     return r.value;
   }
-  if (pending_events_ != 0) process_events();  // §3.1 step 2
+  // §3.1 step 2; not while a capture or use_mem_pool is under way (§14.7).
+  if ((pending_events_ != 0 || !deferred_blocks_.empty()) && !capture_underway()) process_events();
 
   const Bytes size = round_size(orig_size);
-  BlockPool& pool = size <= kSmallSize ? small_blocks_ : large_blocks_;
+  // The default pools, or the private pool of an active capture or use_mem_pool (§14.2).
+  BlockPool& pool = captures_underway_.empty() ? (size <= kSmallSize ? small_blocks_ : large_blocks_)
+                                               : get_pool(size, stream);
   AllocParams p{stream, size, allocation_size(size), &pool, nullptr, Status::ok()};
 
   bool found = get_free_block(p);  // (no free-memory callbacks are registered: §3.1 step 4)
   if (!found) {
-    if (cap_.allowed() && config_.garbage_collection_threshold > 0.0) garbage_collect_cached_blocks();
-    found = alloc_block(p, false) || (release_available_cached_blocks(p) && alloc_block(p, false));
+    const bool gc = cap_.allowed() && config_.garbage_collection_threshold > 0.0;
+    refuse_giving_back_in_capture(p, gc, false);  // §14.8.2
+    if (gc) garbage_collect_cached_blocks();
+    found = alloc_block(p, false);
     if (!found) {
+      refuse_giving_back_in_capture(p, false, true);  // §14.8.2
+      found = release_available_cached_blocks(p) && alloc_block(p, false);
+    }
+    // The last retry frees the cache; never while a capture or use_mem_pool is under way (§14.6).
+    if (!found && !capture_underway()) {
       release_cached_blocks();
       found = alloc_block(p, true);  // counted as a retry even if the cap refuses it (§13.6)
     }
@@ -195,6 +206,7 @@ bool PytorchPolicy::alloc_block(AllocParams& p, bool is_retry) {
   }
   if (config_.expandable_segments) {
     p.block = try_allocate_expandable_block(p.stream, p.pool, p.size);
+    if (p.block != nullptr) count_device_alloc(*p.pool);  // one per growth (§14.5)
     return p.block != nullptr;
   }
   auto r = mem_->malloc(size);
@@ -205,6 +217,7 @@ bool PytorchPolicy::alloc_block(AllocParams& p, bool is_retry) {
   if (!r.is_ok()) throw DeviceError(device_error("cudaMalloc", size, device_, r.status));
 
   auto seg = std::make_unique<Segment>();
+  seg->pool = p.pool;
   seg->base = r.value;
   seg->size = mutant(kMutantSegmentSizeShort) ? size - kMinBlockSize : size;
   seg->stream = p.stream;
@@ -217,6 +230,8 @@ bool PytorchPolicy::alloc_block(AllocParams& p, bool is_retry) {
   b->is_small = p.pool->is_small;
   seg->head = b;
   segments_.emplace(r.value, std::move(seg));
+  if (p.pool->owner != nullptr) ++p.pool->owner->segments;
+  count_device_alloc(*p.pool);  // §14.5
 
   total_allocated_memory_ += size;
   accounting_.segment_allocated(stat_type(*p.pool), size, size >= config_.max_split_size);

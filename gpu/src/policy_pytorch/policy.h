@@ -1,13 +1,14 @@
 // policy:pytorch (PytorchPolicy): blocks, segments, pools and the per-device state, with PyTorch 2.11's
-// rules (docs/pytorch-allocator.md §1-3, §5-7, §13) on fast structures. No locking here: every member
+// rules (docs/pytorch-allocator.md §1-3, §5-7, §13, §14) on fast structures. No locking here: every member
 // function of PytorchPolicy runs with the API layer's mutex held (style note 11).
 //
 // Glossary (cachet/types.h): a Segment is one device allocation (cudaMalloc) or one VA
 // reservation of an expandable segment; its Blocks tile it exactly, in address order, linked
 // by prev/next. Each Block is in one BlockState (shell/block_state.h): a Free Block sits in its
 // pool's size-ordered set (stream, size, address); an Unmapped Block of an expandable segment in
-// its pool's address-ordered `unmapped` set; an Allocated or AwaitingEvents Block in `active_`
-// (address -> Block).
+// its pool's address-ordered `unmapped` set; an Allocated, AwaitingEvents or Deferred Block in
+// `active_` (address -> Block). A segment belongs to one BlockPool, the default small or large
+// pool or a half of a private pool (§14.1), and all its blocks with it ([INV-SEG-3]).
 //
 // Invariants: PytorchPolicy::invariants() (policy_pytorch/invariants.cpp) checks the rules of
 // docs/invariants.md whose policy is pytorch or both; each violation line starts with its ID.
@@ -30,6 +31,7 @@
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
 #include "cachet/trace.h"
+#include "policy_pytorch/freeable_order.h"
 #include "ptr_map.h"
 #include "shell/block_state.h"
 #include "shell/shell.h"
@@ -61,7 +63,12 @@ struct Block : bi::set_base_hook<bi::link_mode<bi::normal_link>> {
 
  public:
   bool is_small = false;
-  boost::container::small_vector<StreamId, 2> stream_uses;  // Allocated only
+  boost::container::small_vector<StreamId, 2> stream_uses;  // Allocated and Deferred only
+  // The stream uses recorded while a capture was under way (PyTorch's
+  // block_to_cudagraph_stream_uses, §14.7): they need no event once the captures are over.
+  // Follows the block object (a merge keeps the freed block's), cleared when its deferred free
+  // is processed.
+  std::vector<StreamId> capture_stream_uses;
 
   BlockState state() const { return state_; }
   // The one writer of the state; aborts on a transition shell/block_state.h does not allow.
@@ -77,11 +84,14 @@ struct Block : bi::set_base_hook<bi::link_mode<bi::normal_link>> {
   // PyTorch's "allocatable": neither handed out nor waiting for events (Free or Unmapped), so it
   // may merge, be mapped, or be given back.
   bool is_reusable() const { return state_ == BlockState::Free || state_ == BlockState::Unmapped; }
-  // Allocated or AwaitingEvents: in active_, counted in the active stats.
+  // Allocated, AwaitingEvents or Deferred: in active_, counted in the active stats.
   bool is_active() const { return !is_reusable(); }
 };
 
+struct BlockPool;
+
 struct Segment {
+  BlockPool* pool = nullptr;  // the pool all its blocks belong to (§14.1)
   DevicePtr base = 0;
   Bytes size = 0;  // cudaMalloc size, or the whole VA reservation of an expandable segment
   StreamId stream = 0;
@@ -111,8 +121,10 @@ struct AddrOrder {
 using FreeSet = bi::set<Block, bi::compare<SizeOrder>, bi::constant_time_size<true>>;
 using UnmappedSet = bi::set<Block, bi::compare<AddrOrder>, bi::constant_time_size<true>>;
 
+struct PrivatePool;
+
 struct BlockPool {
-  explicit BlockPool(bool small) : is_small(small) {}
+  explicit BlockPool(bool small, PrivatePool* owner_pool = nullptr) : is_small(small), owner(owner_pool) {}
   ~BlockPool() {
     blocks.clear();
     unmapped.clear();
@@ -120,12 +132,30 @@ struct BlockPool {
   FreeSet blocks;
   UnmappedSet unmapped;
   const bool is_small;
+  PrivatePool* const owner;  // the private pool this is a half of; null: a default pool (§14.1)
   std::int64_t get_free_blocks_call_count = 0;  // GC age clock (§3.5, §13.3)
 
   void insert_into_blocks(Block* b) {
     b->gc_count_base = get_free_blocks_call_count;
     blocks.insert(*b);
   }
+};
+
+// A private pool (§14.1): a small and a large BlockPool of its own, named by a PoolId.
+struct PrivatePool {
+  explicit PrivatePool(PoolId pool_id) : id(pool_id) {}
+  PrivatePool(const PrivatePool&) = delete;
+  PrivatePool& operator=(const PrivatePool&) = delete;
+  PoolId id;
+  int use_count = 1;  // its users (§14.4); freeable at 0 [INV-PRIV-1]
+  // PyTorch's cudaMalloc_count (§14.5): +1 per cudaMalloc or expandable growth into the pool, -1
+  // per release_block or unmap_block. Without expandable segments it equals `segments`
+  // [INV-PRIV-2].
+  int device_allocs = 0;
+  int segments = 0;  // Segment objects (cudaMalloc segments and reservations) of this pool
+  bool had_expandable = false;  // it ever reserved an expandable segment: [INV-PRIV-2] no longer holds
+  BlockPool large{false, this};
+  BlockPool small{true, this};
 };
 
 // Block objects are pooled: a free list over chunks, so the hot path never calls new.
@@ -177,6 +207,13 @@ class PytorchPolicy : public Shell {
   void free(DevicePtr ptr);
   void record_stream(DevicePtr ptr, StreamId stream);
   void empty_cache();
+  // Private pools (§14; private_pool.cpp).
+  void empty_cache(PoolId id);
+  void create_or_incref_pool(PoolId id);
+  void begin_allocate_to_pool(PoolId id, const PoolFilter& filter, bool capture);
+  void end_allocate_to_pool(PoolId id);
+  void release_pool(PoolId id);
+  int pool_use_count(PoolId id) const;
   void set_memory_fraction(double fraction);
   Snapshot snapshot();
   void apply_config(const Config& c);  // runtime configure (§4.1)
@@ -199,7 +236,7 @@ class PytorchPolicy : public Shell {
   bool get_free_block(AllocParams& p);
   bool alloc_block(AllocParams& p, bool is_retry);
   bool release_available_cached_blocks(const AllocParams& p);
-  void release_cached_blocks();
+  void release_cached_blocks(PoolId id = PoolId{});
   void release_blocks(BlockPool& pool);
   void release_block(Block* b);
   void garbage_collect_cached_blocks();
@@ -213,8 +250,38 @@ class PytorchPolicy : public Shell {
   // try_merge_blocks' rule: dst (Free or Unmapped) absorbs a neighbour in the same state.
   static bool mergeable(const Block* dst, const Block* src) { return src != nullptr && src->state() == dst->state(); }
   void insert_events(Block* b);
+  template <class Before>
+  void insert_events(Block* b, Before&& before);
   void process_events();
-  void synchronize_and_free_events();
+  // With a pool: only the events of that private pool's blocks (§14.6).
+  void synchronize_and_free_events(const PrivatePool* pool = nullptr);
+
+  // --- private pools (§14; private_pool.cpp) ---
+  BlockPool& get_pool(Bytes size, StreamId stream);
+  bool capture_underway() const { return !captures_underway_.empty(); }
+  bool graph_capture_underway() const;
+  void insert_events_deferred_until_no_capture();
+  void release_private_pools(PoolId id);
+  void forget_pool(PrivatePool* pp);
+  static void count_device_alloc(BlockPool& pool);
+  static void count_device_free(BlockPool& pool);
+  Bytes private_pool_free_bytes() const;
+  // §14.8, checked before anything changes: each throws PyTorchFailsHere where PyTorch fails.
+  void refuse_release_where_pytorch_fails(PoolId id) const;
+  void refuse_giving_back_in_capture(const AllocParams& p, bool gc, bool releasing);
+  int device_frees_to_release(const PrivatePool& pp, bool synced) const;
+  bool gc_would_release() const;
+  bool release_available_would_release(const AllocParams& p) const;
+  void check_private_pools(std::vector<std::string>& out) const;  // invariants.cpp
+  template <class F>
+  void for_each_block_pool(F&& f) const {
+    f(large_blocks_);
+    f(small_blocks_);
+    for (const auto& [id, pp] : graph_pools_) {
+      f(pp->small);
+      f(pp->large);
+    }
+  }
 
   // --- expandable segments (§7) ---
   Block* try_allocate_expandable_block(StreamId stream, BlockPool* pool, Bytes size);
@@ -224,7 +291,7 @@ class PytorchPolicy : public Shell {
   void release_expandable_segment(Block* b);
 
   // --- plumbing ---
-  BlockPool& pool_for(const Block* b) { return b->is_small ? small_blocks_ : large_blocks_; }
+  static BlockPool& pool_for(const Block* b) { return *b->segment->pool; }
   StatType stat_type(const BlockPool& pool) const { return pool.is_small ? StatType::SmallPool : StatType::LargePool; }
   Block* find_active(DevicePtr ptr, const char* op) const;
   std::optional<BlockAt> holder_of(DevicePtr ptr) const;  // for find_active's diagnostics
@@ -245,6 +312,20 @@ class PytorchPolicy : public Shell {
 
   // PYTORCH_NO_CUDA_MEMORY_CACHING: raw allocations, by address.
   std::map<DevicePtr, Bytes> uncached_;
+
+  // Private pools (§14): every known pool by id; the freeable ones (use count 0) in PyTorch's
+  // release order; the active ones, newest last (get_pool searches newest first); the frees that
+  // wait for the end of the captures (Deferred blocks, in the order they were freed, §14.7).
+  // Declared after arena_ so they are destroyed first.
+  struct Underway {
+    PoolId id;
+    PoolFilter filter;
+    bool capture;  // a CUDA graph capture (true) or use_mem_pool (false)
+  };
+  std::map<PoolId, std::unique_ptr<PrivatePool>> graph_pools_;
+  FreeableOrder graph_pools_freeable_;
+  std::vector<Underway> captures_underway_;
+  std::vector<Block*> deferred_blocks_;
 };
 
 }  // namespace cachet::gpu::detail

@@ -20,10 +20,16 @@ void PytorchPolicy::empty_cache() {
   release_cached_blocks();
 }
 
-void PytorchPolicy::release_cached_blocks() {
-  synchronize_and_free_events();
-  release_blocks(large_blocks_);  // large pool first, then small (§3.4, §13.6)
-  release_blocks(small_blocks_);
+void PytorchPolicy::release_cached_blocks(PoolId id) {
+  refuse_release_where_pytorch_fails(id);  // §14.8, before anything changes
+  // The default pools only for the default id and only when no capture or use_mem_pool is under
+  // way (§3.4, §14.6); then the freeable private pools (§14.5).
+  if (id.is_default() && !capture_underway()) {
+    synchronize_and_free_events();
+    release_blocks(large_blocks_);  // large pool first, then small (§3.4, §13.6)
+    release_blocks(small_blocks_);
+  }
+  if (graph_pools_freeable_.size() != 0) release_private_pools(id);
 }
 
 void PytorchPolicy::release_blocks(BlockPool& pool) {
@@ -45,6 +51,8 @@ void PytorchPolicy::release_block(Block* b) {
   auto st = mem_->free(b->ptr);  // device first: a failure changes nothing
   if (!st.is_ok()) throw DeviceError(device_error("cudaFree", b->size, device_, st));
   BlockPool& pool = pool_for(b);
+  count_device_free(pool);  // §14.5
+  if (pool.owner != nullptr) --pool.owner->segments;
   accounting_.segment_freed(stat_type(pool), b->size, b->size >= config_.max_split_size);
   record(TraceAction::SegmentFree, b->ptr, b->size, b->stream);
   if constexpr (!mutant(kMutantReleaseKeepsReserved)) total_allocated_memory_ -= b->size;
@@ -153,7 +161,9 @@ void PytorchPolicy::apply_config(const Config& c) {
   if (!info.is_ok()) throw DeviceError(device_error("cudaMemGetInfo", 0, device_, info.status));
   record(TraceAction::Oom, info.value.free, p.size, p.stream);
   accounting_.out_of_memory();
-  throw OutOfMemory(oom_message(oom_facts(p.alloc_size, info)));  // the segment size (§3.7)
+  OomFacts f = oom_facts(p.alloc_size, info);  // the segment size (§3.7)
+  f.private_pool_free = private_pool_free_bytes();  // free blocks of every private pool (§14.6)
+  throw OutOfMemory(oom_message(f));
 }
 
 }  // namespace cachet::gpu::detail

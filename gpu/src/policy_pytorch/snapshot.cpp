@@ -28,6 +28,7 @@ Snapshot PytorchPolicy::snapshot() {
       s.stream = b->stream;
       s.is_large = !b->is_small;
       s.is_expandable = seg->expandable;
+      if (seg->pool->owner != nullptr) s.pool_id = seg->pool->owner->id;  // segment_pool_id (§14.1)
       for (; b != nullptr && b->is_mapped(); b = b->next) {
         BlockSnapshot bs;
         bs.address = b->ptr;

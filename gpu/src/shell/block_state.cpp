@@ -13,6 +13,7 @@ const char* state_name(BlockState s) {
     case BlockState::AwaitingEvents: return "AwaitingEvents";
     case BlockState::Free: return "Free";
     case BlockState::Unmapped: return "Unmapped";
+    case BlockState::Deferred: return "Deferred";
   }
   return "?";
 }

@@ -1,4 +1,4 @@
-// gpu/src/shell/block_state.h: the state of a block, the same four in both policies
+// gpu/src/shell/block_state.h: the state of a block, the same five in both policies
 // (policy:pytorch's Block, policy:cachet's CBlock). Every block is in exactly one BlockState, the
 // only record of what it is; no boolean says it again. docs/pytorch-allocator.md §2.5, §6, §7.
 //   Allocated       handed out by malloc; in the policy's active table. record_stream() adds
@@ -12,6 +12,11 @@
 //   Unmapped        addresses with no memory behind them (policy:pytorch: expandable segments
 //                   only; policy:cachet: the reservation's unmapped pages); in the address-ordered
 //                   unmapped set.
+//   Deferred        policy:pytorch: freed after other streams used it while a capture or
+//                   use_mem_pool was under way, so no event could be recorded; it keeps its stream
+//                   uses, stays in the active table and waits in the policy's deferred list until
+//                   no capture is under way (docs/pytorch-allocator.md §14.7; the snapshot's
+//                   active_pending_free).
 // The legal transitions, [INV-STATE-1] (set_state aborts on any other: a policy bug, never bad
 // input):
 //   born Free               a new cudaMalloc segment (§3.2), a split's new block, the mapped
@@ -21,13 +26,17 @@
 //   Allocated -> Free               free() with no stream uses: free_block at once (§2.5)
 //   Allocated -> AwaitingEvents     free() with stream uses, after its events are recorded (§6)
 //   AwaitingEvents -> Free          its last event completed (§6)
+//   Allocated -> Deferred           free() with stream uses while a capture is under way (§14.7)
+//   Deferred -> AwaitingEvents      no capture under way any more: events on its remaining uses
+//   Deferred -> Free                the same, when every use was made during a capture (§14.7)
 //   Free -> Unmapped                its pages unmapped (§3.4, §7)
 //   Unmapped -> Free                its pages mapped (§7)
 //   Free or Unmapped -> gone        merged into a neighbour in the same state (§2.5), or given
 //                                   back to the device (§3.4, §7)
 // What each policy's invariants() checks against the other fields: [INV-POOL-1] the state names
 // the one container the block is in; [INV-EVENT-1] event_count > 0 exactly in AwaitingEvents;
-// [INV-EVENT-3] stream uses only in Allocated; [INV-MAP-1] an Unmapped block is not active.
+// [INV-EVENT-3] stream uses only in Allocated and Deferred (never empty there); [INV-MAP-1] an
+// Unmapped block is not active.
 #pragma once
 
 #include <cstdint>
@@ -39,13 +48,13 @@ namespace cachet::gpu::detail {
 
 // Not the snapshot's cachet::BlockState (active_allocated, active_pending_free, inactive), which
 // shows only mapped blocks: snapshot_state() maps one to the other.
-enum class BlockState : std::uint8_t { Allocated, AwaitingEvents, Free, Unmapped };
+enum class BlockState : std::uint8_t { Allocated, AwaitingEvents, Free, Unmapped, Deferred };
 
 const char* state_name(BlockState s);
 
 // [INV-STATE-1]: the transitions of the table above, one bit per (from, to) pair.
 constexpr unsigned transition_bit(BlockState from, BlockState to) {
-  return 1u << (4 * static_cast<unsigned>(from) + static_cast<unsigned>(to));
+  return 1u << (5 * static_cast<unsigned>(from) + static_cast<unsigned>(to));
 }
 inline constexpr unsigned kLegalTransitions =
     transition_bit(BlockState::Free, BlockState::Allocated) |            // handed out
@@ -53,7 +62,10 @@ inline constexpr unsigned kLegalTransitions =
     transition_bit(BlockState::Allocated, BlockState::AwaitingEvents) |  // freed with stream uses
     transition_bit(BlockState::AwaitingEvents, BlockState::Free) |       // last event completed
     transition_bit(BlockState::Free, BlockState::Unmapped) |             // pages unmapped
-    transition_bit(BlockState::Unmapped, BlockState::Free);              // pages mapped
+    transition_bit(BlockState::Unmapped, BlockState::Free) |             // pages mapped
+    transition_bit(BlockState::Allocated, BlockState::Deferred) |        // freed in a capture (§14.7)
+    transition_bit(BlockState::Deferred, BlockState::AwaitingEvents) |   // capture over, events
+    transition_bit(BlockState::Deferred, BlockState::Free);              // capture over, no uses left
 
 constexpr bool legal_transition(BlockState from, BlockState to) {
   return (kLegalTransitions & transition_bit(from, to)) != 0;
@@ -80,9 +92,9 @@ inline void check_born_or_gone(const char* what, BlockState s, DevicePtr ptr) {
 
 // The state memory_snapshot() shows (§8) for a mapped block.
 constexpr cachet::BlockState snapshot_state(BlockState s) {
-  return s == BlockState::Allocated        ? cachet::BlockState::ActiveAllocated
-         : s == BlockState::AwaitingEvents ? cachet::BlockState::ActivePendingFree
-                                           : cachet::BlockState::Inactive;
+  return s == BlockState::Allocated                                        ? cachet::BlockState::ActiveAllocated
+         : s == BlockState::AwaitingEvents || s == BlockState::Deferred ? cachet::BlockState::ActivePendingFree
+                                                                         : cachet::BlockState::Inactive;
 }
 
 }  // namespace cachet::gpu::detail

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <concepts>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -15,12 +16,14 @@
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
 #include "cachet/trace.h"
+#include "cachet/types.h"
+#include "shell/shell.h"
 
 namespace cachet::gpu::detail {
 
 template <class P>
 concept Policy = requires(P& p, const P& cp, Bytes n, StreamId s, DevicePtr ptr, double f, bool on,
-                          const Config& c) {
+                          const Config& c, PoolId id, const PoolFilter& filter) {
   // The operations (PyTorch's malloc, free, recordStream, emptyCache, setMemoryFraction).
   { p.malloc(n, s) } -> std::same_as<DevicePtr>;
   p.free(ptr);
@@ -28,6 +31,14 @@ concept Policy = requires(P& p, const P& cp, Bytes n, StreamId s, DevicePtr ptr,
   p.empty_cache();
   p.set_memory_fraction(f);
   { cp.memory_fraction() } -> std::same_as<double>;
+  // Private pools (docs/pytorch-allocator.md §14): createOrIncrefPool, beginAllocateToPool
+  // (filter, capture), endAllocateToPool, releasePool, emptyCache(mempool_id), getPoolUseCount.
+  p.create_or_incref_pool(id);
+  p.begin_allocate_to_pool(id, filter, on);
+  p.end_allocate_to_pool(id);
+  p.release_pool(id);
+  p.empty_cache(id);
+  { cp.pool_use_count(id) } -> std::same_as<int>;
   // What can be read.
   { cp.stats() } -> std::same_as<const DeviceStats&>;
   p.reset_accumulated_stats();

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -31,6 +32,10 @@
 #include "shell/trace_recorder.h"
 
 namespace cachet::gpu::detail {
+
+// PyTorch's beginAllocateToPool filter (cachet::PoolFilter, allocator.h; the same type): which
+// allocations, by stream, an active private pool takes (docs/pytorch-allocator.md §14.2).
+using PoolFilter = std::function<bool(StreamId)>;
 
 class Shell {
  public:

@@ -10,9 +10,12 @@
 // device, a fraction outside [0, 1]); running out of memory throws cachet::OutOfMemory with
 // PyTorch's message; a failing device call throws cachet::DeviceError and loses no block and
 // leaves the stats consistent. With cachet_validate:True every operation ends with
-// invariants(), and a violation throws InvariantViolation.
+// invariants(), and a violation throws InvariantViolation. Where PyTorch 2.11 itself fails with
+// private pools (docs/pytorch-allocator.md §14.8) the operation throws PyTorchFailsHere (a
+// UsageError) naming the rule, and nothing changes.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
 
@@ -23,12 +26,18 @@
 #include <vector>
 
 #include "cachet/config.h"
+#include "cachet/errors.h"
 #include "cachet/gpu/backend.h"
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
 #include "cachet/trace.h"
+#include "cachet/types.h"
 
 namespace cachet {
+
+// PyTorch's std::function<bool(cudaStream_t)> filter of beginAllocateToPool, on cachet's
+// StreamId (a cudaStream_t's bits): which allocations an active private pool takes (§14.2).
+using PoolFilter = std::function<bool(StreamId)>;
 
 namespace gpu::detail {
 class PolicyCore;  // the policy this allocator runs (policy:pytorch or policy:cachet)
@@ -38,6 +47,15 @@ class PolicyCore;  // the policy this allocator runs (policy:pytorch or policy:c
 class InvariantViolation : public std::logic_error {
  public:
   using std::logic_error::logic_error;
+};
+
+// An operation at which PyTorch 2.11 itself fails (docs/pytorch-allocator.md §14.8: the
+// expandable segments' device allocation count of a private pool; giving memory back during a
+// CUDA graph capture; destroying a MemPool while another pool is active). gpu/ refuses it
+// instead of aborting: what() names the rule, and the allocator's state and stats are unchanged.
+class PyTorchFailsHere : public UsageError {
+ public:
+  using UsageError::UsageError;
 };
 
 class CachingAllocator {
@@ -60,8 +78,27 @@ class CachingAllocator {
   void free(void* ptr);
   // Tensor.record_stream: `ptr` (as allocate returned it) is used on `stream`.
   void record_stream(void* ptr, StreamId stream);
-  // torch.cuda.empty_cache().
+  // torch.cuda.empty_cache(): the default pools and every freeable private pool (§3.4, §14.6).
   void empty_cache();
+  // Private pools (docs/pytorch-allocator.md §14), PyTorch's names. UsageError, changing nothing,
+  // for bad use: the default id {0, 0}, an unknown pool, a pool already active or not active, a
+  // use count already 0.
+  // createOrIncrefPool: a new pool with use count 1, or one more user of a live one (§14.4).
+  void create_or_incref_pool(PoolId id);
+  // beginAllocateToPool: one more user, then allocations whose stream `filter` takes go to pool
+  // `id` (newest active pool first) until end_allocate_to_pool (§14.2). `capture`: a CUDA graph
+  // capture (true) or use_mem_pool (false); it only changes what is refused while it is under
+  // way (§14.8.2); the plug-in cannot tell and passes false.
+  void begin_allocate_to_pool(PoolId id, PoolFilter filter, bool capture = false);
+  // Replays and tests: filter = route.takes, capture = route.is_capture().
+  void begin_allocate_to_pool(PoolId id, PoolRoute route);
+  void end_allocate_to_pool(PoolId id);  // endAllocateToPool; keeps the user
+  // releasePool: one user fewer; at 0 the pool's free segments may go back (§14.4-14.6).
+  void release_pool(PoolId id);
+  // emptyCache(mempool_id), a MemPool's destructor: that pool's free segments if all its users
+  // released it (§14.6); the default id is empty_cache().
+  void empty_cache(PoolId id);
+  int pool_use_count(PoolId id) const;  // getPoolUseCount
   // torch.cuda.set_per_process_memory_fraction: [0, 1]; 1 = no cap.
   void set_memory_fraction(double fraction);
   double memory_fraction() const;

@@ -1,0 +1,389 @@
+// policy:pytorch (PytorchPolicy, policy_pytorch/policy.h): private pools (docs/pytorch-allocator.md
+// §14): use counts (§14.4), routing while a pool is active (§14.2), the device allocation count
+// (§14.5), releasing freeable pools in PyTorch's order (§14.5, §14.6), the deferred frees of a
+// capture (§14.7), and the refusals where PyTorch 2.11 itself fails (§14.8).
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <string>
+
+#include "cachet/errors.h"
+#include "cachet/gpu/allocator.h"
+#include "check.h"
+#include "messages.h"
+#include "policy_pytorch/policy.h"
+
+namespace cachet::gpu::detail {
+
+namespace {
+std::string describe(PoolId id) { return "{" + std::to_string(id.first) + ", " + std::to_string(id.second) + "}"; }
+}  // namespace
+
+// ===================================================================== FreeableOrder (§14.5)
+
+std::size_t FreeableOrder::desired(PoolId id) const {
+  return static_cast<std::size_t>((11400714819323198485ull * hash(id)) >> (64 - log2_buckets_));
+}
+
+bool FreeableOrder::contains(PoolId id) const {
+  return std::any_of(slots_.begin(), slots_.end(), [&](const Slot& s) { return s.distance >= 0 && s.id == id; });
+}
+
+void FreeableOrder::insert(PoolId id, PrivatePool* pool) {
+  if (!contains(id)) emplace(Slot{0, id, pool});
+}
+
+void FreeableOrder::emplace(Slot entry) {
+  if (buckets_ == 0) {  // ska's empty table has no bucket: the first insert grows it
+    grow();
+    emplace(entry);
+    return;
+  }
+  std::size_t cur = desired(entry.id);
+  std::int8_t dist = 0;
+  while (cur < slots_.size() && slots_[cur].distance >= dist) ++cur, ++dist;
+  if (dist == max_lookups_ || static_cast<double>(count_ + 1) > static_cast<double>(buckets_) * 0.5) {
+    grow();
+    emplace(entry);
+    return;
+  }
+  CACHET_CHECK(cur < slots_.size());
+  if (slots_[cur].distance < 0) {
+    slots_[cur] = Slot{dist, entry.id, entry.pool};
+    ++count_;
+    return;
+  }
+  // Robin Hood: the new entry takes this slot, the one it displaces is carried on.
+  const std::size_t taken = cur;
+  Slot carried = slots_[cur];
+  slots_[cur] = Slot{dist, entry.id, entry.pool};
+  dist = static_cast<std::int8_t>(carried.distance + 1);
+  for (++cur;; ++cur) {
+    CACHET_CHECK(cur < slots_.size());
+    if (slots_[cur].distance < 0) {
+      slots_[cur] = Slot{dist, carried.id, carried.pool};
+      ++count_;
+      return;
+    }
+    if (slots_[cur].distance < dist) {
+      std::swap(dist, slots_[cur].distance);
+      std::swap(carried.id, slots_[cur].id);
+      std::swap(carried.pool, slots_[cur].pool);
+      ++dist;
+    } else if (++dist == max_lookups_) {
+      // ska puts the carried entry back where the new one went and inserts the new one again
+      // after growing.
+      std::swap(carried.id, slots_[taken].id);
+      std::swap(carried.pool, slots_[taken].pool);
+      grow();
+      emplace(Slot{0, carried.id, carried.pool});
+      return;
+    }
+  }
+}
+
+void FreeableOrder::grow() { rehash(std::max<std::size_t>(4, 2 * buckets_)); }
+
+void FreeableOrder::rehash(std::size_t buckets) {
+  buckets = std::max(buckets, static_cast<std::size_t>(std::ceil(static_cast<double>(count_) / 0.5)));
+  buckets = std::max<std::size_t>(2, std::bit_ceil(buckets));
+  if (buckets == buckets_) return;
+  std::vector<Slot> old = std::move(slots_);
+  buckets_ = buckets;
+  log2_buckets_ = std::bit_width(buckets) - 1;
+  max_lookups_ = std::max(4, log2_buckets_);
+  slots_.assign(buckets_ + static_cast<std::size_t>(max_lookups_) - 1, Slot{});
+  count_ = 0;
+  for (const Slot& s : old)
+    if (s.distance >= 0) emplace(Slot{0, s.id, s.pool});
+}
+
+void FreeableOrder::erase(PoolId id) {
+  auto it = std::find_if(slots_.begin(), slots_.end(), [&](const Slot& s) { return s.distance >= 0 && s.id == id; });
+  if (it == slots_.end()) return;
+  std::size_t cur = static_cast<std::size_t>(it - slots_.begin());
+  slots_[cur] = Slot{};
+  --count_;
+  // Backward shift: the following entries not at their desired slot move back by one.
+  for (std::size_t next = cur + 1; next < slots_.size() && slots_[next].distance > 0; ++cur, ++next) {
+    slots_[cur] = slots_[next];
+    --slots_[cur].distance;
+    slots_[next] = Slot{};
+  }
+}
+
+std::vector<PrivatePool*> FreeableOrder::in_order() const {
+  std::vector<PrivatePool*> out;
+  for (const Slot& s : slots_)
+    if (s.distance >= 0) out.push_back(s.pool);
+  return out;
+}
+
+// ===================================================================== Use counts and routing (§14.2, §14.4)
+
+void PytorchPolicy::create_or_incref_pool(PoolId id) {
+  if (id.is_default())
+    throw UsageError("create_or_incref_pool: {0, 0} names the default pools, not a private pool; pass a MemPool's id");
+  auto it = graph_pools_.find(id);
+  if (it == graph_pools_.end()) {
+    graph_pools_.emplace(id, std::make_unique<PrivatePool>(id));  // use count 1 (§14.4)
+    return;
+  }
+  // PyTorch asserts the pool is live: a pool all of whose users released it is not reused.
+  if (it->second->use_count <= 0)
+    throw UsageError("create_or_incref_pool(" + describe(id) +
+                     "): every user has released this pool; make a new pool (§14.4)");
+  ++it->second->use_count;
+}
+
+void PytorchPolicy::begin_allocate_to_pool(PoolId id, const PoolFilter& filter, bool capture) {
+  for (const Underway& u : captures_underway_)
+    if (u.id == id)
+      throw UsageError("begin_allocate_to_pool(" + describe(id) +
+                       "): already allocating to this pool (PyTorch: \"beginAllocateToPool: already recording to "
+                       "mempool_id\"); end it first");
+  create_or_incref_pool(id);  // may refuse; nothing changed then
+  captures_underway_.push_back(Underway{id, filter, capture});
+}
+
+void PytorchPolicy::end_allocate_to_pool(PoolId id) {
+  for (auto it = captures_underway_.begin(); it != captures_underway_.end(); ++it) {
+    if (it->id == id) {
+      captures_underway_.erase(it);
+      return;
+    }
+  }
+  throw UsageError("end_allocate_to_pool(" + describe(id) +
+                   "): not allocating to this pool (PyTorch: \"endAllocatePool: not currently recording to "
+                   "mempool_id\")");
+}
+
+void PytorchPolicy::release_pool(PoolId id) {
+  auto it = graph_pools_.find(id);
+  if (it == graph_pools_.end()) throw UsageError("release_pool(" + describe(id) + "): no such private pool");
+  PrivatePool& pp = *it->second;
+  if (pp.use_count <= 0)
+    throw UsageError("release_pool(" + describe(id) + "): every user has already released it (use count 0)");
+  // At 0 the pool is freeable: release_cached_blocks may give its free segments back (§14.4).
+  if (--pp.use_count == 0) graph_pools_freeable_.insert(id, &pp);
+}
+
+int PytorchPolicy::pool_use_count(PoolId id) const {
+  auto it = graph_pools_.find(id);
+  if (it == graph_pools_.end()) throw UsageError("pool_use_count(" + describe(id) + "): no such private pool");
+  return it->second->use_count;
+}
+
+// get_pool: the newest active pool whose filter takes the stream, else the default pools (§14.2).
+BlockPool& PytorchPolicy::get_pool(Bytes size, StreamId stream) {
+  for (auto it = captures_underway_.rbegin(); it != captures_underway_.rend(); ++it) {
+    if (it->filter(stream)) {
+      PrivatePool& pp = *graph_pools_.at(it->id);
+      return size <= kSmallSize ? pp.small : pp.large;
+    }
+  }
+  return size <= kSmallSize ? small_blocks_ : large_blocks_;
+}
+
+bool PytorchPolicy::graph_capture_underway() const {
+  return std::any_of(captures_underway_.begin(), captures_underway_.end(), [](const Underway& u) { return u.capture; });
+}
+
+// ===================================================================== Device allocation count (§14.5)
+
+void PytorchPolicy::count_device_alloc(BlockPool& pool) {
+  if (pool.owner != nullptr) ++pool.owner->device_allocs;
+}
+
+void PytorchPolicy::count_device_free(BlockPool& pool) {
+  if (pool.owner == nullptr) return;
+  // refuse_release_where_pytorch_fails made sure before anything changed (§14.8.1).
+  CACHET_CHECK(pool.owner->device_allocs > 0);
+  --pool.owner->device_allocs;
+}
+
+Bytes PytorchPolicy::private_pool_free_bytes() const {
+  Bytes sum = 0;
+  for (const auto& [id, pp] : graph_pools_) {
+    for (const Block& b : pp->small.blocks) sum += b.size;
+    for (const Block& b : pp->large.blocks) sum += b.size;
+  }
+  return sum;
+}
+
+// ===================================================================== Deferred frees (§14.7)
+
+// The frees made with stream uses while a capture was under way get their events now, in the
+// order they were freed; the uses recorded during a capture need none (remove_cudagraph_stream_uses).
+void PytorchPolicy::insert_events_deferred_until_no_capture() {
+  while (!deferred_blocks_.empty()) {
+    Block* b = deferred_blocks_.front();
+    for (StreamId s : b->capture_stream_uses)
+      b->stream_uses.erase(std::remove(b->stream_uses.begin(), b->stream_uses.end(), s), b->stream_uses.end());
+    b->capture_stream_uses.clear();
+    if (b->stream_uses.empty()) {
+      deferred_blocks_.erase(deferred_blocks_.begin());
+      free_block(b);  // Deferred -> Free: every use was made during a capture
+    } else {
+      insert_events(b);  // Deferred -> AwaitingEvents; a failing event call leaves it deferred
+      deferred_blocks_.erase(deferred_blocks_.begin());
+    }
+  }
+}
+
+// ===================================================================== Releasing pools (§14.5, §14.6)
+
+void PytorchPolicy::empty_cache(PoolId id) {
+  if (config_.no_caching) return;
+  release_cached_blocks(id);
+}
+
+// The freeable private pools (all of them for the default id, else only that one), in PyTorch's
+// order: small half before large; a pool with no device allocation left is forgotten.
+void PytorchPolicy::release_private_pools(PoolId id) {
+  for (PrivatePool* pp : graph_pools_freeable_.in_order()) {
+    if (!id.is_default()) {
+      if (pp->id != id) continue;
+      synchronize_and_free_events(pp);
+    }
+    release_blocks(pp->small);
+    release_blocks(pp->large);
+    if (pp->device_allocs == 0) forget_pool(pp);
+  }
+}
+
+// PyTorch erases the pool at a device allocation count of 0. Its remaining reservations without
+// mapped memory go back to the device with it (unobservable: no stats, no trace). With
+// expandable segments a count can reach 0 while pages are still mapped; PyTorch then drops a pool
+// that still owns memory, which gpu/ cannot do: it keeps such a pool (freeable) instead.
+void PytorchPolicy::forget_pool(PrivatePool* pp) {
+  std::vector<Block*> reservations;
+  for (const auto& [base, seg] : segments_) {
+    if (seg->pool->owner != pp) continue;
+    if (!seg->expandable || seg->head->is_mapped() || seg->head->next != nullptr) return;
+    reservations.push_back(seg->head);
+  }
+  for (Block* b : reservations) release_expandable_segment(b);
+  const PoolId id = pp->id;
+  graph_pools_freeable_.erase(id);
+  graph_pools_.erase(id);
+}
+
+// ===================================================================== Where PyTorch fails (§14.8)
+
+// How many device frees (release_block, unmap_block) releasing `pp`'s free segments would make,
+// counting every block waiting for events or for the end of a capture as free when `synced`
+// (synchronize_and_free_events runs first): a cudaMalloc segment goes when all its blocks are
+// free; an expandable segment unmaps each run of free blocks that covers a whole page.
+int PytorchPolicy::device_frees_to_release(const PrivatePool& pp, bool synced) const {
+  auto free_now = [&](const Block* b) {
+    return b->is_free() || (synced && (b->state() == BlockState::AwaitingEvents || b->state() == BlockState::Deferred));
+  };
+  int n = 0;
+  for (const auto& [base, seg] : segments_) {
+    if (seg->pool->owner != &pp) continue;
+    if (!seg->expandable) {
+      bool all = true;
+      for (const Block* b = seg->head; b != nullptr && all; b = b->next) all = free_now(b);
+      n += all ? 1 : 0;
+      continue;
+    }
+    for (const Block* b = seg->head; b != nullptr;) {
+      if (!b->is_mapped() || !free_now(b)) {
+        b = b->next;
+        continue;
+      }
+      const DevicePtr begin = b->ptr;
+      DevicePtr end = begin;
+      for (; b != nullptr && b->is_mapped() && free_now(b); b = b->next) end = b->ptr + b->size;
+      const Bytes first = (begin - seg->base + seg->page_size - 1) / seg->page_size;
+      const Bytes last = (end - seg->base) / seg->page_size;
+      n += first < last ? 1 : 0;
+    }
+  }
+  return n;
+}
+
+// Before release_cached_blocks(id) changes anything: destroying a MemPool while another pool is
+// active (§14.8.3); giving a freeable pool's memory back during a graph capture (§14.8.2); a
+// release that would take a pool's device allocation count below 0 (§14.8.1).
+void PytorchPolicy::refuse_release_where_pytorch_fails(PoolId id) const {
+  const bool default_id = id.is_default();
+  if (!default_id && graph_pools_freeable_.contains(id) && capture_underway())
+    throw PyTorchFailsHere(
+        "empty_cache(" + describe(id) + "): PyTorch 2.11 fails here (\"captures_underway.empty() INTERNAL ASSERT "
+        "FAILED\"): a MemPool is being destroyed while pool " + describe(captures_underway_.back().id) +
+        " is active (use_mem_pool or a capture); cachet refuses and changes nothing. Leave the other pool's "
+        "use_mem_pool or end its capture first (docs/pytorch-allocator.md §14.8)");
+  const bool synced = default_id ? !capture_underway() : true;
+  for (const PrivatePool* pp : graph_pools_freeable_.in_order()) {
+    if (!default_id && pp->id != id) continue;
+    const int frees = device_frees_to_release(*pp, synced);
+    if (frees > 0 && graph_capture_underway())
+      throw PyTorchFailsHere(
+          "empty_cache: PyTorch 2.11 fails here: releasing the free segments of private pool " + describe(pp->id) +
+          " while a CUDA graph capture is under way needs cudaFree or an unmap, which the driver refuses "
+          "(cudaErrorStreamCaptureUnsupported) and which invalidates the capture; cachet refuses and changes "
+          "nothing. Call empty_cache after the capture ends (docs/pytorch-allocator.md §14.8)");
+    if (frees > pp->device_allocs)
+      throw PyTorchFailsHere(
+          "releasing private pool " + describe(pp->id) + ": PyTorch 2.11 fails here (\"block->pool->"
+          "owner_PrivatePool->cudaMalloc_count > 0 INTERNAL ASSERT FAILED\"): expandable segments would unmap " +
+          std::to_string(frees) + " ranges but the pool grew only " + std::to_string(pp->device_allocs) +
+          " more times than it shrank; cachet refuses and changes nothing. Private pools with "
+          "expandable_segments:True cannot give this memory back (docs/pytorch-allocator.md §14.8)");
+  }
+}
+
+// malloc during a graph capture, before garbage collection (`gc`) or
+// release_available_cached_blocks (`releasing`) would give memory back (§14.8.2). The only
+// change malloc made so far, the free-block search's tick of the GC clock, is undone first.
+void PytorchPolicy::refuse_giving_back_in_capture(const AllocParams& p, bool gc, bool releasing) {
+  if (!graph_capture_underway()) return;
+  const char* what = nullptr;
+  if (gc && gc_would_release()) what = "garbage collection (garbage_collection_threshold)";
+  else if (releasing && release_available_would_release(p)) what = "release_available_cached_blocks (max_split_size_mb)";
+  if (what == nullptr) return;
+  if (cap_.allowed() && config_.garbage_collection_threshold > 0.0) --p.pool->get_free_blocks_call_count;
+  throw PyTorchFailsHere(
+      "allocate(" + std::to_string(p.size) + " B, stream " + std::to_string(p.stream) +
+      "): PyTorch 2.11 fails here: " + what + " would give a cached segment back with cudaFree while a CUDA "
+      "graph capture is under way, which the driver refuses (cudaErrorStreamCaptureUnsupported) and which "
+      "invalidates the capture; cachet refuses and changes nothing. Free cached memory (empty_cache) before "
+      "the capture, or raise the cap (docs/pytorch-allocator.md §14.8)");
+}
+
+// garbage_collect_cached_blocks' first round (release.cpp) without releasing: whether any block goes.
+bool PytorchPolicy::gc_would_release() const {
+  const auto threshold =
+      static_cast<Bytes>(config_.garbage_collection_threshold * static_cast<double>(*cap_.allowed()));
+  if (total_allocated_memory_ <= threshold) return false;
+  const std::int64_t clock = large_blocks_.get_free_blocks_call_count;
+  Bytes total_age = 0;
+  int freeable = 0;
+  for (const Block& b : large_blocks_.blocks)
+    if (!b.is_split()) total_age += static_cast<Bytes>(clock - b.gc_count_base), ++freeable;
+  if (freeable == 0) return false;
+  const double age_threshold = static_cast<double>(total_age) / freeable;
+  return std::any_of(large_blocks_.blocks.begin(), large_blocks_.blocks.end(), [&](const Block& b) {
+    return !b.is_split() && !b.expandable() && static_cast<double>(clock - b.gc_count_base) >= age_threshold;
+  });
+}
+
+// release_available_cached_blocks (release.cpp) without releasing: whether any block goes.
+bool PytorchPolicy::release_available_would_release(const AllocParams& p) const {
+  const Bytes max_split = config_.max_split_size;
+  if (max_split == kNoMaxSplit) return false;
+  const BlockPool& pool = *p.pool;
+  const Bytes key_size = std::max(p.size, max_split);
+  auto it = pool.blocks.lower_bound(SizeKey{p.stream, key_size, 0}, SizeOrder{});
+  if (it != pool.blocks.end() && it->stream == p.stream && !it->expandable()) return true;
+  if (it == pool.blocks.begin()) return false;
+  for (--it; it->size >= max_split && it->stream == p.stream; --it) {
+    if (!it->expandable()) return true;
+    if (it == pool.blocks.begin()) break;
+  }
+  return false;
+}
+
+}  // namespace cachet::gpu::detail

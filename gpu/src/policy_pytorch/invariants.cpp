@@ -229,9 +229,11 @@ void PytorchPolicy::check_private_pools(std::vector<std::string>& out) const {
       fail("[INV-PRIV-2]", name + " counts " + std::to_string(pp->segments) + " segments, it has " +
                                std::to_string(all_segments[pp.get()]));
   }
-  if (graph_pools_freeable_.size() != static_cast<std::size_t>(std::count_if(
-          graph_pools_.begin(), graph_pools_.end(), [](const auto& kv) { return kv.second->use_count == 0; })))
-    fail("[INV-PRIV-1]", "the freeable list holds a pool that is not known, or twice");
+  const auto at_zero = std::count_if(graph_pools_.begin(), graph_pools_.end(),
+                                     [](const auto& kv) { return kv.second->use_count == 0; });
+  if (graph_pools_freeable_.size() != static_cast<std::size_t>(at_zero))
+    fail("[INV-PRIV-1]", "the freeable list holds " + std::to_string(graph_pools_freeable_.size()) + " pools, " +
+                             std::to_string(at_zero) + " known pools have use count 0");
   for (const Underway& u : captures_underway_)
     if (!graph_pools_.contains(u.id) || graph_pools_.at(u.id)->use_count <= 0)
       fail("[INV-PRIV-1]", "an active pool {" + std::to_string(u.id.first) + ", " + std::to_string(u.id.second) +

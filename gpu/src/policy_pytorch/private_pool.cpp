@@ -328,10 +328,10 @@ void PytorchPolicy::refuse_release_where_pytorch_fails(PoolId id) const {
     if (frees > pp->device_allocs)
       throw PyTorchFailsHere(
           "releasing private pool " + describe(pp->id) + ": PyTorch 2.11 fails here (\"block->pool->"
-          "owner_PrivatePool->cudaMalloc_count > 0 INTERNAL ASSERT FAILED\"): expandable segments would unmap " +
-          std::to_string(frees) + " ranges but the pool grew only " + std::to_string(pp->device_allocs) +
-          " more times than it shrank; cachet refuses and changes nothing. Private pools with "
-          "expandable_segments:True cannot give this memory back (docs/pytorch-allocator.md §14.8)");
+          "owner_PrivatePool->cudaMalloc_count > 0 INTERNAL ASSERT FAILED\"): its expandable segments would unmap " +
+          std::to_string(frees) + " ranges but its device allocation count (cudaMalloc_count) is " +
+          std::to_string(pp->device_allocs) + "; cachet refuses and changes nothing. This memory of a private pool "
+          "cannot be given back with expandable_segments:True (docs/pytorch-allocator.md §14.8)");
   }
 }
 

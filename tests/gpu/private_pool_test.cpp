@@ -1,0 +1,324 @@
+// Private pools in gpu/'s policy:pytorch on the host backend (docs/pytorch-allocator.md §14): bad
+// use refused with nothing changed; the operations at which PyTorch 2.11 itself fails (§14.8)
+// refused with cachet::PyTorchFailsHere, the exact message, and the state, stats, snapshot and
+// trace unchanged; stream uses inside a pool and during a capture (§14.7) with values computed by
+// hand from PyTorch's rules. Every allocator here runs in validate mode (invariants after every
+// operation). Synthetic addresses: cudaMalloc hands out 0x7f0000000000 upwards in 2 MiB steps.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "cachet/errors.h"
+#include "gpu_test_support.h"
+
+namespace cachet::test {
+namespace {
+
+constexpr PoolId kMemPool1{0, 1};
+constexpr PoolId kMemPool2{0, 2};
+constexpr PoolId kGraph1{1, 0};
+constexpr StreamId kCapture = 7;  // the stream a graph captures on
+constexpr std::uint64_t kBase = 0x7f0000000000;
+
+PoolRoute capture_on(StreamId s) { return PoolRoute{PoolRoute::Kind::CaptureStream, s}; }
+PoolRoute this_thread() { return PoolRoute{}; }
+
+std::uint64_t addr(void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+
+// Everything a refusal must leave as it was.
+struct Observed {
+  std::vector<std::pair<std::string, std::int64_t>> stats;
+  std::vector<TraceEvent> trace;
+  Snapshot snapshot;
+};
+Observed observe(CachingAllocator& a) {
+  Observed o;
+  o.stats = flatten(a.stats());
+  o.trace = a.trace();
+  o.snapshot = a.snapshot();  // records a snapshot event after the trace was read
+  return o;
+}
+void expect_unchanged(CachingAllocator& a, const Observed& before) {
+  EXPECT_EQ(flatten(a.stats()), before.stats);
+  // observe() itself added one snapshot event to the trace; nothing else may have been added.
+  auto trace = a.trace();
+  ASSERT_EQ(trace.size(), before.trace.size() + 1);
+  trace.pop_back();
+  EXPECT_EQ(trace, before.trace);
+  EXPECT_EQ(a.snapshot(), before.snapshot);
+  EXPECT_EQ(a.invariants(), std::vector<std::string>{});
+}
+
+template <class F>
+std::string refusal(F&& f) {
+  try {
+    f();
+  } catch (const PyTorchFailsHere& e) {
+    return e.what();
+  }
+  return "(no PyTorchFailsHere)";
+}
+
+// ----------------------------------------------------------------- bad use (§14.2, §14.4)
+
+TEST(PrivatePools, BadUseIsRefusedAndChangesNothing) {
+  auto h = host_alloc();
+  CachingAllocator& a = *h.a;
+  EXPECT_THROW(a.create_or_incref_pool(PoolId{}), UsageError);
+  EXPECT_THROW(a.release_pool(kMemPool1), UsageError);
+  EXPECT_THROW(a.pool_use_count(kMemPool1), UsageError);
+  EXPECT_THROW(a.end_allocate_to_pool(kMemPool1), UsageError);
+  a.create_or_incref_pool(kMemPool1);
+  EXPECT_EQ(a.pool_use_count(kMemPool1), 1);
+  a.begin_allocate_to_pool(kMemPool1, this_thread());
+  EXPECT_EQ(a.pool_use_count(kMemPool1), 2);
+  EXPECT_THROW(a.begin_allocate_to_pool(kMemPool1, this_thread()), UsageError);
+  EXPECT_EQ(a.pool_use_count(kMemPool1), 2);
+  a.end_allocate_to_pool(kMemPool1);
+  a.release_pool(kMemPool1);
+  a.release_pool(kMemPool1);
+  EXPECT_EQ(a.pool_use_count(kMemPool1), 0);  // freeable, still known: nothing was allocated...
+  a.empty_cache(kMemPool1);                   // ...so its release forgets it (§14.5)
+  EXPECT_THROW(a.pool_use_count(kMemPool1), UsageError);
+  EXPECT_EQ(a.invariants(), std::vector<std::string>{});
+}
+
+TEST(PrivatePools, AllocationsGoToTheActivePoolAndBackToItWhenFreed) {
+  auto h = host_alloc();
+  CachingAllocator& a = *h.a;
+  a.create_or_incref_pool(kMemPool1);
+  a.begin_allocate_to_pool(kMemPool1, this_thread());
+  void* x = a.allocate(1000, 0);  // the pool's small half: a 2 MiB segment of its own
+  a.end_allocate_to_pool(kMemPool1);
+  void* y = a.allocate(1000, 0);  // the default small pool: another segment
+  EXPECT_EQ(addr(x), kBase);
+  EXPECT_EQ(addr(y), kBase + 2 * MiB);
+  a.free(x);
+  void* z = a.allocate(1000, 0);  // the pool's free block is not the default pool's
+  EXPECT_EQ(addr(z), kBase + 2 * MiB + 1024);
+  const Snapshot s = a.snapshot();
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].pool_id, kMemPool1);
+  EXPECT_EQ(s[1].pool_id, PoolId{});
+}
+
+// ----------------------------------------------------------------- §14.8: where PyTorch fails
+
+// A MemPool {0, 1} with one free 2 MiB segment, all its users gone (freeable).
+void freeable_pool_with_a_free_segment(CachingAllocator& a) {
+  a.create_or_incref_pool(kMemPool1);
+  a.begin_allocate_to_pool(kMemPool1, this_thread());
+  void* x = a.allocate(1000, 0);
+  a.end_allocate_to_pool(kMemPool1);
+  a.release_pool(kMemPool1);  // leaving use_mem_pool
+  a.free(x);
+  a.release_pool(kMemPool1);  // the MemPool object: use count 0
+}
+
+TEST(PrivatePoolsWherePyTorchFails, EmptyCacheDuringACaptureIsRefused) {
+  auto h = host_alloc();
+  CachingAllocator& a = *h.a;
+  a.set_trace(true);
+  freeable_pool_with_a_free_segment(a);
+  a.begin_allocate_to_pool(kGraph1, capture_on(kCapture));
+  const Observed before = observe(a);
+  EXPECT_EQ(refusal([&] { a.empty_cache(); }),
+            "empty_cache: PyTorch 2.11 fails here: releasing the free segments of private pool {0, 1} while a CUDA "
+            "graph capture is under way needs cudaFree or an unmap, which the driver refuses "
+            "(cudaErrorStreamCaptureUnsupported) and which invalidates the capture; cachet refuses and changes "
+            "nothing. Call empty_cache after the capture ends (docs/pytorch-allocator.md §14.8)");
+  expect_unchanged(a, before);
+  EXPECT_EQ(a.pool_use_count(kMemPool1), 0);
+  // After the capture the same call gives the segment back and forgets the pool (§14.5).
+  a.end_allocate_to_pool(kGraph1);
+  a.empty_cache();
+  EXPECT_EQ(cur(a.stats().reserved_bytes), 0);
+  EXPECT_EQ(a.stats().num_device_free, 1);
+  EXPECT_THROW(a.pool_use_count(kMemPool1), UsageError);
+}
+
+TEST(PrivatePoolsWherePyTorchFails, EmptyCacheDuringUseMemPoolIsNoCapture) {
+  auto h = host_alloc();
+  CachingAllocator& a = *h.a;
+  freeable_pool_with_a_free_segment(a);
+  a.create_or_incref_pool(kMemPool2);
+  a.begin_allocate_to_pool(kMemPool2, this_thread());
+  a.empty_cache();  // the default pools wait (a pool is active), the freeable pool goes (§14.6)
+  EXPECT_EQ(cur(a.stats().reserved_bytes), 0);
+  EXPECT_EQ(a.stats().num_device_free, 1);
+  EXPECT_EQ(a.stats().num_sync_all_streams, 0);
+}
+
+TEST(PrivatePoolsWherePyTorchFails, DestroyingAMemPoolWhileAnotherPoolIsActiveIsRefused) {
+  auto h = host_alloc();
+  CachingAllocator& a = *h.a;
+  a.set_trace(true);
+  freeable_pool_with_a_free_segment(a);
+  a.create_or_incref_pool(kMemPool2);
+  a.begin_allocate_to_pool(kMemPool2, this_thread());
+  const Observed before = observe(a);
+  EXPECT_EQ(refusal([&] { a.empty_cache(kMemPool1); }),
+            "empty_cache({0, 1}): PyTorch 2.11 fails here (\"captures_underway.empty() INTERNAL ASSERT FAILED\"): "
+            "a MemPool is being destroyed while pool {0, 2} is active (use_mem_pool or a capture); cachet refuses "
+            "and changes nothing. Leave the other pool's use_mem_pool or end its capture first "
+            "(docs/pytorch-allocator.md §14.8)");
+  expect_unchanged(a, before);  // num_sync_all_streams included: still 0
+  a.end_allocate_to_pool(kMemPool2);
+  a.empty_cache(kMemPool1);
+  EXPECT_EQ(a.stats().num_device_free, 1);
+  EXPECT_EQ(a.stats().num_sync_all_streams, 1);  // emptyCache(id) counts its synchronization (§14.6)
+}
+
+// Garbage collection would give a cached default segment back while a capture allocates.
+TEST(PrivatePoolsWherePyTorchFails, GarbageCollectionDuringACaptureIsRefused) {
+  auto h = host_alloc("garbage_collection_threshold:0.5", 100 * MiB);
+  CachingAllocator& a = *h.a;
+  a.set_trace(true);
+  a.set_memory_fraction(0.5);  // cap 50 MiB, GC above 25 MiB reserved
+  a.free(a.allocate(30 * MiB, 0));  // 30 MiB cached in the default large pool
+  a.begin_allocate_to_pool(kGraph1, capture_on(kCapture));
+  const Observed before = observe(a);
+  EXPECT_EQ(refusal([&] { a.allocate(10 * MiB, kCapture); }),
+            "allocate(10485760 B, stream 7): PyTorch 2.11 fails here: garbage collection "
+            "(garbage_collection_threshold) would give a cached segment back with cudaFree while a CUDA graph "
+            "capture is under way, which the driver refuses (cudaErrorStreamCaptureUnsupported) and which "
+            "invalidates the capture; cachet refuses and changes nothing. Free cached memory (empty_cache) before "
+            "the capture, or raise the cap (docs/pytorch-allocator.md §14.8)");
+  expect_unchanged(a, before);
+  // The same allocation inside use_mem_pool collects the cached segment and succeeds.
+  a.end_allocate_to_pool(kGraph1);
+  a.create_or_incref_pool(kMemPool1);
+  a.begin_allocate_to_pool(kMemPool1, this_thread());
+  a.allocate(10 * MiB, kCapture);
+  EXPECT_EQ(a.stats().num_device_free, 1);
+  EXPECT_EQ(cur(a.stats().reserved_bytes), static_cast<std::int64_t>(10 * MiB));
+}
+
+// release_available_cached_blocks would give an oversize segment of the graph's pool back.
+TEST(PrivatePoolsWherePyTorchFails, ReleasingOversizeBlocksDuringACaptureIsRefused) {
+  auto h = host_alloc("max_split_size_mb:20", 100 * MiB);
+  CachingAllocator& a = *h.a;
+  a.set_trace(true);
+  a.set_memory_fraction(0.5);  // cap 50 MiB
+  a.begin_allocate_to_pool(kGraph1, capture_on(kCapture));
+  a.free(a.allocate(30 * MiB, kCapture));  // an oversize 30 MiB segment cached in the graph's pool
+  const Observed before = observe(a);
+  // 35 MiB: no cached block fits; a new 36 MiB segment would pass the cap (30 + 36 > 50).
+  EXPECT_EQ(refusal([&] { a.allocate(35 * MiB, kCapture); }),
+            "allocate(36700160 B, stream 7): PyTorch 2.11 fails here: release_available_cached_blocks "
+            "(max_split_size_mb) would give a cached segment back with cudaFree while a CUDA graph capture is under "
+            "way, which the driver refuses (cudaErrorStreamCaptureUnsupported) and which invalidates the capture; "
+            "cachet refuses and changes nothing. Free cached memory (empty_cache) before the capture, or raise the "
+            "cap (docs/pytorch-allocator.md §14.8)");
+  expect_unchanged(a, before);
+}
+
+// One growth of an expandable segment maps three pages (+1); two free runs unmap separately (-2).
+TEST(PrivatePoolsWherePyTorchFails, ExpandableSegmentsUnmappingMoreThanTheyGrewIsRefused) {
+  auto h = host_alloc("expandable_segments:True", 8 * GiB);
+  CachingAllocator& a = *h.a;
+  a.set_trace(true);
+  a.create_or_incref_pool(kMemPool1);
+  a.begin_allocate_to_pool(kMemPool1, this_thread());
+  a.free(a.allocate(60 * MiB, 0));   // pages 0-2 of 20 MiB mapped in one growth
+  void* b = a.allocate(20 * MiB, 0);  // [0, 20 MiB)
+  void* c = a.allocate(20 * MiB, 0);  // [20, 40 MiB); [40, 60 MiB) free
+  EXPECT_EQ(addr(c), addr(b) + 20 * MiB);
+  a.end_allocate_to_pool(kMemPool1);
+  a.release_pool(kMemPool1);
+  a.free(b);                   // [0, 20 MiB) free: two free runs around c
+  a.release_pool(kMemPool1);  // freeable
+  const Observed before = observe(a);
+  EXPECT_EQ(refusal([&] { a.empty_cache(); }),
+            "releasing private pool {0, 1}: PyTorch 2.11 fails here (\"block->pool->owner_PrivatePool->"
+            "cudaMalloc_count > 0 INTERNAL ASSERT FAILED\"): its expandable segments would unmap 2 ranges but its "
+            "device allocation count (cudaMalloc_count) is 1; cachet refuses and changes nothing. This memory of a "
+            "private pool cannot be given back with expandable_segments:True (docs/pytorch-allocator.md §14.8)");
+  expect_unchanged(a, before);
+  EXPECT_EQ(a.stats().num_sync_all_streams, 0);
+  // Freeing c joins the runs: one unmap, which the count allows.
+  a.free(c);
+  a.empty_cache();
+  EXPECT_EQ(cur(a.stats().reserved_bytes), 0);
+}
+
+// ----------------------------------------------------------------- §14.7: stream uses and a capture
+
+// Values by hand from PyTorch's free, recordStream, process_events,
+// insert_events_deferred_until_no_capture and remove_cudagraph_stream_uses (§6, §14.7). Block
+// sizes are 1000 B rounded to 1024; c lives in the default small pool's segment at kBase, a and b
+// in the graph's small pool's segment at kBase + 2 MiB.
+TEST(PrivatePoolsStreamUses, FreesDuringACaptureWaitForItsEndThenDropTheCapturesUses) {
+  auto h = host_alloc();
+  CachingAllocator& a = *h.a;
+  void* c = a.allocate(1000, 0);
+  a.record_stream(c, 5);  // a use before the capture: it will need an event
+  a.begin_allocate_to_pool(kGraph1, capture_on(kCapture));
+  void* x = a.allocate(1000, kCapture);
+  ASSERT_EQ(addr(c), kBase);
+  ASSERT_EQ(addr(x), kBase + 2 * MiB);
+  a.record_stream(x, 9);  // uses made during the capture need no event after it
+  a.record_stream(c, 9);
+  a.free(x);  // with stream uses during a capture: deferred, no event
+  a.free(c);
+  EXPECT_EQ(cur(a.stats().allocation), 0);
+  EXPECT_EQ(cur(a.stats().allocated_bytes), 0);
+  EXPECT_EQ(cur(a.stats().active), 2);
+  EXPECT_EQ(cur(a.stats().active_bytes), 2048);
+  EXPECT_EQ(h.sim->live_events(), 0u);
+  {
+    const Snapshot s = a.snapshot();
+    ASSERT_EQ(s.size(), 2u);
+    EXPECT_EQ(s[0].pool_id, PoolId{});
+    EXPECT_EQ(s[1].pool_id, kGraph1);
+    EXPECT_EQ(s[0].blocks[0], (BlockSnapshot{kBase, 1024, 1000, BlockState::ActivePendingFree}));
+    EXPECT_EQ(s[1].blocks[0], (BlockSnapshot{kBase + 2 * MiB, 1024, 1000, BlockState::ActivePendingFree}));
+  }
+  try {
+    a.free(x);
+    ADD_FAILURE() << "a second free of a deferred block was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("waiting for the end of a capture (§14.7)"), std::string::npos) << e.what();
+  }
+  // Allocating during the capture processes nothing: x stays deferred, b takes the next block.
+  void* b = a.allocate(1000, kCapture);
+  EXPECT_EQ(addr(b), kBase + 2 * MiB + 1024);
+  a.record_stream(b, 9);
+  a.end_allocate_to_pool(kGraph1);
+
+  // After the capture a free with stream uses records events on all of them, those of the
+  // capture included (only a deferred free drops them): one event, on stream 9.
+  a.free(b);
+  EXPECT_EQ(h.sim->live_events(), 1u);
+  EXPECT_EQ(cur(a.stats().active), 3);
+
+  // The next allocation processes the deferred frees first: x had only a capture use, so it is
+  // free at once; c keeps its use on stream 5 and gets an event. Then the queues: nothing done.
+  void* d = a.allocate(1000, 0);
+  EXPECT_EQ(addr(d), kBase + 1024);  // c's segment's free remainder; c still waits
+  EXPECT_EQ(h.sim->live_events(), 2u);
+  EXPECT_EQ(cur(a.stats().active), 3);  // c, b waiting; d
+  EXPECT_EQ(cur(a.stats().active_bytes), 3072);
+  EXPECT_EQ(cur(a.stats().allocation), 1);
+
+  h.sim->complete_events(9);  // b's event: b frees and merges with x's block and the rest
+  void* e = a.allocate(1000, 0);
+  EXPECT_EQ(addr(e), kBase + 2048);
+  EXPECT_EQ(cur(a.stats().active), 3);  // c waiting; d, e
+  {
+    const Snapshot s = a.snapshot();
+    ASSERT_EQ(s.size(), 2u);
+    ASSERT_EQ(s[1].blocks.size(), 1u);  // the graph's segment is one free block again
+    EXPECT_EQ(s[1].blocks[0].size, 2 * MiB);
+    EXPECT_EQ(s[1].blocks[0].state, BlockState::Inactive);
+  }
+  h.sim->complete_events(5);  // c's event: c frees; best fit takes its 1024 B block
+  void* f = a.allocate(1000, 0);
+  EXPECT_EQ(addr(f), kBase);
+  EXPECT_EQ(cur(a.stats().active), 3);
+  EXPECT_EQ(cur(a.stats().allocation), 3);
+}
+
+}  // namespace
+}  // namespace cachet::test

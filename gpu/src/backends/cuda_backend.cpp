@@ -4,6 +4,8 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <cinttypes>
+#include <cstdio>
 #include <string>
 
 #include "cachet/errors.h"
@@ -43,6 +45,78 @@ class DeviceGuard {
 cudaStream_t stream_of(StreamId s) { return reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(s)); }
 cudaEvent_t event_of(EventHandle e) { return reinterpret_cast<cudaEvent_t>(static_cast<std::uintptr_t>(e)); }
 
+std::string hex(std::uint64_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
+  return buf;
+}
+
+// ------------------------------------------------- CUDA graph capture (docs §14.7, §14.8.2)
+
+// The capture status of a stream as PyTorch reads it (currentStreamCaptureStatusMayInitCtx):
+// capturing unless cudaStreamCaptureStatusNone (an invalidated capture counts as capturing).
+struct Capture {
+  bool known = false;      // a stream was asked about
+  bool capturing = false;
+  StreamId stream = 0;
+  std::string error;       // cudaStreamIsCapturing failed: the call is refused with this
+};
+
+Capture capture_of(StreamId s) {
+  Capture c;
+  c.known = true;
+  c.stream = s;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaError_t e = cudaStreamIsCapturing(stream_of(s), &st); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    c.error = cuda_msg("cudaStreamIsCapturing", e);
+    return c;
+  }
+  c.capturing = st != cudaStreamCaptureStatusNone;
+  return c;
+}
+
+// The thread's current stream (CurrentStream); none set: treated as not capturing.
+Capture current_capture() { return CurrentStream::is_set() ? capture_of(CurrentStream::get()) : Capture{}; }
+
+// Why `call` is refused for capture `c`, or "" when it may go ahead. `what` says what PyTorch
+// does instead.
+std::string refusal(const char* call, const Capture& c, const char* subject, const char* what) {
+  if (!c.known || (!c.capturing && c.error.empty())) return "";
+  std::string m = std::string(call) + " refused: ";
+  if (!c.error.empty())
+    return m + "cannot tell whether " + subject + " " + hex(c.stream) + " is capturing a CUDA graph (" + c.error + ")";
+  return m + subject + " " + hex(c.stream) + " is capturing a CUDA graph; " + what;
+}
+
+constexpr const char* kGiveBack =
+    "the driver forbids giving memory back during a capture and would invalidate the capture (PyTorch 2.11 "
+    "fails here too, docs/pytorch-allocator.md §14.8.2); nothing was changed";
+constexpr const char* kNoEvents =
+    "PyTorch records, queries and waits for no event during a capture (docs/pytorch-allocator.md §14.7); "
+    "nothing was done";
+
+// PyTorch's CUDAStreamCaptureModeGuard{cudaStreamCaptureModeRelaxed}, applied only when `on`:
+// device allocations on a capturing stream (cudaMallocMaybeCapturing) may then run without
+// invalidating the capture.
+class RelaxedCaptureMode {
+ public:
+  explicit RelaxedCaptureMode(bool on) {
+    if (!on) return;
+    if (cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess) active_ = true;
+    else (void)cudaGetLastError();
+  }
+  ~RelaxedCaptureMode() {
+    if (active_) (void)cudaThreadExchangeStreamCaptureMode(&mode_);  // back to the caller's mode
+  }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  bool active_ = false;
+};
+
 }  // namespace
 
 int cuda_device_count() {
@@ -65,12 +139,17 @@ CudaRuntimeBackend::CudaRuntimeBackend(DeviceIndex device) : device_(device) {
 
 Result<DevicePtr> CudaRuntimeBackend::malloc(Bytes n) {
   DeviceGuard g(device_);
+  const Capture c = current_capture();
+  if (!c.error.empty()) return {Status::error(refusal("cudaMalloc", c, "the current stream", "")), 0};
+  RelaxedCaptureMode relaxed(c.capturing);
   void* p = nullptr;
   Status st = status_of("cudaMalloc", cudaMalloc(&p, n));
   return {st, st.is_ok() ? static_cast<DevicePtr>(reinterpret_cast<std::uintptr_t>(p)) : 0};
 }
 
 Status CudaRuntimeBackend::free(DevicePtr p) {
+  if (auto why = refusal("cudaFree", current_capture(), "the current stream", kGiveBack); !why.empty())
+    return Status::error(why);
   DeviceGuard g(device_);
   return status_of("cudaFree", cudaFree(reinterpret_cast<void*>(static_cast<std::uintptr_t>(p))));
 }
@@ -106,11 +185,16 @@ Result<EventHandle> CudaRuntimeBackend::event_create() {
 }
 
 Status CudaRuntimeBackend::event_record(EventHandle e, StreamId s) {
+  // An event recorded on a capturing stream would become a node of the graph, never complete.
+  if (auto why = refusal("cudaEventRecord", capture_of(s), "stream", kNoEvents); !why.empty())
+    return Status::error(why);
   DeviceGuard g(device_);
   return status_of("cudaEventRecord", cudaEventRecord(event_of(e), stream_of(s)));
 }
 
 Result<bool> CudaRuntimeBackend::event_query(EventHandle e) {
+  if (auto why = refusal("cudaEventQuery", current_capture(), "the current stream", kNoEvents); !why.empty())
+    return {Status::error(why), false};
   cudaError_t r = cudaEventQuery(event_of(e));
   if (r == cudaErrorNotReady) {
     (void)cudaGetLastError();
@@ -121,6 +205,8 @@ Result<bool> CudaRuntimeBackend::event_query(EventHandle e) {
 }
 
 Status CudaRuntimeBackend::event_synchronize(EventHandle e) {
+  if (auto why = refusal("cudaEventSynchronize", current_capture(), "the current stream", kNoEvents); !why.empty())
+    return Status::error(why);
   return status_of("cudaEventSynchronize", cudaEventSynchronize(event_of(e)));
 }
 
@@ -195,18 +281,26 @@ CudaVmmBackend::CudaVmmBackend(DeviceIndex device) : CudaRuntimeBackend(device),
 
 Result<DevicePtr> CudaVmmBackend::reserve(Bytes n) {
   DeviceGuard g(device_);
+  const Capture c = current_capture();  // a new expandable segment is a growth: relaxed as map
+  if (!c.error.empty()) return {Status::error(refusal("cuMemAddressReserve", c, "the current stream", "")), 0};
+  RelaxedCaptureMode relaxed(c.capturing);
   CUdeviceptr p = 0;
   Status st = cu_status("cuMemAddressReserve", drv_->address_reserve(&p, n, 0, 0, 0));
   return {st, static_cast<DevicePtr>(p)};
 }
 
 Status CudaVmmBackend::unreserve(DevicePtr p, Bytes n) {
+  if (auto why = refusal("cuMemAddressFree", current_capture(), "the current stream", kGiveBack); !why.empty())
+    return Status::error(why);
   DeviceGuard g(device_);
   return cu_status("cuMemAddressFree", drv_->address_free(static_cast<CUdeviceptr>(p), n));
 }
 
 Status CudaVmmBackend::map(DevicePtr p, Bytes n) {
   DeviceGuard g(device_);
+  const Capture c = current_capture();
+  if (!c.error.empty()) return Status::error(refusal("cuMemCreate/cuMemMap", c, "the current stream", ""));
+  RelaxedCaptureMode relaxed(c.capturing);  // cuMemCreate, cuMemMap, cuMemSetAccess (and the undo)
   CUmemAllocationProp prop = prop_for(device_);
   CUmemAccessDesc access{};
   access.location = prop.location;
@@ -238,6 +332,8 @@ Status CudaVmmBackend::map(DevicePtr p, Bytes n) {
 }
 
 Status CudaVmmBackend::unmap(DevicePtr p, Bytes n) {
+  if (auto why = refusal("cuMemUnmap", current_capture(), "the current stream", kGiveBack); !why.empty())
+    return Status::error(why);
   DeviceGuard g(device_);
   // Work queued on any stream may still use these pages (PyTorch synchronizes the segment's stream).
   if (Status st = status_of("cudaDeviceSynchronize", cudaDeviceSynchronize()); !st.is_ok()) return st;

@@ -7,6 +7,22 @@
 //                       cudaGetDriverEntryPointByVersion: nothing links libcuda, so binaries
 //                       start on machines without a driver.
 // Every call selects the backend's device for its duration and restores the caller's.
+//
+// While a CUDA graph is being captured (docs/pytorch-allocator.md §14.7, §14.8.2), both follow
+// PyTorch 2.11, deciding by the capture status of the thread's current stream (CurrentStream
+// below; PyTorch's currentStreamCaptureStatusMayInitCtx):
+//   cudaMalloc, and cuMemAddressReserve/cuMemCreate/cuMemMap/cuMemSetAccess of a growth, run in
+//     relaxed capture mode (cudaThreadExchangeStreamCaptureMode; PyTorch's
+//     cudaMallocMaybeCapturing), so a capture may grow its pool without being invalidated;
+//   event_record refuses a stream that is capturing (it checks the stream it is given), and
+//     event_query / event_synchronize refuse while the current stream is capturing: PyTorch
+//     records, queries and waits for no event then (its allocator defers those frees);
+//   free, unmap and unreserve refuse while the current stream is capturing, before calling the
+//     driver: the driver forbids them (cudaErrorStreamCaptureUnsupported) and would invalidate the
+//     capture; PyTorch 2.11 fails there too. Without a current stream, or when the capture runs on
+//     another thread, the driver's own refusal comes back instead.
+// A refusal is a Status::error naming the rule; the allocator turns it into cachet::DeviceError
+// before changing any state (gpu/README.md, "The backend interface").
 #pragma once
 
 #include <map>
@@ -20,6 +36,33 @@ namespace cachet::gpu {
 // 35) or no device (cudaErrorNoDevice, 100). Any other error throws DeviceError. Always 0 when
 // built without CUDA.
 int cuda_device_count();
+
+// The current stream of this thread for the device calls made inside the scope: PyTorch's current
+// stream, which CUDAPluggableAllocator passes with every allocation (python/plugin.cpp sets it in
+// cachet_malloc). Without one, device calls are made as PyTorch makes them on a stream that is not
+// capturing. Scopes nest; each thread has its own.
+class CurrentStream {
+ public:
+  explicit CurrentStream(StreamId s) noexcept : prev_(t_stream_), prev_set_(t_set_) {
+    t_stream_ = s;
+    t_set_ = true;
+  }
+  ~CurrentStream() {
+    t_stream_ = prev_;
+    t_set_ = prev_set_;
+  }
+  CurrentStream(const CurrentStream&) = delete;
+  CurrentStream& operator=(const CurrentStream&) = delete;
+
+  static bool is_set() noexcept { return t_set_; }
+  static StreamId get() noexcept { return t_stream_; }  // meaningful when is_set()
+
+ private:
+  static inline thread_local StreamId t_stream_ = 0;
+  static inline thread_local bool t_set_ = false;
+  StreamId prev_;
+  bool prev_set_;
+};
 
 #ifdef CACHET_HAVE_CUDA
 

@@ -1,0 +1,181 @@
+// Device calls while a CUDA graph is being captured (docs/pytorch-allocator.md §14.7, §14.8.2):
+// the CUDA backends (cachet/gpu/cuda_backend.h) under a real stream capture. Label gpu; every test
+// skips without a CUDA device.
+//
+// What PyTorch 2.11 does, and so what is expected: cudaMalloc (and the VMM calls of a growth) run
+// in relaxed capture mode when the current stream is capturing, so the capture stays valid; no
+// event is recorded on a capturing stream nor queried or waited for while the current stream
+// captures; giving memory back (cudaFree, cuMemUnmap) is refused, and the allocator's state is
+// unchanged. The sizes are PyTorch's rules worked by hand: a 4 MiB request gets a 20 MiB segment
+// (§1.3), with expandable segments one 20 MiB page (§7).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cachet/config.h"
+#include "cachet/errors.h"
+#include "cachet/gpu/allocator.h"
+#include "cachet/gpu/cuda_backend.h"
+
+namespace cachet {
+namespace {
+
+using gpu::CurrentStream;
+
+bool have_device() { return gpu::cuda_device_count() > 0; }
+
+std::int64_t reserved(const CachingAllocator& a) { return a.stats().reserved_bytes[0].current; }
+
+// A non-blocking stream that captures in `mode` from construction to end().
+class Capture {
+ public:
+  explicit Capture(cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal) {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaStreamBeginCapture(s_, mode), cudaSuccess);
+  }
+  ~Capture() {
+    if (!ended_) (void)end();
+    (void)cudaStreamDestroy(s_);
+  }
+  Capture(const Capture&) = delete;
+  Capture& operator=(const Capture&) = delete;
+
+  cudaStream_t stream() const { return s_; }
+  StreamId id() const { return static_cast<StreamId>(reinterpret_cast<std::uintptr_t>(s_)); }
+  bool active() const {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    return cudaStreamIsCapturing(s_, &st) == cudaSuccess && st == cudaStreamCaptureStatusActive;
+  }
+  // Ends the capture; true when it produced a valid graph (it was not invalidated).
+  bool end() {
+    ended_ = true;
+    cudaGraph_t g = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(s_, &g);
+    if (g) (void)cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+    return e == cudaSuccess && g != nullptr;
+  }
+
+ private:
+  cudaStream_t s_ = nullptr;
+  bool ended_ = false;
+};
+
+std::unique_ptr<CachingAllocator> allocator(const std::string& conf) {
+  Config c = parse_config(conf).config;
+  c.validate = true;
+  return CachingAllocator::for_cuda_device(0, c);
+}
+
+#define SKIP_WITHOUT_DEVICE() \
+  if (!have_device()) GTEST_SKIP() << "no CUDA device or driver"
+
+TEST(CaptureDeviceCalls, CudaMallocOnTheCapturingStreamKeepsTheCapture) {
+  SKIP_WITHOUT_DEVICE();
+  gpu::CudaRuntimeBackend b(0);
+  Capture cap;
+  gpu::Result<gpu::DevicePtr> r;
+  {
+    CurrentStream cs(cap.id());
+    r = b.malloc(2 * MiB);
+  }
+  ASSERT_TRUE(r.is_ok()) << r.status.message;
+  EXPECT_TRUE(cap.active());
+  EXPECT_EQ(cudaMemsetAsync(reinterpret_cast<void*>(r.value), 0, 2 * MiB, cap.stream()), cudaSuccess);
+  EXPECT_TRUE(cap.end()) << "the capture was invalidated";
+  EXPECT_TRUE(b.free(r.value).is_ok());
+}
+
+// Without a current stream the backend calls cudaMalloc as PyTorch does on a stream that is not
+// capturing: under a global-mode capture the driver refuses and invalidates the capture (the
+// failure issue 16 reports from the plug-in before this rule).
+TEST(CaptureDeviceCalls, WithoutTheCurrentStreamTheDriverRefuses) {
+  SKIP_WITHOUT_DEVICE();
+  gpu::CudaRuntimeBackend b(0);
+  Capture cap;
+  auto r = b.malloc(2 * MiB);
+  EXPECT_FALSE(r.is_ok());
+  EXPECT_NE(r.status.message.find("cudaErrorStreamCaptureUnsupported"), std::string::npos) << r.status.message;
+  EXPECT_FALSE(cap.end());
+}
+
+TEST(CaptureDeviceCalls, NoEventIsRecordedQueriedOrAwaitedDuringACapture) {
+  SKIP_WITHOUT_DEVICE();
+  gpu::CudaRuntimeBackend b(0);
+  auto e = b.event_create();
+  ASSERT_TRUE(e.is_ok());
+  Capture cap;
+  const gpu::Status rec = b.event_record(e.value, cap.id());
+  EXPECT_FALSE(rec.is_ok());
+  EXPECT_NE(rec.message.find("cudaEventRecord refused: stream 0x"), std::string::npos) << rec.message;
+  EXPECT_NE(rec.message.find("is capturing a CUDA graph"), std::string::npos) << rec.message;
+  EXPECT_NE(rec.message.find("§14.7"), std::string::npos) << rec.message;
+  {
+    CurrentStream cs(cap.id());
+    auto q = b.event_query(e.value);
+    EXPECT_FALSE(q.is_ok());
+    EXPECT_NE(q.status.message.find("cudaEventQuery refused"), std::string::npos) << q.status.message;
+    const gpu::Status w = b.event_synchronize(e.value);
+    EXPECT_NE(w.message.find("cudaEventSynchronize refused"), std::string::npos) << w.message;
+  }
+  EXPECT_TRUE(cap.active());
+  EXPECT_TRUE(cap.end());
+  // After the capture the same calls work.
+  cudaStream_t other = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  const StreamId oid = static_cast<StreamId>(reinterpret_cast<std::uintptr_t>(other));
+  EXPECT_TRUE(b.event_record(e.value, oid).is_ok());
+  EXPECT_TRUE(b.event_synchronize(e.value).is_ok());
+  auto q = b.event_query(e.value);
+  EXPECT_TRUE(q.is_ok() && q.value);
+  b.event_destroy(e.value);
+  (void)cudaStreamDestroy(other);
+}
+
+// Through the allocator: a capture grows the default pool with a new segment, and empty_cache
+// during the capture is a DeviceError that leaves the allocator as it was and the capture valid.
+void allocate_and_release_during_capture(const std::string& conf) {
+  auto a = allocator(conf);
+  a->free(a->allocate(4 * MiB, 0));  // a cached segment on stream 0, made before the capture
+  ASSERT_EQ(reserved(*a), 20 * MiB);
+  Capture cap;
+  void* p = nullptr;
+  {
+    CurrentStream cs(cap.id());
+    p = a->allocate(4 * MiB, cap.id());  // a new segment (stream pools are separate, §2.2)
+    EXPECT_EQ(reserved(*a), 40 * MiB);
+    EXPECT_EQ(cudaMemsetAsync(p, 0, 4 * MiB, cap.stream()), cudaSuccess);
+    const auto stats = a->stats();
+    const auto snap = a->snapshot();
+    ASSERT_EQ(snap.size(), 2u);
+    try {
+      a->empty_cache();
+      ADD_FAILURE() << "empty_cache during a capture gave memory back";
+    } catch (const DeviceError& e) {
+      EXPECT_NE(std::string(e.what()).find("§14.8.2"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(reserved(*a), 40 * MiB);
+    EXPECT_EQ(a->stats().num_device_free, stats.num_device_free);
+    EXPECT_EQ(a->snapshot(), snap);
+    EXPECT_TRUE(a->invariants().empty());
+  }
+  EXPECT_TRUE(cap.end()) << "the capture was invalidated";
+  a->free(p);
+  a->empty_cache();
+  EXPECT_EQ(reserved(*a), 0);
+}
+
+TEST(CaptureDeviceCalls, AllocatorCudaMalloc) {
+  SKIP_WITHOUT_DEVICE();
+  allocate_and_release_during_capture("");
+}
+
+TEST(CaptureDeviceCalls, AllocatorExpandableSegments) {
+  SKIP_WITHOUT_DEVICE();
+  allocate_and_release_during_capture("expandable_segments:True");
+}
+
+}  // namespace
+}  // namespace cachet

@@ -167,6 +167,33 @@ void allocate_and_release_during_capture(const std::string& conf) {
   EXPECT_EQ(reserved(*a), 0);
 }
 
+// A free whose block was used on the capturing stream needs an event recorded there: refused,
+// the block stays allocated and nothing else moves; after the capture the free goes through.
+TEST(CaptureDeviceCalls, AllocatorFreeWithAStreamUseOnTheCapturingStream) {
+  SKIP_WITHOUT_DEVICE();
+  auto a = allocator("");
+  void* p = a->allocate(1 * MiB, 0);
+  Capture cap;
+  a->record_stream(p, cap.id());
+  const auto before = a->stats();
+  try {
+    a->free(p);
+    ADD_FAILURE() << "free recorded an event on a capturing stream";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("cudaEventRecord refused: stream 0x"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(a->stats(), before);
+  EXPECT_TRUE(a->invariants().empty());
+  EXPECT_TRUE(cap.active());
+  EXPECT_TRUE(cap.end());
+  a->free(p);  // the stream no longer captures: its event is recorded
+  EXPECT_EQ(a->stats().allocated_bytes[0].current, 0);
+  EXPECT_EQ(a->stats().active_bytes[0].current, 1 * MiB);  // waiting for the event (§6)
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  a->empty_cache();  // synchronizes the events, completes the free, releases the segment
+  EXPECT_EQ(reserved(*a), 0);
+}
+
 TEST(CaptureDeviceCalls, AllocatorCudaMalloc) {
   SKIP_WITHOUT_DEVICE();
   allocate_and_release_during_capture("");

@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 __all__ = [
     "library_path", "load", "check_config", "install", "installed", "wired_callbacks",
-    "record_memory_history", "clear_history", "memory_stats", "memory_summary",
+    "record_memory_history", "clear_history", "empty_cache", "memory_stats", "memory_summary",
     "memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved",
     "reset_peak_memory_stats", "reset_accumulated_memory_stats", "snapshot", "dump_snapshot",
     "settings", "last_error",
@@ -40,6 +40,24 @@ _lib: Optional[ctypes.CDLL] = None
 _lib_path: Optional[str] = None
 _allocator: Any = None  # the torch CUDAPluggableAllocator, kept alive
 _wired: list = []
+_announced: set = set()  # the stderr notes already printed (each once per process)
+
+# CUDAPluggableAllocator's optional callbacks install() connects: (setter, what libcachet_torch.so
+# gives it). The pool setters take C++ functions (plugin.cpp, "Private pools"), whose addresses
+# cachet_torch_pool_callback returns by setter name.
+_C_CALLBACKS = (("set_record_stream_fn", "cachet_torch_record_stream"),
+                ("set_reset_fn", "cachet_torch_empty_cache"),
+                ("set_memory_fraction_fn", "cachet_torch_set_memory_fraction"))
+_POOL_CALLBACKS = ("set_begin_allocate_to_pool", "set_end_allocate_to_pool_fn", "set_release_pool")
+
+_TREES_OFF = ("cachet_torch: torch._inductor.config.triton.cudagraph_trees = False: "
+              "torch.compile(mode=\"reduce-overhead\") captures plain CUDA graphs into cachet's "
+              "private pools (CUDA graph trees need _cuda_getCheckpointState, which PyTorch 2.11 "
+              "refuses for every plug-in allocator)")
+_TREES_NOTE = ("cachet_torch: note: torch.compile(mode=\"reduce-overhead\") fails with cachet "
+               "installed while inductor's CUDA graph trees are on (they need "
+               "_cuda_getCheckpointState, which PyTorch 2.11 refuses for every plug-in allocator); "
+               "use cachet_torch.install(cudagraph_trees=False)")
 
 
 def library_path() -> str:
@@ -99,6 +117,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         getattr(lib, name).argtypes = [c.c_int]
     lib.cachet_torch_empty_cache.restype = None
     lib.cachet_torch_empty_cache.argtypes = []
+    lib.cachet_torch_pool_callback.restype = c.c_void_p
+    lib.cachet_torch_pool_callback.argtypes = [c.c_char_p]
 
 
 def load(path: Optional[str] = None) -> ctypes.CDLL:
@@ -144,21 +164,46 @@ def installed() -> bool:
 
 
 def wired_callbacks() -> list:
-    """Which optional CUDAPluggableAllocator callbacks install() could connect to cachet
-    (of set_record_stream_fn, set_reset_fn, set_memory_fraction_fn)."""
+    """Which optional CUDAPluggableAllocator callbacks install() connected to cachet, of
+    set_record_stream_fn, set_reset_fn, set_memory_fraction_fn and the private-pool callbacks
+    set_begin_allocate_to_pool, set_end_allocate_to_pool_fn, set_release_pool (CUDA graph
+    capture); those this PyTorch does not have are left out."""
     return list(_wired)
 
 
-def install(path: Optional[str] = None, record_history: bool = False) -> None:
+def _announce(text: str) -> None:
+    if text not in _announced:
+        _announced.add(text)
+        print(text, file=sys.stderr, flush=True)
+
+
+def install(path: Optional[str] = None, record_history: bool = False,
+            cudagraph_trees: bool = True) -> None:
     """Makes cachet PyTorch's CUDA allocator. Call before anything allocates CUDA memory.
 
     Raises ValueError with the parser's message if the configuration is refused (before torch is
     imported and before anything is allocated), RuntimeError if PyTorch's allocator is already in
     use. record_history=True records the allocator trace from the first allocation on (for
-    snapshot()/dump_snapshot() and `cachet replay`)."""
+    snapshot()/dump_snapshot() and `cachet replay`).
+
+    cudagraph_trees=False sets torch._inductor.config.triton.cudagraph_trees = False, so that
+    torch.compile(mode="reduce-overhead") captures plain CUDA graphs through cachet's private
+    pools; PyTorch 2.11's CUDA graph trees cannot work with any plug-in allocator. It says so once
+    on stderr; without the option install() says once that reduce-overhead needs it."""
+    if _allocator is None:
+        _install(path, record_history)
+    if cudagraph_trees:
+        inductor = sys.modules.get("torch._inductor.config")
+        if inductor is None or inductor.triton.cudagraph_trees:
+            _announce(_TREES_NOTE)
+    else:
+        import torch._inductor.config as inductor_config  # noqa: PLC0415
+        inductor_config.triton.cudagraph_trees = False
+        _announce(_TREES_OFF)
+
+
+def _install(path: Optional[str], record_history: bool) -> None:
     global _allocator
-    if _allocator is not None:
-        return
     check_config(path)
     lib = load(path)
     if record_history:
@@ -168,12 +213,14 @@ def install(path: Optional[str] = None, record_history: bool = False) -> None:
     alloc = torch.cuda.memory.CUDAPluggableAllocator(_lib_path, "cachet_malloc", "cachet_free")
     native = alloc.allocator()
     _wired.clear()
-    for setter, fn in (("set_record_stream_fn", "cachet_torch_record_stream"),
-                       ("set_reset_fn", "cachet_torch_empty_cache"),
-                       ("set_memory_fraction_fn", "cachet_torch_set_memory_fraction")):
+    callbacks = [(setter, ctypes.cast(getattr(lib, fn), ctypes.c_void_p).value)
+                 for setter, fn in _C_CALLBACKS]
+    callbacks += [(setter, lib.cachet_torch_pool_callback(setter.encode()))
+                  for setter in _POOL_CALLBACKS]
+    for setter, address in callbacks:
         set_fn = getattr(native, setter, None)
-        if callable(set_fn):
-            set_fn(ctypes.cast(getattr(lib, fn), ctypes.c_void_p).value)
+        if callable(set_fn) and address:
+            set_fn(address)
             _wired.append(setter)
     torch.cuda.memory.change_current_allocator(alloc)
     _allocator = alloc
@@ -188,6 +235,14 @@ def record_memory_history(enabled: bool = True) -> None:
 
 def clear_history() -> None:
     load().cachet_torch_clear_trace()
+
+
+def empty_cache() -> None:
+    """Gives cachet's cached free segments back to the driver, on every device. Installed,
+    torch.cuda.empty_cache() does this (set_reset_fn). Behind a torch.cuda.MemPool without
+    install(), PyTorch's empty_cache() hands the pool's segments back to cachet (raw_delete), and
+    this gives them to the driver."""
+    load().cachet_torch_empty_cache()
 
 
 def _device_index(device: Any) -> int:
@@ -312,7 +367,7 @@ def snapshot() -> dict:
         if text is None:
             raise RuntimeError(f"cachet_torch.snapshot(): device {d}: {last_error()}")
         for seg in json.loads(text):
-            seg["segment_pool_id"] = (0, 0)
+            seg["segment_pool_id"] = tuple(seg["segment_pool_id"])
             seg["frames"] = []
             for b in seg["blocks"]:
                 b["frames"] = []

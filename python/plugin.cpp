@@ -8,9 +8,14 @@
 // printed once on stderr and every allocation then returns NULL; nothing here aborts or lets an
 // exception cross the C boundary.
 //
-// Besides PyTorch's two entry points, the cachet_torch_* functions serve python/cachet_torch.py
+// PyTorch's private-pool callbacks (CUDA graph capture, use_mem_pool) are C++ functions of the
+// types CUDAPluggableAllocator's set_begin_allocate_to_pool, set_end_allocate_to_pool_fn and
+// set_release_pool take; see "Private pools" below and python/README.md for the ABI requirement.
+//
+// Besides PyTorch's entry points, the cachet_torch_* functions serve python/cachet_torch.py
 // (ctypes): configuration check, stream uses, empty_cache, memory fraction, stats, summary,
 // snapshot and trace as JSON. Strings they return are malloc'd: cachet_torch_string_free.
+#include <cuda_runtime_api.h>  // cudaStream_t, as in PyTorch's callback types
 #include <sys/types.h>
 
 #include <array>
@@ -19,19 +24,24 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "cachet/config.h"
 #include "cachet/errors.h"
 #include "cachet/gpu/allocator.h"
+#include "cachet/gpu/cuda_backend.h"
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
 #include "cachet/trace.h"
 
 #define CACHET_TORCH_API extern "C" __attribute__((visibility("default")))
+#define CACHET_TORCH_CXX_API __attribute__((visibility("default")))
 
 namespace {
 
@@ -62,6 +72,12 @@ void set_error(std::string msg, bool print) {
   if (print) std::fprintf(stderr, "cachet: %s\n", msg.c_str());
   std::lock_guard<std::mutex> lock(s.create_mu);
   s.last_error = std::move(msg);
+}
+
+std::string last_error_copy() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.create_mu);
+  return s.last_error;
 }
 
 void load_config() {
@@ -163,10 +179,12 @@ CACHET_TORCH_API void* cachet_malloc(ssize_t size, int device, void* stream) {
   if (size <= 0) return nullptr;
   cachet::CachingAllocator* a = allocator_for(device);
   if (!a) return nullptr;
+  // PyTorch passes its current stream: device calls during a capture follow its capture status
+  // (cachet/gpu/cuda_backend.h, docs/pytorch-allocator.md §14.7).
+  const auto s = reinterpret_cast<cachet::StreamId>(stream);
+  cachet::gpu::CurrentStream current(s);
   void* p = nullptr;
-  guarded([&] { p = a->allocate(static_cast<cachet::Bytes>(size),
-                                reinterpret_cast<cachet::StreamId>(stream)); },
-          true);
+  guarded([&] { p = a->allocate(static_cast<cachet::Bytes>(size), s); }, true);
   return p;
 }
 
@@ -175,6 +193,85 @@ CACHET_TORCH_API void cachet_free(void* ptr, ssize_t /*size*/, int device, void*
   cachet::CachingAllocator* a = allocator_for(device);
   if (!a) return;
   guarded([&] { a->free(ptr); }, true);
+}
+
+// ---- Private pools: PyTorch's beginAllocateToPool, endAllocateToPool, releasePool -----------
+//
+// C++ linkage, of exactly the types CUDAPluggableAllocator's setters take (torch/csrc/cuda/
+// CUDAPluggableAllocator.h): PyTorch casts the address it is given to
+// void(int, c10::cuda::MempoolId_t, std::function<bool(cudaStream_t)>) and calls it with a
+// std::function built by libtorch, so this library must use the same libstdc++ and
+// _GLIBCXX_USE_CXX11_ABI as the torch build. MempoolId_t is std::pair<unsigned long long,
+// unsigned long long>. Begin and end report a refusal as std::runtime_error("cachet: ..."), which
+// PyTorch raises as RuntimeError, as its own TORCH_CHECKs there do; release never throws (PyTorch
+// calls it from ~CUDAGraph): it prints the message and keeps it for cachet_torch_last_error.
+
+using MempoolId = std::pair<unsigned long long, unsigned long long>;  // c10::cuda::MempoolId_t
+
+namespace {
+
+cachet::PoolId pool_id(MempoolId id) { return cachet::PoolId{id.first, id.second}; }
+
+std::string pool_text(MempoolId id) {
+  return "(" + std::to_string(id.first) + ", " + std::to_string(id.second) + ")";
+}
+
+[[noreturn]] void refuse(const std::string& what) {
+  set_error(what, false);
+  throw std::runtime_error("cachet: " + what);
+}
+
+cachet::CachingAllocator* pool_allocator(int device, const char* call, MempoolId id) {
+  cachet::CachingAllocator* a = allocator_for(device, false);
+  if (!a) refuse(std::string(call) + " of pool " + pool_text(id) + " on device " + std::to_string(device) + ": " +
+                last_error_copy());
+  return a;
+}
+
+}  // namespace
+
+// Allocations whose stream `filter` takes go to pool `id` (created, or one user added) until
+// cachet_end_allocate_to_pool. The plug-in cannot tell a capture from use_mem_pool: capture=false.
+CACHET_TORCH_CXX_API void cachet_begin_allocate_to_pool(int device, MempoolId id,
+                                                        std::function<bool(cudaStream_t)> filter) {
+  cachet::CachingAllocator* a = pool_allocator(device, "beginAllocateToPool", id);
+  try {
+    a->begin_allocate_to_pool(
+        pool_id(id),
+        [f = std::move(filter)](cachet::StreamId s) {
+          return f(reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(s)));
+        },
+        false);
+  } catch (const std::exception& e) {
+    refuse(e.what());
+  }
+}
+
+CACHET_TORCH_CXX_API void cachet_end_allocate_to_pool(int device, MempoolId id) {
+  cachet::CachingAllocator* a = pool_allocator(device, "endAllocateToPool", id);
+  try {
+    a->end_allocate_to_pool(pool_id(id));
+  } catch (const std::exception& e) {
+    refuse(e.what());
+  }
+}
+
+CACHET_TORCH_CXX_API void cachet_release_pool(int device, MempoolId id) {
+  try {
+    cachet::CachingAllocator* a = allocator_for(device);
+    if (a) guarded([&] { a->release_pool(pool_id(id)); }, true);
+  } catch (...) {  // allocator_for only reports; nothing may leave a destructor's call
+  }
+}
+
+// The addresses python/cachet_torch.py hands to CUDAPluggableAllocator's setters, by setter name;
+// NULL for another name.
+CACHET_TORCH_API void* cachet_torch_pool_callback(const char* setter) {
+  const std::string_view n = setter ? setter : "";
+  if (n == "set_begin_allocate_to_pool") return reinterpret_cast<void*>(&cachet_begin_allocate_to_pool);
+  if (n == "set_end_allocate_to_pool_fn") return reinterpret_cast<void*>(&cachet_end_allocate_to_pool);
+  if (n == "set_release_pool") return reinterpret_cast<void*>(&cachet_release_pool);
+  return nullptr;
 }
 
 // ---- cachet_torch_*: for python/cachet_torch.py --------------------------------------------
@@ -324,6 +421,7 @@ CACHET_TORCH_API char* cachet_torch_snapshot_json(int device) {
                  ", \"stream\": " + num(seg.stream) + ", \"segment_type\": \"" +
                  (seg.is_large ? "large" : "small") +
                  "\", \"is_expandable\": " + (seg.is_expandable ? "true" : "false") +
+                 ", \"segment_pool_id\": [" + num(seg.pool_id.first) + ", " + num(seg.pool_id.second) + "]" +
                  ", \"blocks\": [";
           for (std::size_t b = 0; b < seg.blocks.size(); ++b) {
             const auto& bl = seg.blocks[b];

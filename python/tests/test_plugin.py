@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The plug-in without a GPU and without torch (ctest cachet_torch_plugin, label unit).
 
-  * libcachet_torch.so exports cachet_malloc and cachet_free (nm -D) and does not need libcuda;
+  * libcachet_torch.so exports cachet_malloc and cachet_free (nm -D), the private-pool callbacks
+    with PyTorch's C++ types (nm -DC), and does not need libcuda;
   * it dlopens on a machine without a driver;
   * with a bad CACHET_ALLOC_CONF the library alone prints the parser's message once and every
     cachet_malloc returns NULL (no abort); cachet-only keys are refused in PYTORCH_CUDA_ALLOC_CONF;
@@ -56,6 +57,13 @@ def main():
                   "cachet_torch_empty_cache", "cachet_torch_set_memory_fraction",
                   "cachet_torch_stats_json", "cachet_torch_snapshot_json", "cachet_torch_trace_json"):
             check(syms.get(s) == "T", f"nm -D: {s} is an exported function")
+        # The private-pool callbacks: C++ linkage, PyTorch's types (python/README.md, "ABI").
+        demangled = subprocess.run([nm, "-DC", "--defined-only", lib], capture_output=True, text=True).stdout
+        pool_id = "std::pair<unsigned long long, unsigned long long>"
+        for sig in (f"cachet_begin_allocate_to_pool(int, {pool_id}, std::function<bool (CUstream_st*)>)",
+                    f"cachet_end_allocate_to_pool(int, {pool_id})",
+                    f"cachet_release_pool(int, {pool_id})"):
+            check(f" T {sig}\n" in demangled, f"nm -DC: {sig} is an exported function")
         leaked = [s for s in syms if s.startswith("_ZN6cachet") or s.startswith("_ZN3fmt")]
         check(not leaked, f"nm -D: no C++ symbols of cachet or fmt exported ({len(leaked)} found)")
     else:
@@ -75,6 +83,9 @@ def main():
         s = cachet_torch.settings()
         print("variable=%r canonical=%r max_split=%d" % (s["variable"], s["canonical"], s["max_split_size"]))
         print("zero:", lib.cachet_malloc(0, 0, None))
+        print("pool callbacks:", [bool(lib.cachet_torch_pool_callback(n)) for n in
+              (b"set_begin_allocate_to_pool", b"set_end_allocate_to_pool_fn", b"set_release_pool",
+               b"set_reset_fn", None)])
         lib.cachet_free(None, 0, 0, None)
         print("snapshot devices:", len(cachet_torch.snapshot()["device_traces"]))
         """, {}, lib)
@@ -82,6 +93,8 @@ def main():
     check("variable='' canonical=''" in r.stdout and "max_split=-1" in r.stdout,
           f"defaults reported: {r.stdout.strip()[:200]}")
     check("zero: None" in r.stdout, "cachet_malloc(0) returns NULL")
+    check("pool callbacks: [True, True, True, False, False]" in r.stdout,
+          f"cachet_torch_pool_callback gives the three pool setters' functions, NULL otherwise: {r.stdout.strip()[-200:]}")
 
     # 3. good configuration from PYTORCH_CUDA_ALLOC_CONF; CACHET_ALLOC_CONF wins over it
     r = run_py("""

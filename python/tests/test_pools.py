@@ -355,7 +355,7 @@ def main(scenario):
     if not lib or not os.path.exists(lib):
         print(f"FAIL: the plug-in was not found (CACHET_TORCH_LIB={lib!r})")
         return 1
-    res = {"scenario": scenario, "torch": torch.__version__, "device": torch.cuda.get_device_name(0)}
+    res = {"scenario": scenario, "torch": torch.__version__}  # nothing may touch CUDA before install()
     fn = {"graph_probe": graph_probe, "graphed_callables": graphed_callables,
           "shared_pool_reset": shared_pool_reset, "mempool_installed": mempool_installed,
           "mempool_behind": mempool_behind, "compile": compile_reduce_overhead}[scenario]
@@ -365,6 +365,7 @@ def main(scenario):
         import traceback
         traceback.print_exc()
         check(False, f"{scenario} raised {type(e).__name__}: {str(e)[:600]}")
+    res["device"] = torch.cuda.get_device_name(0)
     res["failures"] = failures
     out = os.environ.get("CACHET_POOLS_OUT")
     if out:

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include "cachet/config.h"
@@ -132,6 +133,21 @@ TEST(CaptureDeviceCalls, NoEventIsRecordedQueriedOrAwaitedDuringACapture) {
   EXPECT_TRUE(q.is_ok() && q.value);
   b.event_destroy(e.value);
   (void)cudaStreamDestroy(other);
+}
+
+// A stream first seen while it captures (torch.cuda.graph's own capture stream is new to the
+// allocator when nothing ran on it before): it is accepted and the capture stays valid.
+TEST(CaptureDeviceCalls, StreamFirstSeenDuringItsCapture) {
+  SKIP_WITHOUT_DEVICE();
+  gpu::CudaRuntimeBackend b(0);
+  Capture cap;
+  int dev = -1;
+  const cudaError_t direct = cudaStreamGetDevice(cap.stream(), &dev);  // for the record only
+  (void)cudaGetLastError();
+  std::printf("cudaStreamGetDevice on a capturing stream, global mode: %s\n", cudaGetErrorName(direct));
+  EXPECT_TRUE(b.stream_valid(cap.id()));
+  EXPECT_TRUE(cap.active());
+  EXPECT_TRUE(cap.end()) << "the capture was invalidated";
 }
 
 // Through the allocator: a capture grows the default pool with a new segment, and empty_cache

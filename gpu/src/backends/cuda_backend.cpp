@@ -167,11 +167,18 @@ bool CudaRuntimeBackend::stream_valid(StreamId s) {
     return true;
 #if CUDART_VERSION >= 12080
   int dev = -1;
-  if (cudaStreamGetDevice(stream_of(s), &dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
+  cudaError_t e = cudaSuccess;
+  {
+    RelaxedCaptureMode relaxed(true);  // a query: it must never invalidate a capture
+    e = cudaStreamGetDevice(stream_of(s), &dev);
   }
-  return dev == device_;
+  if (e == cudaSuccess) return dev == device_;
+  (void)cudaGetLastError();
+  // cudaStreamGetDevice fails on a stream that is capturing (seen on an H100, CUDA 13.0): a
+  // stream first used while it captures (torch.cuda.graph's own capture stream) is taken as this
+  // device's when it is a live capturing stream; PyTorch checks no stream's device at all.
+  const Capture c = capture_of(s);
+  return c.error.empty() && c.capturing;
 #else
   return true;
 #endif

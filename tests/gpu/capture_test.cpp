@@ -12,7 +12,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstdio>
 #include <string>
 
 #include "cachet/config.h"
@@ -136,15 +135,12 @@ TEST(CaptureDeviceCalls, NoEventIsRecordedQueriedOrAwaitedDuringACapture) {
 }
 
 // A stream first seen while it captures (torch.cuda.graph's own capture stream is new to the
-// allocator when nothing ran on it before): it is accepted and the capture stays valid.
+// allocator when nothing ran on it before): it is accepted and the capture stays valid (asking
+// cudaStreamGetDevice about it would invalidate the capture: seen on the H100 run of 2026-11-25).
 TEST(CaptureDeviceCalls, StreamFirstSeenDuringItsCapture) {
   SKIP_WITHOUT_DEVICE();
   gpu::CudaRuntimeBackend b(0);
   Capture cap;
-  int dev = -1;
-  const cudaError_t direct = cudaStreamGetDevice(cap.stream(), &dev);  // for the record only
-  (void)cudaGetLastError();
-  std::printf("cudaStreamGetDevice on a capturing stream, global mode: %s\n", cudaGetErrorName(direct));
   EXPECT_TRUE(b.stream_valid(cap.id()));
   EXPECT_TRUE(cap.active());
   EXPECT_TRUE(cap.end()) << "the capture was invalidated";

@@ -166,19 +166,25 @@ bool CudaRuntimeBackend::stream_valid(StreamId s) {
       s == reinterpret_cast<std::uintptr_t>(cudaStreamPerThread))
     return true;
 #if CUDART_VERSION >= 12080
+  // cudaStreamGetDevice on a stream that is capturing fails (cudaErrorStreamCaptureUnsupported,
+  // relaxed mode or not) and invalidates the capture (seen on an H100, CUDA 13.0), so a capturing
+  // stream is not asked: a stream first used while it captures (torch.cuda.graph's own capture
+  // stream) is taken as this device's when it is a live capturing stream; PyTorch checks no
+  // stream's device at all.
+  const Capture c = capture_of(s);
+  if (!c.error.empty()) return false;  // no stream
+  if (c.capturing) return true;
   int dev = -1;
   cudaError_t e = cudaSuccess;
   {
-    RelaxedCaptureMode relaxed(true);  // a query: it must never invalidate a capture
+    RelaxedCaptureMode relaxed(true);  // a query: never refused for another thread's capture
     e = cudaStreamGetDevice(stream_of(s), &dev);
   }
-  if (e == cudaSuccess) return dev == device_;
-  (void)cudaGetLastError();
-  // cudaStreamGetDevice fails on a stream that is capturing (seen on an H100, CUDA 13.0): a
-  // stream first used while it captures (torch.cuda.graph's own capture stream) is taken as this
-  // device's when it is a live capturing stream; PyTorch checks no stream's device at all.
-  const Capture c = capture_of(s);
-  return c.error.empty() && c.capturing;
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return dev == device_;
 #else
   return true;
 #endif

@@ -17,8 +17,8 @@
 //   event_record refuses a stream that is capturing (it checks the stream it is given), and
 //     event_query / event_synchronize refuse while the current stream is capturing: PyTorch
 //     records, queries and waits for no event then (its allocator defers those frees);
-//   stream_valid asks the driver in relaxed mode, and takes a live capturing stream, whose device
-//     the driver does not name during the capture, as this device's;
+//   stream_valid takes a live capturing stream as this device's without asking its device (the
+//     driver refuses that question during a capture and invalidates the capture);
 //   free, unmap and unreserve refuse while the current stream is capturing, before calling the
 //     driver: the driver forbids them (cudaErrorStreamCaptureUnsupported) and would invalidate the
 //     capture; PyTorch 2.11 fails there too. Without a current stream, or when the capture runs on

@@ -243,6 +243,35 @@ TEST(PrivatePoolsWherePyTorchFails, ExpandableSegmentsUnmappingMoreThanTheyGrewI
   EXPECT_EQ(cur(a.stats().reserved_bytes), 0);
 }
 
+// The count reaches 0 with pages still mapped (§14.8.1): PyTorch erases the pool with a block
+// still allocated in it. gpu/ keeps the pool object (orphaned): unknown by its id, its memory
+// counted, its segment shown as PyTorch's snapshot shows it (from an active block only), freeing
+// the block safe, and nothing given back any more.
+TEST(PrivatePoolsWherePyTorchFails, APoolErasedWithMemoryStillMappedIsOrphaned) {
+  auto h = host_alloc("expandable_segments:True", 8 * GiB);
+  CachingAllocator& a = *h.a;
+  a.create_or_incref_pool(kMemPool1);
+  a.begin_allocate_to_pool(kMemPool1, this_thread());
+  a.free(a.allocate(60 * MiB, 0));   // pages 0-2 mapped in one growth: count 1
+  void* x = a.allocate(10 * MiB, 0);  // [0, 10 MiB)
+  void* b = a.allocate(20 * MiB, 0);  // [10, 30 MiB); [30, 60 MiB) free
+  a.end_allocate_to_pool(kMemPool1);
+  a.release_pool(kMemPool1);
+  a.free(x);  // [0, 10 MiB) free: no whole page
+  a.release_pool(kMemPool1);
+  a.empty_cache();  // unmaps page 2 only: count 0, pages 0-1 still mapped
+  EXPECT_EQ(a.stats().num_device_free, 1);
+  EXPECT_EQ(cur(a.stats().reserved_bytes), static_cast<std::int64_t>(40 * MiB));
+  EXPECT_EQ(cur(a.stats().allocated_bytes), static_cast<std::int64_t>(20 * MiB));
+  EXPECT_THROW(a.pool_use_count(kMemPool1), UsageError);  // PyTorch erased it
+  EXPECT_EQ(a.snapshot(), Snapshot{});  // its mapped run starts with a free block: not shown
+  a.free(b);
+  a.empty_cache();  // an erased pool is never released again: PyTorch leaks it too
+  EXPECT_EQ(cur(a.stats().reserved_bytes), static_cast<std::int64_t>(40 * MiB));
+  EXPECT_EQ(cur(a.stats().active), 0);
+  EXPECT_EQ(a.invariants(), std::vector<std::string>{});
+}
+
 // ----------------------------------------------------------------- §14.7: stream uses and a capture
 
 // Values by hand from PyTorch's free, recordStream, process_events,

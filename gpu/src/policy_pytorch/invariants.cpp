@@ -211,8 +211,11 @@ void PytorchPolicy::check_private_pools(std::vector<std::string>& out) const {
   for (const auto& [base, seg] : segments_) {
     const PrivatePool* owner = seg->pool->owner;
     if (owner == nullptr) continue;
-    if (!graph_pools_.contains(owner->id) || graph_pools_.at(owner->id).get() != owner)
-      fail("[INV-SEG-3]", "segment " + hex(base) + " belongs to a private pool that is not known");
+    const bool known = graph_pools_.contains(owner->id) && graph_pools_.at(owner->id).get() == owner;
+    const bool orphaned = std::any_of(orphaned_pools_.begin(), orphaned_pools_.end(),
+                                      [&](const auto& o) { return o.get() == owner; });
+    if (known == orphaned || owner->orphaned != orphaned)
+      fail("[INV-SEG-3]", "segment " + hex(base) + " belongs to a private pool that is neither known nor orphaned");
     ++all_segments[owner];
     if (!seg->expandable) ++cuda_segments[owner];
   }

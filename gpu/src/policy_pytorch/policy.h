@@ -154,6 +154,7 @@ struct PrivatePool {
   int device_allocs = 0;
   int segments = 0;  // Segment objects (cudaMalloc segments and reservations) of this pool
   bool had_expandable = false;  // it ever reserved an expandable segment: [INV-PRIV-2] no longer holds
+  bool orphaned = false;  // erased by PyTorch with blocks still in it (private_pool.cpp forget_pool)
   BlockPool large{false, this};
   BlockPool small{true, this};
 };
@@ -281,6 +282,10 @@ class PytorchPolicy : public Shell {
       f(pp->small);
       f(pp->large);
     }
+    for (const auto& pp : orphaned_pools_) {
+      f(pp->small);
+      f(pp->large);
+    }
   }
 
   // --- expandable segments (§7) ---
@@ -326,6 +331,7 @@ class PytorchPolicy : public Shell {
   FreeableOrder graph_pools_freeable_;
   std::vector<Underway> captures_underway_;
   std::vector<Block*> deferred_blocks_;
+  std::vector<std::unique_ptr<PrivatePool>> orphaned_pools_;  // forget_pool (§14.8.1)
 };
 
 }  // namespace cachet::gpu::detail

@@ -252,21 +252,32 @@ void PytorchPolicy::release_private_pools(PoolId id) {
   }
 }
 
-// PyTorch erases the pool at a device allocation count of 0. Its remaining reservations without
-// mapped memory go back to the device with it (unobservable: no stats, no trace). With
-// expandable segments a count can reach 0 while pages are still mapped; PyTorch then drops a pool
-// that still owns memory, which gpu/ cannot do: it keeps such a pool (freeable) instead.
+// PyTorch erases the pool at a device allocation count of 0 (§14.5). Its reservations without
+// mapped memory go back to the device with it (unobservable: no stats, no trace). With expandable
+// segments the count can reach 0 while pages are still mapped (§14.8.1): PyTorch then erases a
+// pool that still holds blocks, which stay allocated or cached with nothing pointing to the pool
+// any more. gpu/ keeps that pool object alive, orphaned: unknown by its id, never released again,
+// its blocks still counted in the stats and, as in PyTorch's snapshot (which finds blocks through
+// the known pools and the active blocks), its segments shown only from an active block on.
 void PytorchPolicy::forget_pool(PrivatePool* pp) {
   std::vector<Block*> reservations;
+  bool holds_memory = false;
   for (const auto& [base, seg] : segments_) {
     if (seg->pool->owner != pp) continue;
-    if (!seg->expandable || seg->head->is_mapped() || seg->head->next != nullptr) return;
-    reservations.push_back(seg->head);
+    if (seg->expandable && !seg->head->is_mapped() && seg->head->next == nullptr) reservations.push_back(seg->head);
+    else holds_memory = true;
   }
-  for (Block* b : reservations) release_expandable_segment(b);
   const PoolId id = pp->id;
   graph_pools_freeable_.erase(id);
-  graph_pools_.erase(id);
+  auto it = graph_pools_.find(id);
+  if (holds_memory) {
+    pp->orphaned = true;
+    orphaned_pools_.push_back(std::move(it->second));
+    graph_pools_.erase(it);
+    return;
+  }
+  for (Block* b : reservations) release_expandable_segment(b);
+  graph_pools_.erase(it);
 }
 
 // ===================================================================== Where PyTorch fails (§14.8)

@@ -19,8 +19,10 @@ Snapshot PytorchPolicy::snapshot() {
   for (const auto& [base, seg] : segments_) {
     // One snapshot segment per contiguous mapped run (a whole cudaMalloc segment is one run).
     for (const Block* b = seg->head; b != nullptr;) {
-      if (!b->is_mapped()) {
-        b = b->next;
+      // A run of an orphaned pool (private_pool.cpp forget_pool) shows only when it starts with
+      // an active block: PyTorch's snapshot no longer finds its free blocks.
+      if (!b->is_mapped() || (seg->pool->owner != nullptr && seg->pool->owner->orphaned && !b->is_active())) {
+        for (b = b->next; b != nullptr && b->is_mapped() && b->prev->is_mapped();) b = b->next;
         continue;
       }
       SegmentSnapshot s;

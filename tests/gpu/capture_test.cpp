@@ -206,6 +206,39 @@ TEST(CaptureDeviceCalls, AllocatorFreeWithAStreamUseOnTheCapturingStream) {
   EXPECT_EQ(reserved(*a), 0);
 }
 
+// Without a current stream (the plug-in's empty_cache has none), giving memory back during a
+// global-mode capture reaches the driver, which refuses it and invalidates the capture, as under
+// PyTorch (§14.8.2): a DeviceError naming the driver's error, the allocator unchanged.
+void release_refused_by_the_driver(const std::string& conf) {
+  auto a = allocator(conf);
+  a->free(a->allocate(4 * MiB, 0));
+  ASSERT_EQ(reserved(*a), 20 * MiB);
+  Capture cap;
+  const auto snap = a->snapshot();
+  try {
+    a->empty_cache();
+    ADD_FAILURE() << "the driver gave memory back during a capture";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("cudaErrorStreamCapture"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(reserved(*a), 20 * MiB);
+  EXPECT_EQ(a->snapshot(), snap);
+  EXPECT_TRUE(a->invariants().empty());
+  EXPECT_FALSE(cap.end());  // the driver invalidated it
+  a->empty_cache();
+  EXPECT_EQ(reserved(*a), 0);
+}
+
+TEST(CaptureDeviceCalls, DriverRefusesCudaFree) {
+  SKIP_WITHOUT_DEVICE();
+  release_refused_by_the_driver("");
+}
+
+TEST(CaptureDeviceCalls, DriverRefusesUnmap) {
+  SKIP_WITHOUT_DEVICE();
+  release_refused_by_the_driver("expandable_segments:True");
+}
+
 TEST(CaptureDeviceCalls, AllocatorCudaMalloc) {
   SKIP_WITHOUT_DEVICE();
   allocate_and_release_during_capture("");

@@ -24,8 +24,9 @@ namespace cachet::behaviour {
 // The ops (cachet/ops.h), id-addressed: an Allocate binds its id to the pointer it returns (when
 // it returns; a null pointer too); Free/RecordStream of an id never bound is skipped; of an id
 // whose block was freed, the old pointer is passed again (a usage error, or the block now at
-// that address). CompleteEvents is HostSim::complete_events. The pool and capture ops are not
-// run (not supported yet: issue 16).
+// that address). CompleteEvents is HostSim::complete_events. The pool and capture ops go through
+// PyTorch's front end of private pools as the conformance replays do (tools/pool_front_end.h,
+// docs/pytorch-allocator.md §14.9); only policy:pytorch's recordings have them.
 using ops::Op;
 
 // One run: an allocator made from `conf` (parsed as CACHET_ALLOC_CONF) over a HostSim with
@@ -36,6 +37,7 @@ struct Input {
   gpu::HostOptions host;
   std::optional<double> initial_fraction;
   std::vector<StreamId> other_device_streams;  // HostSim::set_stream_device(s, device + 1)
+  std::vector<StreamId> streams;  // a recording's streams: the capture ops name them by index
   std::vector<Op> ops;
 };
 

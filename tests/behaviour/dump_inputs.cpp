@@ -70,9 +70,12 @@ std::vector<Input> recording_inputs(const std::string& policy, const std::string
     }
     if (rec.cap > 0) in.initial_fraction = static_cast<double>(rec.cap) / static_cast<double>(rec.total_memory);
     const std::vector<ops::Op> list = io::read_ops(io::ops_path_for(rec.path));
-    // The dump covers the a/f/e recordings: the private-pool and capture ones
-    // (docs/pytorch-allocator.md §14) are replayed by the conformance tests.
-    if (std::any_of(list.begin(), list.end(), [](const ops::Op& op) { return ops::is_pool_op(op); })) continue;
+    // The private-pool and capture recordings (docs/pytorch-allocator.md §14) under policy:pytorch
+    // only: policy:cachet has no private pools yet.
+    if (policy != "pytorch" &&
+        std::any_of(list.begin(), list.end(), [](const ops::Op& op) { return ops::is_pool_op(op); }))
+      continue;
+    in.streams = rec.streams;
     for (ops::Op op : list) {
       if (auto* a = std::get_if<ops::Allocate>(&op)) a->stream = rec.streams.at(a->stream);  // index -> stream
       in.ops.push_back(op);

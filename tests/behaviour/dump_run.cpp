@@ -34,6 +34,8 @@
 #include "cachet/stats.h"
 #include "cachet/trace.h"
 #include "dump.h"
+#include "engine.h"
+#include "pool_front_end.h"
 #include "stats_codec.h"
 
 namespace cachet::behaviour {
@@ -213,10 +215,35 @@ std::string one_line(std::string s) {
   return s;
 }
 
+// The allocator as the private-pool front end drives it (tools/engine.h, pool_front_end.h).
+class PoolCalls final : public cli::ReplayEngine {
+ public:
+  explicit PoolCalls(CachingAllocator& a) : a_(a) {}
+  std::uint64_t malloc(Bytes size, StreamId stream) override { return from_ptr(a_.allocate(size, stream)); }
+  void free(std::uint64_t ptr) override { a_.free(to_ptr(ptr)); }
+  void empty_cache() override { a_.empty_cache(); }
+  DeviceStats stats() const override { return a_.stats(); }
+  Snapshot snapshot() const override { return a_.snapshot(); }
+  std::vector<TraceEvent> trace() const override { return a_.trace(); }
+  void create_or_incref_pool(PoolId id) override { a_.create_or_incref_pool(id); }
+  void begin_allocate_to_pool(PoolId id, PoolRoute route) override { a_.begin_allocate_to_pool(id, route); }
+  void end_allocate_to_pool(PoolId id) override { a_.end_allocate_to_pool(id); }
+  void release_pool(PoolId id) override { a_.release_pool(id); }
+  void empty_cache_of(PoolId id) override { a_.empty_cache(id); }
+  int pool_use_count(PoolId id) const override { return a_.pool_use_count(id); }
+
+ private:
+  CachingAllocator& a_;
+};
+
 void write_snapshot(CachingAllocator& a, std::string& out) {
   for (const SegmentSnapshot& seg : a.snapshot()) {
     out += "snap " + hex(seg.address) + " " + std::to_string(seg.total_size) + " s" + std::to_string(seg.stream) +
-           (seg.is_large ? " large" : " small") + (seg.is_expandable ? " expandable" : "") + ":";
+           (seg.is_large ? " large" : " small") + (seg.is_expandable ? " expandable" : "");
+    // A private pool's segment names its pool (§14.1); the default pools' lines are unchanged.
+    if (!seg.pool_id.is_default())
+      out += " pool=" + std::to_string(seg.pool_id.first) + "," + std::to_string(seg.pool_id.second);
+    out += ":";
     std::uint64_t at = seg.address;
     for (const BlockSnapshot& b : seg.blocks) {
       out += ' ';
@@ -259,6 +286,8 @@ std::string dump(const Input& in) {
   }
   LineWriter w(*a);
   w.finish(out, calls);
+  PoolCalls pool_calls(*a);
+  cli::PoolFrontEnd pools(pool_calls, in.streams);
 
   std::unordered_map<std::uint64_t, Context> bound;  // handle -> its allocation
   for (std::size_t i = 0; i < in.ops.size(); ++i) {
@@ -302,7 +331,8 @@ std::string dump(const Input& in) {
         a->set_memory_fraction(o->fraction);
         return "ok";
       }
-      return "error: not supported yet (issue 16)";
+      pools.apply(op);  // the pool and capture ops (docs/pytorch-allocator.md §14.9)
+      return "ok";
     });
     out += one_line(std::move(r));
     w.finish(out, calls, ctx);

@@ -243,6 +243,35 @@ TEST(PrivatePoolsWherePyTorchFails, ExpandableSegmentsUnmappingMoreThanTheyGrewI
   EXPECT_EQ(cur(a.stats().reserved_bytes), 0);
 }
 
+// The same pool met by malloc's last retry (§3.1): the allocation is refused before the retry's
+// release. Nothing else happened in this malloc (no events, no garbage collection, no oversize
+// blocks; the cap refuses the new segment before any device call), so nothing changed.
+TEST(PrivatePoolsWherePyTorchFails, MallocsLastRetryIntoSuchAPoolIsRefused) {
+  auto h = host_alloc("expandable_segments:True", 8 * GiB);
+  CachingAllocator& a = *h.a;
+  a.set_trace(true);
+  a.set_memory_fraction(100.0 / 8192.0);  // cap 100 MiB
+  a.create_or_incref_pool(kMemPool1);
+  a.begin_allocate_to_pool(kMemPool1, this_thread());
+  a.free(a.allocate(60 * MiB, 0));  // pages 0-2 of the pool's reservation: count 1
+  void* b = a.allocate(20 * MiB, 0);
+  a.allocate(20 * MiB, 0);  // c, kept
+  a.end_allocate_to_pool(kMemPool1);
+  a.release_pool(kMemPool1);
+  a.free(b);
+  a.release_pool(kMemPool1);  // freeable, two free runs after one growth
+  const Observed before = observe(a);
+  // 60 MiB more would pass the cap (60 + 60 > 100): no cached block, no segment, the last retry.
+  EXPECT_EQ(refusal([&] { a.allocate(60 * MiB, 0); }),
+            "releasing private pool {0, 1}: PyTorch 2.11 fails here (\"block->pool->owner_PrivatePool->"
+            "cudaMalloc_count > 0 INTERNAL ASSERT FAILED\"): its expandable segments would unmap 2 ranges but its "
+            "device allocation count (cudaMalloc_count) is 1; cachet refuses and changes nothing. This memory of a "
+            "private pool cannot be given back with expandable_segments:True (docs/pytorch-allocator.md §14.8)");
+  expect_unchanged(a, before);
+  EXPECT_EQ(a.stats().num_alloc_retries, 0);
+  EXPECT_EQ(a.stats().num_ooms, 0);
+}
+
 // The count reaches 0 with pages still mapped (§14.8.1): PyTorch erases the pool with a block
 // still allocated in it. gpu/ keeps the pool object (orphaned): unknown by its id, its memory
 // counted, its segment shown as PyTorch's snapshot shows it (from an active block only), freeing

@@ -6,7 +6,9 @@ usage: test_pools.py SCENARIO      (one scenario per process: the allocator is c
 
 Scenarios (python/README.md, "CUDA graphs and MemPool", gives the measured runs):
   graph_probe        an MLP forward captured in a CUDA graph, 96 new 4 MiB tensors filled with a
-                     sentinel, five replays on new inputs: each output allclose to eager
+                     sentinel (48 on the capture stream, where the capture's freed blocks would
+                     be reused without a private pool), five replays on new inputs: each output
+                     allclose to eager
                      (atol = rtol = 1e-3) and every sentinel exactly intact; the graph's blocks
                      sit in segments of its private pool (cachet_torch.snapshot()).
   graphed_callables  torch.cuda.make_graphed_callables trains a small MLP 20 steps; the losses
@@ -125,7 +127,12 @@ def graph_probe(torch, res):
     res["pool_segments"] = len(pool_segments(ct, g.pool()))
     check(res["pool_segments"] > 0, f"the capture allocated in its private pool {tuple(g.pool())}: "
                                     f"{res['pool_segments']} segment(s)")
-    fillers = [torch.full((1 << 20,), 7.0, device=dev) for _ in range(96)]
+    # Half the sentinels on the capture stream: blocks the capture freed there would be handed to
+    # them if the graph's blocks were not kept in its private pool (blocks never change stream).
+    fillers = [torch.full((1 << 20,), 7.0, device=dev) for _ in range(48)]
+    with torch.cuda.stream(s):
+        fillers += [torch.full((1 << 20,), 7.0, device=dev) for _ in range(48)]
+    torch.cuda.synchronize()
     out_ok, fill_ok = [], []
     for _ in range(5):
         x.copy_(torch.randn(256, 1024, device=dev))

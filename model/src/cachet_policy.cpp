@@ -41,7 +41,7 @@ void CachetPolicy::set_memory_fraction(double fraction) {
 }
 
 void CachetPolicy::trim_to_cap() {
-  if (!allowed_max_ || reservation_size_ == 0) return;
+  if (!allowed_max_ || reservation_size_ == 0 || capture_active()) return;  // R12
   const Bytes cap_pages = *allowed_max_ / kCachetPage;
   if (mapped_pages_.size() > cap_pages)
     unmap_whole_free_pages(mapped_pages_.size() - cap_pages, 0, 0);
@@ -60,16 +60,19 @@ std::uint64_t CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
     throw OutOfMemory(oom_message(f));
   }
   if (orig_size == 0) return 0;
-  if (!events_.empty()) process_events();  // R8: pending blocks whose events completed
+  // R8: pending blocks whose events completed; R12: not while a pool is active.
+  if (!pool_active() && (!events_.empty() || !deferred_.empty())) process_events();
   const Bytes size = (orig_size + kCachetBlockAlign - 1) / kCachetBlockAlign * kCachetBlockAlign;
+  const PoolId to = route(stream);  // R10
 
   std::uint64_t ptr = 0;
-  if (auto fit = take_best_fit(stream, size))
+  if (auto fit = take_best_fit(stream, to, size))
     ptr = *fit;  // R2
   else
-    ptr = allocate_slow(stream, size);
+    ptr = allocate_slow(stream, to, size);
   Block& b = blocks_.at(ptr);
   b.set_state(BlockState::Allocated);  // Free -> Allocated
+  b.pool = to;  // already its pool (R2, R3 take only the pool's blocks; [INV-PRIV-4] checks)
   b.requested = orig_size;
   b.stream = stream;
   b.uses.clear();
@@ -86,10 +89,10 @@ std::uint64_t CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
 }
 
 // The slow path: R3 windows with R4's budget and R5's mapping; R7's one retry, then OOM.
-std::uint64_t CachetPolicy::allocate_slow(StreamId stream, Bytes size) {
+std::uint64_t CachetPolicy::allocate_slow(StreamId stream, PoolId pool, Bytes size) {
   ensure_reserved();
   for (int attempt = 0;; ++attempt) {
-    if (auto ptr = try_place(stream, size)) return *ptr;
+    if (auto ptr = try_place(stream, pool, size)) return *ptr;
     if (attempt == 1) {
       ++stats_.num_ooms;
       OomFacts f;
@@ -105,10 +108,11 @@ std::uint64_t CachetPolicy::allocate_slow(StreamId stream, Bytes size) {
       throw OutOfMemory(oom_message(f));
     }
     // R7: once per allocation: wait for pending events; R2 again (the wait may have freed a
-    // block that holds the request); else unmap every whole free page and retry R3.
+    // block that holds the request); else unmap every whole free page and retry R3. R12: no
+    // wait while a pool is active, no unmapping while a capture is under way.
     ++stats_.num_alloc_retries;
-    if (!events_.empty()) synchronize_events();
-    if (auto fit = take_best_fit(stream, size)) return *fit;
+    if (!pool_active() && (!events_.empty() || !deferred_.empty())) synchronize_events();
+    if (auto fit = take_best_fit(stream, pool, size)) return *fit;
     unmap_whole_free_pages(~Bytes{0}, 0, 0);
   }
 }
@@ -121,10 +125,13 @@ Snapshot CachetPolicy::snapshot() const {
       in_run = false;
       continue;
     }
+    // A segment: a run of mapped blocks of one pool (R10), with the pool's id.
+    if (in_run && out.back().pool_id != b.pool) in_run = false;
     if (!in_run) {
       SegmentSnapshot s;
       s.address = ptr;
       s.stream = b.stream;
+      s.pool_id = b.pool;
       s.is_large = true;
       s.is_expandable = true;
       out.push_back(std::move(s));
@@ -137,9 +144,9 @@ Snapshot CachetPolicy::snapshot() const {
     bs.size = b.size;
     bs.requested_size = b.live() ? b.requested : 0;
     // The snapshot's states (cachet::BlockState); Unmapped blocks are not shown.
-    bs.state = b.state() == BlockState::Allocated        ? cachet::BlockState::ActiveAllocated
-               : b.state() == BlockState::AwaitingEvents ? cachet::BlockState::ActivePendingFree
-                                                         : cachet::BlockState::Inactive;
+    bs.state = b.state() == BlockState::Allocated ? cachet::BlockState::ActiveAllocated
+               : b.live()                         ? cachet::BlockState::ActivePendingFree
+                                                  : cachet::BlockState::Inactive;
     s.blocks.push_back(bs);
   }
   return out;

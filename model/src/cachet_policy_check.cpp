@@ -1,4 +1,6 @@
 // The cachet policy model: its invariants, recounted from the blocks and the mapped pages.
+#include <algorithm>
+#include <map>
 #include <stdexcept>
 #include <string>
 
@@ -18,6 +20,8 @@ void CachetPolicy::check_invariants() const {
     return;
   }
   DeviceStats re;
+  std::map<PoolId, Bytes> pool_bytes;  // [INV-PRIV-4] recount
+  std::map<PoolId, int> pool_live;     // live blocks per private pool
   std::uint64_t expect = base_;
   const Block* prev = nullptr;
   for (const auto& [ptr, b] : blocks_) {
@@ -40,13 +44,29 @@ void CachetPolicy::check_invariants() const {
       if (prev != nullptr && prev->unmapped())
         fail("[INV-MERGE-1]", "adjacent unmapped blocks" + at);
     }  // (a live block is mapped by its state: Allocated and AwaitingEvents are mapped states)
-    if (!b.uses.empty() && b.state() != BlockState::Allocated)
+    if (!b.uses.empty() && b.state() != BlockState::Allocated && b.state() != BlockState::Deferred)
       fail("[INV-EVENT-3]",
            std::string("stream uses on a block in state ") + state_name(b.state()) + at);
-    if (b.mapped_free() && prev != nullptr && prev->mapped_free() && prev->stream == b.stream)
-      fail("[INV-MERGE-1]", "adjacent free blocks of one stream" + at);
+    if (b.mapped_free() && prev != nullptr && prev->mapped_free() && prev->stream == b.stream &&
+        prev->pool == b.pool)
+      fail("[INV-MERGE-1]", "adjacent free blocks of one stream and pool" + at);
     if ((b.state() == BlockState::AwaitingEvents) != (events_.count(ptr) == 1))
       fail("[INV-EVENT-1]", "pending block without events (or events without one)" + at);
+    if ((b.state() == BlockState::Deferred) !=
+        (std::find(deferred_.begin(), deferred_.end(), ptr) != deferred_.end()))
+      fail("[INV-EVENT-1]", "deferred block not in the deferred list (or the reverse)" + at);
+    if (b.state() == BlockState::Deferred && b.uses.empty())
+      fail("[INV-EVENT-1]", "deferred block without stream uses" + at);
+    // [INV-PRIV-3]: which pool a block may belong to (R10, R11).
+    if (b.unmapped() && !b.pool.is_default()) fail("[INV-PRIV-3]", "unmapped block with a pool" + at);
+    if (b.mapped_free() && !b.pool.is_default() && !live_pool(b.pool))
+      fail("[INV-PRIV-3]", "free block of a pool with no user" + at);
+    if (b.live() && !b.pool.is_default() && !pools_.count(b.pool))
+      fail("[INV-PRIV-3]", "live block of an unknown pool" + at);
+    if (!b.pool.is_default()) {
+      pool_bytes[b.pool] += b.size;
+      if (b.live()) ++pool_live[b.pool];
+    }
     if (b.live()) {
       if (b.size != (b.requested + kCachetBlockAlign - 1) / kCachetBlockAlign * kCachetBlockAlign)
         fail("[INV-SIZE-4]", "size is not the rounded request" + at);
@@ -66,6 +86,16 @@ void CachetPolicy::check_invariants() const {
   }
   if (expect != base_ + reservation_size_)
     fail("[INV-SEG-1]", "blocks do not reach the reservation's end");
+  for (const auto& [id, p] : pools_) {
+    const std::string which = " of pool {" + std::to_string(id.first) + ", " + std::to_string(id.second) + "}";
+    if (p.use_count < 0) fail("[INV-PRIV-3]", "negative use count" + which);
+    if (p.use_count == 0 && pool_live[id] == 0) fail("[INV-PRIV-3]", "no user and no live block" + which);
+    if (p.bytes != pool_bytes[id])
+      fail("[INV-PRIV-4]", std::to_string(p.bytes) + " bytes counted, blocks hold " +
+                               std::to_string(pool_bytes[id]) + which);
+  }
+  for (const auto& [id, n] : pool_bytes)
+    if (!pools_.count(id)) fail("[INV-PRIV-3]", "blocks of an unknown pool");
   auto same = [&](const char* name, const StatArray& got, const StatArray& want) {
     for (int i = 0; i < kNumStatTypes; ++i)
       if (got[i].current != want[i].current)
@@ -87,8 +117,9 @@ void CachetPolicy::check_invariants() const {
   if (touched_pages() > peak_touched_)
     fail("[INV-PAGE-2]", "touched pages above their high-water mark");
   // [INV-BUDGET-1]: mapped pages <= budget(T) + free pages split between free blocks of different
-  // streams.
-  {
+  // streams, or held by private pools with a user (not whole free pages, R10). Not during a
+  // capture (R12).
+  if (!capture_active()) {
     const Bytes idle =
         mapped_pages_.size() - touched_pages();  // live blocks touch mapped pages only
     const Bytes whole = count_whole_free_pages(0, 0);
@@ -100,7 +131,8 @@ void CachetPolicy::check_invariants() const {
                                  " split free pages");
   }
   // [INV-CAP-1]: the cap; above it (a lowered cap) only while no whole free page is left to unmap.
-  if (allowed_max_ && mapped_bytes() > *allowed_max_ && count_whole_free_pages(0, 0) > 0)
+  if (allowed_max_ && !capture_active() && mapped_bytes() > *allowed_max_ &&
+      count_whole_free_pages(0, 0) > 0)
     fail("[INV-CAP-1]", "mapped bytes above the cap with whole free pages still mapped");
 }
 

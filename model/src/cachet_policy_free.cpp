@@ -50,9 +50,26 @@ void CachetPolicy::free(std::uint64_t ptr) {
     trim_to_cap();  // R7: only acts while mapped bytes are above a lowered cap
     return;
   }
+  if (pool_active()) {  // R12: no event while a pool is active; the uses are kept
+    b.set_state(BlockState::Deferred);
+    deferred_.push_back(ptr);
+    return;
+  }
   b.set_state(BlockState::AwaitingEvents);
   for (StreamId s : b.uses) events_[ptr].emplace_back(s, recorded_[s]++);
   b.uses.clear();
+}
+
+// R12: no pool is active any more: each deferred free gets one event per stream it was used on,
+// in the order they were freed.
+void CachetPolicy::record_deferred_events() {
+  for (std::uint64_t ptr : deferred_) {
+    Block& b = blocks_.at(ptr);
+    b.set_state(BlockState::AwaitingEvents);  // Deferred -> AwaitingEvents
+    for (StreamId s : b.uses) events_[ptr].emplace_back(s, recorded_[s]++);
+    b.uses.clear();
+  }
+  deferred_.clear();
 }
 
 // The block leaves the live set (Allocated or AwaitingEvents -> Free): free of its allocation
@@ -66,6 +83,7 @@ void CachetPolicy::free_completed(Block& b) {
   record(TraceAction::FreeCompleted, b.ptr, b.requested, b.stream);
   b.set_state(BlockState::Free);
   b.uses.clear();
+  leave_released_pool(b);  // R11
   merge(b.ptr);
 }
 
@@ -85,6 +103,8 @@ void CachetPolicy::complete_all_events() {
 }
 
 void CachetPolicy::process_events() {
+  if (pool_active()) return;  // R12 (callers check it too)
+  record_deferred_events();
   std::vector<std::uint64_t> done;
   for (const auto& [ptr, events] : events_) {
     bool all = true;
@@ -100,14 +120,17 @@ void CachetPolicy::process_events() {
 
 // Wait for every pending event (num_sync_all_streams counts the waits).
 void CachetPolicy::synchronize_events() {
+  if (pool_active()) return;  // R12 (callers check it too)
   ++stats_.num_sync_all_streams;
+  record_deferred_events();
   complete_all_events();
   process_events();
 }
 
-// R9: wait for pending events, then unmap every whole free page; the reservation stays.
+// R9: wait for pending events, then unmap every whole free page; the reservation stays. R12:
+// no wait while a pool is active, no unmapping while a capture is under way.
 void CachetPolicy::empty_cache() {
-  if (!events_.empty()) synchronize_events();
+  if (!pool_active() && (!events_.empty() || !deferred_.empty())) synchronize_events();
   unmap_whole_free_pages(~Bytes{0}, 0, 0);
 }
 

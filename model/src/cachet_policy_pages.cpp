@@ -52,20 +52,22 @@ std::vector<std::uint64_t> CachetPolicy::whole_free_pages(const Block& b, std::u
   return pages;
 }
 
+// R10: only the default pool's free blocks hold whole free pages (a private pool's free blocks
+// belong to a pool with a user: R11 moves a released pool's to the default pool).
 Bytes CachetPolicy::count_whole_free_pages(std::uint64_t ex_lo, std::uint64_t ex_hi) const {
   Bytes n = 0;
   for (const auto& [ptr, b] : blocks_)
-    if (b.mapped_free()) n += whole_free_pages(b, ex_lo, ex_hi).size();
+    if (b.mapped_free() && b.pool.is_default()) n += whole_free_pages(b, ex_lo, ex_hi).size();
   return n;
 }
 
 // R6: up to `pages` whole free pages: blocks by their count, largest first (ties: lowest
 // address); from each its highest pages, one unmap call per block.
 void CachetPolicy::unmap_whole_free_pages(Bytes pages, std::uint64_t ex_lo, std::uint64_t ex_hi) {
-  if (pages == 0 || reservation_size_ == 0) return;
+  if (pages == 0 || reservation_size_ == 0 || capture_active()) return;  // R12
   std::vector<std::pair<std::uint64_t, std::vector<std::uint64_t>>> blocks;  // (block, its pages)
   for (const auto& [ptr, b] : blocks_)
-    if (b.mapped_free())
+    if (b.mapped_free() && b.pool.is_default())  // R10
       if (auto w = whole_free_pages(b, ex_lo, ex_hi); !w.empty())
         blocks.emplace_back(ptr, std::move(w));
   std::stable_sort(blocks.begin(), blocks.end(),
@@ -90,14 +92,15 @@ void CachetPolicy::unmap_whole_free_pages(Bytes pages, std::uint64_t ex_lo, std:
     Block& gone = carve(ptr, lo, hi - lo);
     gone.set_state(BlockState::Unmapped);  // Free -> Unmapped
     gone.stream = 0;
+    gone.pool = PoolId{};
     merge(lo);
     done += take;
   }
 }
 
-// R5: map [lo, hi) (unmapped pages of one unmapped block) as a free block of `stream`, merged
-// with the stream's free neighbours. false: the device refused.
-bool CachetPolicy::map_pages(std::uint64_t lo, std::uint64_t hi, StreamId stream) {
+// R5: map [lo, hi) (unmapped pages of one unmapped block) as a free block of `stream` and
+// `pool` (R10), merged with its free neighbours of both. false: the device refused.
+bool CachetPolicy::map_pages(std::uint64_t lo, std::uint64_t hi, StreamId stream, PoolId pool) {
   auto it = std::prev(blocks_.upper_bound(lo));
   if (!it->second.unmapped() || it->second.end() < hi)
     throw std::logic_error("cachet model: mapping pages that are not unmapped");
@@ -112,6 +115,8 @@ bool CachetPolicy::map_pages(std::uint64_t lo, std::uint64_t hi, StreamId stream
   Block& fresh = carve(it->first, lo, hi - lo);
   fresh.set_state(BlockState::Free);  // Unmapped -> Free
   fresh.stream = stream;
+  fresh.pool = pool;
+  if (!pool.is_default()) pools_.at(pool).bytes += hi - lo;  // [INV-PRIV-4]
   merge(lo);
   return true;
 }

@@ -37,19 +37,20 @@ const CachetPolicy::Block* CachetPolicy::block_after(std::uint64_t ptr) const {
   return it == blocks_.end() ? nullptr : &it->second;
 }
 
-// R2: the smallest mapped free block of `stream` holding `size` bytes; ties: lowest address.
-std::optional<std::uint64_t> CachetPolicy::best_fit(StreamId stream, Bytes size) const {
+// R2: the smallest mapped free block of `stream` and `pool` (R10) holding `size` bytes; ties:
+// lowest address.
+std::optional<std::uint64_t> CachetPolicy::best_fit(StreamId stream, PoolId pool, Bytes size) const {
   const Block* best = nullptr;
   for (const auto& [ptr, b] : blocks_) {
-    if (!b.mapped_free() || b.stream != stream || b.size < size) continue;
+    if (!b.mapped_free() || b.stream != stream || b.pool != pool || b.size < size) continue;
     if (best == nullptr || b.size < best->size) best = &b;  // address order: first of a size wins
   }
   if (best == nullptr) return std::nullopt;
   return best->ptr;
 }
 
-std::optional<std::uint64_t> CachetPolicy::take_best_fit(StreamId stream, Bytes size) {
-  const auto fit = best_fit(stream, size);
+std::optional<std::uint64_t> CachetPolicy::take_best_fit(StreamId stream, PoolId pool, Bytes size) {
+  const auto fit = best_fit(stream, pool, size);
   if (!fit) return std::nullopt;
   // R2: small requests take the high end of the best fit, large ones the low end.
   const Block& f = blocks_.at(*fit);
@@ -59,7 +60,7 @@ std::optional<std::uint64_t> CachetPolicy::take_best_fit(StreamId stream, Bytes 
 
 // R3: windows around unmapped blocks, in address order; the first candidate with the fewest
 // new pages; the scan stops at a 1-page candidate.
-std::optional<CachetPolicy::Placement> CachetPolicy::find_window(StreamId stream,
+std::optional<CachetPolicy::Placement> CachetPolicy::find_window(StreamId stream, PoolId pool,
                                                                  Bytes size) const {
   std::optional<Placement> best;
   auto consider = [&](std::uint64_t at, Bytes pages) {
@@ -74,8 +75,9 @@ std::optional<CachetPolicy::Placement> CachetPolicy::find_window(StreamId stream
     if (!u.unmapped()) continue;
     const Block* l = block_before(ptr);
     const Block* r = block_after(ptr);
-    if (l != nullptr && !(l->mapped_free() && l->stream == stream)) l = nullptr;
-    if (r != nullptr && !(r->mapped_free() && r->stream == stream)) r = nullptr;
+    auto ours = [&](const Block* n) { return n->mapped_free() && n->stream == stream && n->pool == pool; };
+    if (l != nullptr && !ours(l)) l = nullptr;
+    if (r != nullptr && !ours(r)) r = nullptr;
     const std::uint64_t start = l ? l->ptr : u.ptr;
     const std::uint64_t end = r ? r->end() : u.end();
     if (end - start < size) continue;
@@ -94,8 +96,8 @@ std::optional<CachetPolicy::Placement> CachetPolicy::find_window(StreamId stream
 
 // One try of the slow path (R3, R4, R5; R7's cap). nullopt: no window, the cap cannot be kept,
 // or the device refused the mapping.
-std::optional<std::uint64_t> CachetPolicy::try_place(StreamId stream, Bytes size) {
-  const std::optional<Placement> p = find_window(stream, size);
+std::optional<std::uint64_t> CachetPolicy::try_place(StreamId stream, PoolId pool, Bytes size) {
+  const std::optional<Placement> p = find_window(stream, pool, size);
   if (!p) return std::nullopt;
   const std::uint64_t ex_lo = floor_to(base_, p->at);
   const std::uint64_t ex_hi = ceil_to(base_, p->at + size);
@@ -105,7 +107,8 @@ std::optional<std::uint64_t> CachetPolicy::try_place(StreamId stream, Bytes size
   const Bytes budget = t + t / kCachetSlack;
   const Bytes after = mapped_pages_.size() + p->new_pages;
   Bytes excess = after > budget ? after - budget : 0;
-  const Bytes available = count_whole_free_pages(ex_lo, ex_hi);
+  // R12: no page is unmapped while a capture is under way.
+  const Bytes available = capture_active() ? 0 : count_whole_free_pages(ex_lo, ex_hi);
   // R7: the cap is a hard limit: its excess must be unmapped in full, or this try fails.
   if (allowed_max_) {
     const Bytes cap_pages = *allowed_max_ / kCachetPage;
@@ -128,13 +131,13 @@ std::optional<std::uint64_t> CachetPolicy::try_place(StreamId stream, Bytes size
   }
   if (count != p->new_pages)
     throw std::logic_error("cachet model: new pages differ from the window's count");
-  if (count > 0 && !map_pages(lo, hi, stream)) return std::nullopt;
+  if (count > 0 && !map_pages(lo, hi, stream, pool)) return std::nullopt;
 
   // The placement now lies in one mapped free block of `stream`: carve it there.
   auto it = std::prev(blocks_.upper_bound(p->at));
   const Block& f = it->second;
-  if (!f.mapped_free() || f.stream != stream || f.end() < p->at + size)
-    throw std::logic_error("cachet model: placement not inside one free block of its stream");
+  if (!f.mapped_free() || f.stream != stream || f.pool != pool || f.end() < p->at + size)
+    throw std::logic_error("cachet model: placement not inside one free block of its stream and pool");
   return carve(f.ptr, p->at, size).ptr;
 }
 
@@ -157,12 +160,13 @@ CachetPolicy::Block& CachetPolicy::carve(std::uint64_t free_ptr, std::uint64_t a
   return piece(at, at + size);
 }
 
-// R1: a Free block joins its Free neighbours of the same stream; an Unmapped block its
-// Unmapped neighbours.
+// R1: a Free block joins its Free neighbours of the same stream and pool (R10); an Unmapped
+// block its Unmapped neighbours.
 std::uint64_t CachetPolicy::merge(std::uint64_t ptr) {
   check_born_or_deleted(blocks_.at(ptr).state(), "merged", ptr);
   auto joins = [](const Block& a, const Block* o) {
-    return o != nullptr && o->state() == a.state() && (a.unmapped() || o->stream == a.stream);
+    return o != nullptr && o->state() == a.state() &&
+           (a.unmapped() || (o->stream == a.stream && o->pool == a.pool));
   };
   if (Block* after = block_after(ptr); joins(blocks_.at(ptr), after)) {
     blocks_.at(ptr).size += after->size;

@@ -4,6 +4,7 @@
 // without mutant.h, so the checker stays the real one).
 #include <algorithm>
 #include <iterator>
+#include <map>
 #include <stdexcept>
 #include <string>
 
@@ -55,9 +56,22 @@ std::vector<std::string> CachetPolicy::invariants() const {
   std::int64_t runs = 0;
   // [INV-POOL-2] the trees are in their order (blocks grow and shrink in place when the order
   // holds).
-  for (auto it = free_.begin(); it != free_.end() && std::next(it) != free_.end(); ++it)
-    if (!SizeOrder{}(*it, *std::next(it)))
-      fail("[INV-POOL-2] free_ out of size order at block " + hex(it->ptr));
+  auto in_order = [&](const CFreeSet& fs, const char* which) {
+    for (auto it = fs.begin(); it != fs.end() && std::next(it) != fs.end(); ++it)
+      if (!SizeOrder{}(*it, *std::next(it)))
+        fail(std::string("[INV-POOL-2] ") + which + " out of size order at block " + hex(it->ptr));
+  };
+  in_order(free_, "free_");
+  std::size_t free_in_sets = free_.size();
+  for (const auto& [id, pool] : pools_) {
+    in_order(pool.free, "a private pool's free set");
+    free_in_sets += pool.free.size();
+  }
+  std::map<PoolId, Bytes> pool_bytes;  // [INV-PRIV-4] recount
+  std::map<PoolId, int> pool_live;     // live blocks per private pool
+  auto is_deferred = [this](const CBlock* b) {
+    return std::find(deferred_.begin(), deferred_.end(), b) != deferred_.end();
+  };
   for (auto it = unmapped_.begin(); it != unmapped_.end() && std::next(it) != unmapped_.end(); ++it)
     if (!(it->ptr < std::next(it)->ptr))
       fail("[INV-POOL-2] unmapped_ out of address order at block " + hex(it->ptr));
@@ -75,8 +89,20 @@ std::vector<std::string> CachetPolicy::invariants() const {
       if (prev == nullptr || !prev->is_mapped()) ++runs;
     }
     // The state against the other fields (shell/block_state.h).
-    if (!b->is_allocated() && !b->stream_uses.empty())
-      fail("[INV-EVENT-3] stream uses on a block that is not allocated" + at);
+    if (!b->is_allocated() && b->state() != BlockState::Deferred && !b->stream_uses.empty())
+      fail("[INV-EVENT-3] stream uses on a block that is neither allocated nor deferred" + at);
+    // [INV-PRIV-3]: which pool a block may belong to (R10, R11).
+    if (!b->pool.is_default()) {
+      pool_bytes[b->pool] += b->size;
+      if (b->is_live()) ++pool_live[b->pool];
+      auto p = pools_.find(b->pool);
+      if (b->is_unmapped())
+        fail("[INV-PRIV-3] unmapped block with a pool" + at);
+      else if (p == pools_.end())
+        fail("[INV-PRIV-3] block of an unknown pool" + at);
+      else if (b->is_mapped_free() && p->second.use_count <= 0)
+        fail("[INV-PRIV-3] free block of a pool with no user" + at);
+    }
     if (b->is_reusable()) {
       if (b->event_count != 0) fail("[INV-EVENT-1] free block with events" + at);
       if (b->is_unmapped()) {
@@ -90,10 +116,14 @@ std::vector<std::string> CachetPolicy::invariants() const {
         if (active_.find(b->ptr) == b) fail("[INV-MAP-1] unmapped block in active_" + at);
       } else {
         ++n_free;
-        if (b->next != nullptr && b->next->is_mapped_free() && b->next->stream == b->stream)
-          fail("[INV-MERGE-1] adjacent free blocks of one stream" + at);
-        auto it = free_.find(SizeKey{b->stream, b->size, b->ptr}, SizeOrder{});
-        if (it == free_.end() || &*it != b) fail("[INV-POOL-1] free block not in free_" + at);
+        if (b->next != nullptr && b->next->is_mapped_free() && b->next->stream == b->stream &&
+            b->next->pool == b->pool)
+          fail("[INV-MERGE-1] adjacent free blocks of one stream and pool" + at);
+        auto p = b->pool.is_default() ? pools_.end() : pools_.find(b->pool);
+        const CFreeSet* fs = b->pool.is_default() ? &free_ : p != pools_.end() ? &p->second.free : nullptr;
+        auto it = fs ? fs->find(SizeKey{b->stream, b->size, b->ptr}, SizeOrder{}) : free_.end();
+        if (fs == nullptr || it == fs->end() || &*it != b)
+          fail("[INV-POOL-1] free block not in its pool's free set" + at);
         // A mapped free block touches only mapped pages: its neighbours on shared pages are mapped.
         if (b->ptr % kPage != 0 && b->prev != nullptr && !b->prev->is_mapped())
           fail("[INV-MAP-4] free block on an unmapped page" + at);
@@ -105,6 +135,10 @@ std::vector<std::string> CachetPolicy::invariants() const {
         fail("[INV-SIZE-4] size is not the rounded request" + at);
       if ((b->state() == BlockState::AwaitingEvents) != (b->event_count > 0))
         fail("[INV-EVENT-1] pending/event_count mismatch" + at);
+      // A deferred block waits in deferred_ with its stream uses and no event yet (R12).
+      if ((b->state() == BlockState::Deferred) != is_deferred(b) ||
+          (b->state() == BlockState::Deferred && b->stream_uses.empty()))
+        fail("[INV-EVENT-1] deferred block not in deferred_, or without stream uses" + at);
       n_events += static_cast<std::size_t>(b->event_count);
       const StatType pool = pool_of(b->size);
       const auto n = static_cast<std::int64_t>(b->size);
@@ -120,9 +154,17 @@ std::vector<std::string> CachetPolicy::invariants() const {
   }
   if (base_ != 0 && expect != base_ + va_size_)
     fail("[INV-SEG-1] blocks end at " + hex(expect) + ", not at the reservation's end");
-  if (n_free != free_.size())
-    fail("[INV-POOL-1] free_ holds " + std::to_string(free_.size()) + " blocks, " +
+  if (n_free != free_in_sets)
+    fail("[INV-POOL-1] the free sets hold " + std::to_string(free_in_sets) + " blocks, " +
          std::to_string(n_free) + " expected");
+  for (const auto& [id, pool] : pools_) {
+    const std::string which = " of pool {" + std::to_string(id.first) + ", " + std::to_string(id.second) + "}";
+    if (pool.use_count < 0) fail("[INV-PRIV-3] negative use count" + which);
+    if (pool.use_count == 0 && pool_live[id] == 0) fail("[INV-PRIV-3] no user and no live block" + which);
+    if (pool.bytes != pool_bytes[id])
+      fail("[INV-PRIV-4] " + std::to_string(pool.bytes) + " bytes counted, blocks hold " +
+           std::to_string(pool_bytes[id]) + which);
+  }
   if (n_unmapped != unmapped_.size()) fail("[INV-POOL-1] unmapped_ size mismatch");
   if (n_active != active_.size()) fail("[INV-POOL-1] active_ size mismatch");
   if (n_events != events_.size()) fail("[INV-EVENT-2] event count mismatch");
@@ -163,9 +205,9 @@ std::vector<std::string> CachetPolicy::invariants() const {
       }
     if (live != page_live_) fail("[INV-PAGE-1] live-page counts differ from a recount");
   }
-  {
-    // [INV-BUDGET-1]; free pages split between free blocks of different streams cannot be
-    // unmapped (R6).
+  if (!capture_active()) {
+    // [INV-BUDGET-1]; free pages split between free blocks of different streams, or held by a
+    // private pool with a user, cannot be unmapped (R6, R10). Not during a capture (R12).
     const Bytes idle = mapped / kPage - touched_pages_;
     const Bytes whole = whole_free_pages(0, 0);
     const Bytes split = idle > whole ? idle - whole : 0;
@@ -177,7 +219,7 @@ std::vector<std::string> CachetPolicy::invariants() const {
   }
   // [INV-CAP-1]: reserved <= the cap, or (the cap was lowered below the live blocks' pages) no
   // whole free page left to unmap.
-  if (cap_.allowed() && mapped > *cap_.allowed() && whole_free_pages(0, 0) > 0)
+  if (cap_.allowed() && !capture_active() && mapped > *cap_.allowed() && whole_free_pages(0, 0) > 0)
     fail("[INV-CAP-1] reserved " + std::to_string(mapped) + " > cap " +
          std::to_string(*cap_.allowed()) + " with " + std::to_string(whole_free_pages(0, 0)) +
          " whole free pages still mapped");

@@ -46,6 +46,7 @@ CachetPolicy::~CachetPolicy() {
   if (in_run) (void)mem_->unmap(run, base_ + va_size_ - run);
   if (base_ != 0) (void)mem_->unreserve(base_, va_size_);
   free_.clear();
+  for (auto& [id, pool] : pools_) pool.free.clear();
   unmapped_.clear();
 }
 
@@ -64,6 +65,7 @@ CBlock* CachetPolicy::make_block(BlockState born) {
   b->size = 0;
   b->requested = 0;
   b->stream = 0;
+  b->pool = PoolId{};
   b->prev = nullptr;
   b->next = nullptr;
   b->event_count = 0;

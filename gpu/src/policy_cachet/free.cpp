@@ -28,6 +28,14 @@ void CachetPolicy::free(DevicePtr ptr) {
   // and the stats and trace untouched, as policy:pytorch does (policy_pytorch/free.cpp, free()).
   // The events of this call are appended to events_ from `first` on; a failure gives them back
   // to the pool (shell/event_pool.h).
+  if (!b->stream_uses.empty() && !active_pools_.empty()) {
+    // R12: no event while a pool is active: pending with its stream uses, in deferred_.
+    accounting_.free_requested(pool_of(b->size), b->size, false);
+    record(TraceAction::FreeRequested, b->ptr, b->requested, b->stream);
+    b->set_state(BlockState::Deferred);
+    deferred_.push_back(b);
+    return;
+  }
   const std::size_t first = events_.size();
   event_pool_.record_on(*mem_, device_, b->stream_uses, events_,
                         [b](EventHandle e, StreamId) { return std::pair{e, b}; });
@@ -51,6 +59,7 @@ void CachetPolicy::free_block(CBlock* b) {
   touch(b, false);
   b->stream_uses.clear();
   b->set_state(BlockState::Free);
+  leave_released_pool(b);  // R11
   merge_free(b);
 }
 
@@ -66,6 +75,8 @@ void CachetPolicy::record_stream(DevicePtr ptr, StreamId stream) {
 }
 
 void CachetPolicy::process_events() {
+  if (!active_pools_.empty()) return;  // R12 (callers check it too)
+  record_deferred_events();
   std::size_t keep = 0;
   for (std::size_t i = 0; i < events_.size(); ++i) {
     auto [e, b] = events_[i];
@@ -88,7 +99,9 @@ void CachetPolicy::process_events() {
 }
 
 void CachetPolicy::synchronize_events() {
+  if (!active_pools_.empty()) return;  // R12 (callers check it too)
   accounting_.synchronized_all_streams();
+  record_deferred_events();
   while (!events_.empty()) {
     auto [e, b] = events_.back();
     Status st = mem_->event_synchronize(e);
@@ -101,14 +114,15 @@ void CachetPolicy::synchronize_events() {
 }
 
 void CachetPolicy::trim_to_cap() {
-  if (!cap_.allowed() || base_ == 0 || mutant(kMutantCachetIgnoreCap)) return;
+  if (!cap_.allowed() || base_ == 0 || mutant(kMutantCachetIgnoreCap) || capture_active()) return;
   const Bytes cap_pages = *cap_.allowed() / kPage;
   const Bytes pages = mapped_ / kPage;
   if (pages > cap_pages) unmap_free_pages(pages - cap_pages, 0, 0);
 }
 
+// R9; R12: no wait while a pool is active, no unmapping during a capture (unmap_free_pages).
 void CachetPolicy::empty_cache() {
-  if (!events_.empty()) synchronize_events();
+  if (active_pools_.empty() && (!events_.empty() || !deferred_.empty())) synchronize_events();
   if (base_ != 0) unmap_free_pages(static_cast<Bytes>(-1) / kPage, 0, 0);
 }
 
@@ -130,10 +144,12 @@ Snapshot CachetPolicy::snapshot() {
   Bytes active = 0;
   for (CBlock* b = head_; b != nullptr; b = b->next) {
     if (!b->is_mapped()) continue;
-    if (b->prev == nullptr || !b->prev->is_mapped()) {
+    // A segment: a run of mapped blocks of one pool (R10), with the pool's id.
+    if (b->prev == nullptr || !b->prev->is_mapped() || b->prev->pool != b->pool) {
       SegmentSnapshot s;
       s.address = b->ptr;
       s.stream = b->stream;
+      s.pool_id = b->pool;
       s.is_large = true;
       s.is_expandable = true;
       out.push_back(std::move(s));

@@ -21,12 +21,15 @@ DevicePtr CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
   if (orig_size >= kMaxRequest) throw_request_too_large(orig_size);
   if (orig_size == 0) return 0;
   check_stream(stream, "allocate");
-  if (!events_.empty()) process_events();
+  // R8; R12: no event is queried while a pool is active.
+  if (active_pools_.empty() && (!events_.empty() || !deferred_.empty())) process_events();
   const Bytes size = align_up(orig_size, kCachetAlign);
+  const PoolId to = active_pools_.empty() ? PoolId{} : route(stream);  // R10
 
-  CBlock* b = take_best_fit(stream, size);  // hot path (R2)
-  if (b == nullptr) b = alloc_slow(stream, size);
+  CBlock* b = take_best_fit(stream, to, size);  // hot path (R2)
+  if (b == nullptr) b = alloc_slow(stream, to, size);
   b->set_state(BlockState::Allocated);
+  b->pool = to;  // already its pool: R2 and R3 take only the pool's blocks ([INV-PRIV-4] checks)
   b->requested = orig_size;
   b->stream = stream;
   active_.insert(b->ptr, b);
@@ -37,9 +40,10 @@ DevicePtr CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
   return b->ptr;
 }
 
-CBlock* CachetPolicy::take_best_fit(StreamId stream, Bytes size) {
-  auto it = free_.lower_bound(SizeKey{stream, size, 0}, SizeOrder{});
-  if (it == free_.end() || it->stream != stream) return nullptr;
+CBlock* CachetPolicy::take_best_fit(StreamId stream, PoolId pool, Bytes size) {
+  CFreeSet& fs = free_set(pool);  // R10: the pool's own free blocks
+  auto it = fs.lower_bound(SizeKey{stream, size, 0}, SizeOrder{});
+  if (it == fs.end() || it->stream != stream) return nullptr;
   CBlock* f = &*it;
   // Size-class-aware split: small requests take the high end of the block, large ones the low
   // end, so that small and large blocks collect at opposite ends of free stretches.
@@ -55,6 +59,7 @@ CBlock* CachetPolicy::take_best_fit(StreamId stream, Bytes size) {
       m = make_block();
       m->size = size;
       m->stream = f->stream;
+      m->pool = f->pool;
       m->ptr = f->ptr;
       m->prev = f->prev;
       m->next = f;
@@ -66,13 +71,13 @@ CBlock* CachetPolicy::take_best_fit(StreamId stream, Bytes size) {
       f->ptr += size;
       f->size -= size;
     }
-    if (it != free_.begin() && !SizeOrder{}(*std::prev(it), *f)) {
-      free_.erase(it);
-      free_.insert(*f);
+    if (it != fs.begin() && !SizeOrder{}(*std::prev(it), *f)) {
+      fs.erase(it);
+      fs.insert(*f);
     }
     return m;
   }
-  free_.erase(it);
+  fs.erase(it);
   return carve(f, high ? f->end() - size : f->ptr, size);
 }
 
@@ -81,6 +86,7 @@ CBlock* CachetPolicy::split_at(CBlock* f, DevicePtr at) {
   m->ptr = at;
   m->size = f->end() - at;
   m->stream = f->stream;
+  m->pool = f->pool;
   m->prev = f;
   m->next = f->next;
   if (f->next) f->next->prev = m;
@@ -92,19 +98,19 @@ CBlock* CachetPolicy::split_at(CBlock* f, DevicePtr at) {
 CBlock* CachetPolicy::carve(CBlock* f, DevicePtr at, Bytes size) {
   if (at > f->ptr) {  // f keeps the low part
     CBlock* m = split_at(f, at);
-    free_.insert(*f);
+    free_set_of(f).insert(*f);
     f = m;
   }
-  if (f->size > size) free_.insert(*split_at(f, f->ptr + size));  // the high remainder stays free
+  if (f->size > size) free_set_of(f).insert(*split_at(f, f->ptr + size));  // the high remainder stays free
   return f;
 }
 
 
-CBlock* CachetPolicy::alloc_slow(StreamId stream, Bytes size) {
+CBlock* CachetPolicy::alloc_slow(StreamId stream, PoolId pool, Bytes size) {
   ensure_reserved();
   bool retried = false;
   for (;;) {
-    Placement p = find_placement(stream, size);
+    Placement p = find_placement(stream, pool, size);
     bool fits = p.found;
     Bytes give_back = 0;
     const DevicePtr ex_lo = page_floor(p.at);
@@ -120,7 +126,8 @@ CBlock* CachetPolicy::alloc_slow(StreamId stream, Bytes size) {
       const bool capped = cap_.allowed() && !mutant(kMutantCachetIgnoreCap);
       const Bytes cap_pages = capped ? *cap_.allowed() / kPage : 0;
       if (capped && after > cap_pages) need = std::max(need, after - cap_pages);
-      const Bytes avail = need > 0 ? collect_free_pages(ex_lo, ex_hi) : 0;
+      // R12: no page is unmapped while a capture is under way.
+      const Bytes avail = need > 0 && !capture_active() ? collect_free_pages(ex_lo, ex_hi) : 0;
       if (capped && after > cap_pages && after - cap_pages > avail) fits = false;
       give_back = std::min(need, avail);
     }
@@ -138,13 +145,13 @@ CBlock* CachetPolicy::alloc_slow(StreamId stream, Bytes size) {
       const DevicePtr lo = std::max<DevicePtr>(u->ptr, page_floor(p.at));
       const DevicePtr hi = std::min<DevicePtr>(u->end(), page_ceil(p.at + size));
       CBlock* f = nullptr;
-      Status st = map_range(u, lo, hi, stream, &f);
+      Status st = map_range(u, lo, hi, stream, pool, &f);
       if (st.is_ok()) {
-        // The new mapping was merged with the mapped free blocks of `stream` beside it: f holds
-        // the whole placement.
-        if (f->ptr > p.at || f->end() < p.at + size || !f->is_mapped_free())
+        // The new mapping was merged with the mapped free blocks of `stream` and `pool` beside
+        // it: f holds the whole placement.
+        if (f->ptr > p.at || f->end() < p.at + size || !f->is_mapped_free() || f->pool != pool)
           throw std::logic_error("cachet policy: placement not covered after mapping");
-        free_.erase(free_.iterator_to(*f));
+        free_set_of(f).erase(free_set_of(f).iterator_to(*f));
         CBlock* b = carve(f, p.at, size);
         return b;
       }
@@ -152,12 +159,13 @@ CBlock* CachetPolicy::alloc_slow(StreamId stream, Bytes size) {
     }
     if (retried) throw_oom(size);
     // R7: once: wait for pending events; a block that freed may hold the request (R2); else
-    // give every whole free page back and try the windows once more.
+    // give every whole free page back and try the windows once more. R12: no wait while a
+    // pool is active, no unmapping while a capture is under way (unmap_free_pages).
     retried = true;
     accounting_.alloc_retried();
-    if (!events_.empty()) synchronize_events();
+    if (active_pools_.empty() && (!events_.empty() || !deferred_.empty())) synchronize_events();
     if (!mutant(kMutantCachetRetrySkipsBestFit))
-      if (CBlock* b = take_best_fit(stream, size)) return b;
+      if (CBlock* b = take_best_fit(stream, pool, size)) return b;
     unmap_free_pages(static_cast<Bytes>(-1) / kPage, 0, 0);
   }
 }

@@ -15,15 +15,15 @@ namespace cachet::gpu::detail {
 
 using namespace cachet_pages;  // policy_cachet/policy.h
 
-CachetPolicy::Placement CachetPolicy::find_placement(StreamId stream, Bytes size) const {
+CachetPolicy::Placement CachetPolicy::find_placement(StreamId stream, PoolId pool, Bytes size) const {
   Placement best;
+  // R3's neighbours: mapped free blocks of the request's stream and pool (R10).
+  auto ours = [stream, pool](const CBlock* n) {
+    return n != nullptr && n->is_mapped_free() && n->stream == stream && n->pool == pool;
+  };
   for (const CBlock& u : unmapped_) {
-    const CBlock* l = u.prev != nullptr && u.prev->is_mapped_free() && u.prev->stream == stream
-                          ? u.prev
-                          : nullptr;
-    const CBlock* r = u.next != nullptr && u.next->is_mapped_free() && u.next->stream == stream
-                          ? u.next
-                          : nullptr;
+    const CBlock* l = ours(u.prev) ? u.prev : nullptr;
+    const CBlock* r = ours(u.next) ? u.next : nullptr;
     const DevicePtr ws = l ? l->ptr : u.ptr;
     const DevicePtr we = r ? r->end() : u.end();
     if (we - ws < size) continue;
@@ -47,6 +47,7 @@ CachetPolicy::Placement CachetPolicy::find_placement(StreamId stream, Bytes size
 }
 
 
+// free_ holds the default pool's free blocks only: a private pool's are never whole free pages (R10).
 Bytes CachetPolicy::collect_free_pages(DevicePtr ex_lo, DevicePtr ex_hi) {
   cands_.clear();
   Bytes pages = 0;
@@ -97,7 +98,7 @@ Bytes CachetPolicy::unmap_collected(Bytes pages) {
 }
 
 Bytes CachetPolicy::unmap_free_pages(Bytes pages, DevicePtr ex_lo, DevicePtr ex_hi) {
-  if (pages == 0) return 0;
+  if (pages == 0 || capture_active()) return 0;  // R12
   collect_free_pages(ex_lo, ex_hi);
   return unmap_collected(pages);
 }
@@ -122,11 +123,12 @@ void CachetPolicy::unmap_range(CBlock* b, DevicePtr lo, DevicePtr hi) {
   CBlock* mid = carve(b, lo, hi - lo);  // reinserts the mapped pieces into free_
   mid->set_state(BlockState::Unmapped);
   mid->stream = 0;
+  mid->pool = PoolId{};
   merge_free(mid);
 }
 
 Status CachetPolicy::map_range(CBlock* u, DevicePtr lo, DevicePtr hi, StreamId stream,
-                               CBlock** merged) {
+                               PoolId pool, CBlock** merged) {
   Status st = mem_->map(lo, hi - lo);
   if (!st.is_ok()) return st;
   accounting_.pages_mapped(StatType::LargePool, hi - lo,
@@ -143,6 +145,8 @@ Status CachetPolicy::map_range(CBlock* u, DevicePtr lo, DevicePtr hi, StreamId s
   if (mid->end() > hi) unmapped_.insert(*split_at(mid, hi));
   mid->set_state(BlockState::Free);
   mid->stream = stream;
+  mid->pool = pool;  // R10: the new pages belong to the allocating pool
+  if (!pool.is_default()) pools_.at(pool).bytes += hi - lo;  // [INV-PRIV-4]
   *merged = merge_free(mid);
   return Status::ok();
 }
@@ -150,11 +154,12 @@ Status CachetPolicy::map_range(CBlock* u, DevicePtr lo, DevicePtr hi, StreamId s
 CBlock* CachetPolicy::merge_free(CBlock* b) {
   auto joinable = [b](const CBlock* o) {
     return o != nullptr && o->state() == b->state() &&
-           (b->is_unmapped() || mutant(kMutantCachetMergeAcrossStreams) || o->stream == b->stream);
+           (b->is_unmapped() ||
+            ((mutant(kMutantCachetMergeAcrossStreams) || o->stream == b->stream) && o->pool == b->pool));
   };
   auto erase = [this](CBlock* o) {
     if (o->is_mapped())
-      free_.erase(free_.iterator_to(*o));
+      free_set_of(o).erase(free_set_of(o).iterator_to(*o));
     else
       unmapped_.erase(unmapped_.iterator_to(*o));
   };
@@ -173,16 +178,17 @@ CBlock* CachetPolicy::merge_free(CBlock* b) {
     if (b->next) b->next->prev = p;
     release_block(b);
     if (p->is_mapped()) {
-      auto it = free_.iterator_to(*p);
-      if (auto nx = std::next(it); nx != free_.end() && !SizeOrder{}(*p, *nx)) {
-        free_.erase(it);
-        free_.insert(*p);
+      CFreeSet& fs = free_set_of(p);
+      auto it = fs.iterator_to(*p);
+      if (auto nx = std::next(it); nx != fs.end() && !SizeOrder{}(*p, *nx)) {
+        fs.erase(it);
+        fs.insert(*p);
       }
     }
     return p;
   }
   if (b->is_mapped())
-    free_.insert(*b);
+    free_set_of(b).insert(*b);
   else
     unmapped_.insert(*b);
   return b;

@@ -7,7 +7,11 @@
 // (prev/next), each in one BlockState (shell/block_state.h): a Free block is mapped (every page
 // it touches is mapped; it belongs to a stream and sits in free_, ordered by stream, size,
 // address); an Unmapped one is page aligned, has no stream and sits in unmapped_, ordered by
-// address. Allocated and AwaitingEvents blocks are in active_.
+// address. Allocated and AwaitingEvents blocks are in active_. Private pools (R10-R12): every
+// block carries its pool (PoolId{} = the default pool); a free block of the default pool is in
+// free_, one of a private pool in that pool's own free set (pools_), so the hot path of the
+// default pool is unchanged. A block freed with stream uses while a pool is active waits in
+// deferred_ (Deferred, its stream uses kept, no event yet) until no pool is active.
 //
 // Invariants: CachetPolicy::invariants() (policy_cachet/check.cpp) checks the rules of
 // docs/invariants.md whose policy is cachet or both; each violation line starts with its ID.
@@ -16,6 +20,8 @@
 #include <boost/container/small_vector.hpp>
 #include <boost/intrusive/set.hpp>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,6 +51,7 @@ struct alignas(64) CBlock : cbi::set_base_hook<cbi::link_mode<cbi::normal_link>>
   Bytes size = 0;
   Bytes requested = 0;  // stale on free blocks
   StreamId stream = 0;  // allocation stream; 0 on unmapped blocks
+  PoolId pool{};        // R10: its pool; PoolId{} = the default pool (unmapped blocks: always)
   CBlock* prev = nullptr;
   CBlock* next = nullptr;
   std::int32_t event_count = 0;  // outstanding stream-use events: AwaitingEvents only
@@ -98,27 +105,31 @@ class CachetPolicy : public Shell {
   void free(DevicePtr ptr);
   void record_stream(DevicePtr ptr, StreamId stream);
   void empty_cache();
+  // Private pools (R10-R12; policy_cachet/pools.cpp): PyTorch's members and refusals (§14.2,
+  // §14.4 of docs/pytorch-allocator.md). `takes`: which streams' allocations go to the pool;
+  // `capture`: a CUDA graph capture (no page is unmapped while one is under way, R12).
+  void create_or_incref_pool(PoolId id);
+  void begin_allocate_to_pool(PoolId id, const PoolFilter& takes, bool capture);
+  void end_allocate_to_pool(PoolId id);
+  void release_pool(PoolId id);
+  void empty_cache(PoolId id);
+  int pool_use_count(PoolId id) const;
   void set_memory_fraction(double fraction);
   Snapshot snapshot();
   void apply_config(const Config& c);
   std::vector<std::string> invariants() const;
 
-  // Private pools (docs/pytorch-allocator.md §14): not yet in policy:cachet; each refuses with a
-  // UsageError, changing nothing.
-  void create_or_incref_pool(PoolId) { no_private_pools(); }
-  void begin_allocate_to_pool(PoolId, const PoolFilter&, bool) { no_private_pools(); }
-  void end_allocate_to_pool(PoolId) { no_private_pools(); }
-  void release_pool(PoolId) { no_private_pools(); }
-  void empty_cache(PoolId id) {
-    if (!id.is_default()) no_private_pools();
-    empty_cache();
-  }
-  int pool_use_count(PoolId) const { no_private_pools(); }
-
  private:
-  [[noreturn]] static void no_private_pools() {
-    throw UsageError("policy:cachet does not support private pools yet (issue 16)");
-  }
+  struct CPool {
+    int use_count = 1;  // users (§14.4); 0: released, kept while it has live blocks (R11)
+    Bytes bytes = 0;    // the sizes of the blocks carrying its id ([INV-PRIV-4])
+    CFreeSet free;      // its mapped free blocks, in (stream, size, address) order
+  };
+  struct ActivePool {
+    PoolId id;
+    PoolFilter takes;
+    bool capture = false;
+  };
   struct Placement {
     DevicePtr at = 0;  // the new block's address
     Bytes new_pages = 0;
@@ -126,12 +137,22 @@ class CachetPolicy : public Shell {
   };
 
   void ensure_reserved();
-  CBlock* alloc_slow(StreamId stream, Bytes size);
-  // R2: the best fit among `stream`'s mapped free blocks, carved; nullptr when none holds `size`.
-  CBlock* take_best_fit(StreamId stream, Bytes size);
+  CBlock* alloc_slow(StreamId stream, PoolId pool, Bytes size);
+  // R2: the best fit among the mapped free blocks of `stream` and `pool`, carved; nullptr when
+  // none holds `size`.
+  CBlock* take_best_fit(StreamId stream, PoolId pool, Bytes size);
+  // pools.cpp: R10's routing and free sets, R11's release, R12's trim and deferred events.
+  PoolId route(StreamId stream) const;
+  CFreeSet& free_set(PoolId pool) { return pool.is_default() ? free_ : pools_.at(pool).free; }
+  CFreeSet& free_set_of(const CBlock* b) { return free_set(b->pool); }
+  bool capture_active() const;
+  bool live_pool(PoolId id) const;
+  void leave_released_pool(CBlock* b);  // b free, not in a set
+  void trim_to_budget();
+  void record_deferred_events();
   // R7: while mapped bytes are above the cap, unmap whole free pages down to it (R6 order).
   void trim_to_cap();
-  Placement find_placement(StreamId stream, Bytes size) const;
+  Placement find_placement(StreamId stream, PoolId pool, Bytes size) const;
   // Unmaps up to `pages` whole free pages outside [ex_lo, ex_hi); returns how many it unmapped.
   Bytes unmap_free_pages(Bytes pages, DevicePtr ex_lo, DevicePtr ex_hi);
   // R6 in two steps: collect the whole free pages of every mapped free block outside
@@ -141,7 +162,8 @@ class CachetPolicy : public Shell {
   Bytes whole_free_pages(DevicePtr ex_lo, DevicePtr ex_hi) const;
   void unmap_range(CBlock* b, DevicePtr lo, DevicePtr hi);  // b mapped free, not in free_
   // Maps [lo, hi) of unmapped u as a free block of `stream`, merged with its neighbours (*merged).
-  Status map_range(CBlock* u, DevicePtr lo, DevicePtr hi, StreamId stream, CBlock** merged);
+  Status map_range(CBlock* u, DevicePtr lo, DevicePtr hi, StreamId stream, PoolId pool,
+                   CBlock** merged);
   CBlock* carve(CBlock* f, DevicePtr at, Bytes size);  // f mapped free, not in free_
   CBlock* merge_free(CBlock* b);  // b free, not in a set: merges neighbours, inserts
   void free_block(CBlock* b);
@@ -177,6 +199,9 @@ class CachetPolicy : public Shell {
   CUnmappedSet unmapped_;
   PtrMap<CBlock> active_;
   std::vector<std::pair<EventHandle, CBlock*>> events_;
+  std::map<PoolId, CPool> pools_;          // known private pools (R11)
+  std::vector<ActivePool> active_pools_;   // newest last (§14.2)
+  std::vector<CBlock*> deferred_;          // R12, in the order they were freed
   // Blocks live in chunks of kChunk (locality for the trees' walks); released ones in spare_.
   static constexpr std::size_t kChunk = 256;
   std::vector<std::unique_ptr<CBlock[]>> storage_;

@@ -16,7 +16,8 @@
 //                   use_mem_pool was under way, so no event could be recorded; it keeps its stream
 //                   uses, stays in the active table and waits in the policy's deferred list until
 //                   no capture is under way (docs/pytorch-allocator.md §14.7; the snapshot's
-//                   active_pending_free).
+//                   active_pending_free). policy:cachet the same while any pool is active (R12,
+//                   cachet/gpu/policy_cachet.h), then events on every stream it was used on.
 // The legal transitions, [INV-STATE-1] (set_state aborts on any other: a policy bug, never bad
 // input):
 //   born Free               a new cudaMalloc segment (§3.2), a split's new block, the mapped

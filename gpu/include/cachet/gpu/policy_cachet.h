@@ -14,7 +14,7 @@
 //     segments fix the granularity (1.017-1.214) but still keep one segment per stream and pool
 //     and never give back a page in the middle of a segment while the program runs.
 //
-// Design, as exact rules (R1-R9). The reference model (model/include/cachet/model/
+// Design, as exact rules (R1-R12). The reference model (model/include/cachet/model/
 // cachet_policy.h) implements the same rules with plain structures; the two must hand out the
 // same pointers and stats for every operation sequence.
 //   R1 Space. One address-space reservation per device, made at the first allocation that does
@@ -63,6 +63,33 @@
 //      after its pages were unmapped (R6) and mapped again (R5).
 //   R9 empty_cache(): wait for pending events, then unmap every whole free page (R6 order). The
 //      reservation is kept until the allocator is destroyed.
+//   R10 Private pools (docs/pytorch-allocator.md §14). Every block belongs to a pool: the
+//      default pool or a private pool, named by its PoolId; an unmapped block to none. An
+//      allocation goes to the newest active pool whose route takes its stream (§14.2) if that
+//      pool still has a user, else to the default pool. A free block belongs to a stream and a
+//      pool: R2's best fit, R3's window neighbours and R1's merging take only blocks of the
+//      request's (or the block's) stream and pool, and R5's new pages belong to the allocating
+//      pool. A private pool with a user (use count > 0) keeps every byte it was given: its free
+//      blocks hold no whole free page for R4, R6, R7 or R9 (they are never unmapped), so a block
+//      allocated in a private pool is never handed to another pool before that pool is released.
+//   R11 Use counts and release. create_or_incref_pool, begin_allocate_to_pool,
+//      end_allocate_to_pool, release_pool and pool_use_count count users and refuse bad use
+//      (UsageError, nothing changed) as PyTorch does (§14.2, §14.4). When release_pool takes the
+//      count to 0, the pool's free blocks join the default pool at once (same stream, merged
+//      with its free neighbours there; R4 and R6 may then unmap them), and each of its live
+//      blocks joins the default pool when it is freed (when its events completed). A pool
+//      with no user and no live block is forgotten; until then it cannot be made again
+//      (UsageError, as PyTorch's freeable pool). empty_cache(id): the default id is
+//      empty_cache(); a pool with a user keeps its memory (nothing happens); a released or
+//      unknown pool's free memory is in the default pool, so it is empty_cache() (R9).
+//   R12 While a pool is active (a use_mem_pool or a CUDA graph capture, §14.7) no event is
+//      recorded, queried or waited for: an allocation does not process events (R8), a free with
+//      stream uses waits, pending without events, until no pool is active (its events are then
+//      recorded at the next allocation or synchronizing call, on every stream it was used on),
+//      and R7's retry and R9 wait for nothing. While a capture is under way no page is unmapped
+//      (the driver forbids it, §14.8): R4 maps without unmapping, and R7's retry, the trims to
+//      the cap and R9 unmap nothing; when the last capture ends, whole free pages are unmapped
+//      (R6 order) down to budget(T) (R4) and to the cap (R7).
 //
 // Why these choices (measured with bench/policy_waste.py, bench/RESULTS.md):
 //   * Best fit over exact 512 B sizes in one address range with 2 MiB pages removes the three
@@ -90,6 +117,9 @@
 //        pages under the cap once every whole free page was unmapped.
 //   Hot path: a request that fits a mapped free block of its stream is served from it with no device
 //        call.
+//   [INV-PRIV-3], [INV-PRIV-4] private pools (R10, R11): a free block belongs to the default pool
+//        or to a pool with a user; each private pool's bytes are the blocks carrying its id.
+//        [INV-BUDGET-1] and [INV-CAP-1] are suspended while a capture is under way (R12).
 //
 // Stats, snapshot and trace keep PyTorch's names: reserved_bytes = mapped bytes (large_pool),
 // segment = maximal runs of mapped pages (each an expandable "large" segment in the snapshot),

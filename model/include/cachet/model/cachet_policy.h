@@ -1,6 +1,6 @@
 // cachet/model/cachet_policy.h: the `cachet` policy (policy:cachet, issue 9) as a model.
 //
-// The rules R1-R9 and the promises are written in gpu/include/cachet/gpu/policy_cachet.h;
+// The rules R1-R12 and the promises are written in gpu/include/cachet/gpu/policy_cachet.h;
 // this is an independent implementation of the same text with plain structures, so that the
 // production policy (gpu/src/policy_cachet/) can be checked against it in lockstep
 // (tests/policy_cachet_model). Nothing here is fast: every decision is a linear scan over all
@@ -19,6 +19,13 @@
 //                  neighbours. Block::set_state checks each change ([INV-STATE-1]).
 //   mapped_pages_  the indices of the mapped 2 MiB pages (the record of map/unmap calls).
 //   events_        per pending block, the (stream, sequence) of each event recorded at free().
+//   pools_         the known private pools (R10, R11): use count and byte count; every block
+//                  carries its pool (PoolId{} = the default pool; unmapped blocks too).
+//   active_        the active pools, newest last (begin_allocate_to_pool, §14.2).
+//   deferred_      blocks freed with stream uses while a pool was active (state Deferred, R12),
+//                  in the order they were freed; their events are recorded once no pool is.
+//
+// § numbers refer to docs/pytorch-allocator.md.
 //
 // The same public surface as model::Allocator where it applies. Bad input throws UsageError;
 // running out of memory throws OutOfMemory after counting num_ooms.
@@ -62,6 +69,16 @@ class CachetPolicy {
   void complete_events(StreamId stream);
   void complete_all_events();
   void empty_cache();
+  // Private pools (R10-R12), the members and refusals of model::Allocator (§14.2, §14.4).
+  void create_or_incref_pool(PoolId id);
+  void begin_allocate_to_pool(PoolId id, PoolRoute route);
+  void end_allocate_to_pool(PoolId id);
+  void release_pool(PoolId id);
+  // The default id: empty_cache(); a pool with a user: nothing; else empty_cache() (R11).
+  void empty_cache(PoolId id);
+  int pool_use_count(PoolId id) const;
+  bool has_pool(PoolId id) const { return pools_.contains(id); }
+  bool capture_underway() const { return !active_.empty(); }
   void set_memory_fraction(double fraction);
   double memory_fraction() const;
 
@@ -86,6 +103,7 @@ class CachetPolicy {
     std::uint64_t ptr = 0;
     Bytes size = 0;
     StreamId stream = 0;      // allocation stream; the owning stream of a Free block
+    PoolId pool;              // R10: its pool; PoolId{} = the default pool (Unmapped: always)
     Bytes requested = 0;      // live blocks: the caller's size
     std::set<StreamId> uses;  // record_stream() since allocation: Allocated only
     std::uint64_t end() const { return ptr + size; }
@@ -96,7 +114,8 @@ class CachetPolicy {
       state_ = to;
     }
     bool live() const {
-      return state_ == BlockState::Allocated || state_ == BlockState::AwaitingEvents;
+      return state_ == BlockState::Allocated || state_ == BlockState::AwaitingEvents ||
+             state_ == BlockState::Deferred;
     }
     bool mapped() const { return state_ != BlockState::Unmapped; }
     bool mapped_free() const { return state_ == BlockState::Free; }
@@ -107,18 +126,22 @@ class CachetPolicy {
   };
 
  private:
+  struct Pool {
+    int use_count = 1;  // users (§14.4); 0: released, kept while it has live blocks
+    Bytes bytes = 0;    // the sizes of the blocks carrying its id ([INV-PRIV-4])
+  };
   struct Placement {
     std::uint64_t at = 0;
     Bytes new_pages = 0;
   };
 
   // cachet_policy_place.cpp: R2, R3, R5 and the carving of blocks.
-  std::optional<std::uint64_t> best_fit(StreamId stream, Bytes size) const;
+  std::optional<std::uint64_t> best_fit(StreamId stream, PoolId pool, Bytes size) const;
   // R2 applied: the best fit carved at its high end (small) or low end (large); nullopt: none.
-  std::optional<std::uint64_t> take_best_fit(StreamId stream, Bytes size);
-  std::optional<Placement> find_window(StreamId stream, Bytes size) const;
-  std::uint64_t allocate_slow(StreamId stream, Bytes size);
-  std::optional<std::uint64_t> try_place(StreamId stream, Bytes size);  // nullopt: R7 failure
+  std::optional<std::uint64_t> take_best_fit(StreamId stream, PoolId pool, Bytes size);
+  std::optional<Placement> find_window(StreamId stream, PoolId pool, Bytes size) const;
+  std::uint64_t allocate_slow(StreamId stream, PoolId pool, Bytes size);
+  std::optional<std::uint64_t> try_place(StreamId stream, PoolId pool, Bytes size);  // nullopt: R7 failure
   Block& carve(std::uint64_t free_ptr, std::uint64_t at, Bytes size);
   std::uint64_t merge(std::uint64_t ptr);
   Block* block_before(std::uint64_t ptr);
@@ -137,9 +160,20 @@ class CachetPolicy {
   void unmap_whole_free_pages(Bytes pages, std::uint64_t ex_lo, std::uint64_t ex_hi);
   // R7: while mapped bytes are above the cap, unmap whole free pages (R6 order) down to it.
   void trim_to_cap();
-  bool map_pages(std::uint64_t lo, std::uint64_t hi, StreamId stream);
+  bool map_pages(std::uint64_t lo, std::uint64_t hi, StreamId stream, PoolId pool);
   std::int64_t mapped_runs() const;
   void apply_run_change(std::int64_t before);
+  // cachet_policy_pools.cpp: routing, use counts, release (R10, R11), deferral (R12).
+  PoolId route(StreamId stream) const;
+  bool pool_active() const { return !active_.empty(); }
+  bool capture_active() const;
+  bool live_pool(PoolId id) const;
+  // R11: a block of a released pool joins the default pool (the pool is forgotten with its last).
+  void leave_released_pool(Block& b);
+  // R12: at the end of the last capture, unmap whole free pages down to budget(T) and the cap.
+  void trim_to_budget();
+  // R12: the deferred frees get their events (no pool active).
+  void record_deferred_events();
   // cachet_policy_free.cpp: free, events, empty_cache (R8, R9).
   void free_completed(Block& b);
   void process_events();
@@ -164,6 +198,9 @@ class CachetPolicy {
   std::map<StreamId, std::uint64_t> completed_;
   std::map<std::uint64_t, std::vector<std::pair<StreamId, std::uint64_t>>> events_;  // by block
   std::vector<TraceEvent> trace_;
+  std::map<PoolId, Pool> pools_;
+  std::vector<std::pair<PoolId, PoolRoute>> active_;
+  std::vector<std::uint64_t> deferred_;
 };
 
 }  // namespace cachet::model

@@ -21,6 +21,7 @@
 #include "cachet/model/segment_source.h"
 #include "cachet/summary.h"
 #include "command.h"
+#include "conform_cachet.h"
 #include "engine.h"
 #include "pool_front_end.h"
 
@@ -396,9 +397,43 @@ std::string pairing_problem(const std::vector<ops::Op>& ops, const io::Recording
 struct Options {
   std::vector<std::string> files;
   std::string ops;
-  std::string engine = "model";
+  std::string engine;  // "": model (--policy pytorch), both (--policy cachet)
+  std::string policy = "pytorch";
   std::size_t max_printed = 20;
 };
+
+// --policy cachet (conform_cachet.h): policy:cachet's waste on the recording; exit 1 when its two
+// implementations disagree or an invariant breaks.
+int run_cachet(const io::Recording& rec, const std::vector<ops::Op>& ops, const std::string& ops_path,
+               const std::string& result_path, const std::string& engine, std::size_t max_printed) {
+  std::vector<std::string> engines;  // policy:cachet's engines: its model, the production allocator
+  if (engine == "model" || engine == "both" || engine.empty()) engines.push_back("cachet-model");
+  if (engine == "impl" || engine == "both" || engine.empty()) engines.push_back("impl");
+  if (engines.empty()) {
+    std::fprintf(stderr, "cachet conform: --engine must be model, impl or both (got \"%s\")\n", engine.c_str());
+    return kExitBadInput;
+  }
+  if (ops.size() != rec.steps.size()) {
+    std::fprintf(stderr, "cachet conform: %s has %zu ops but %s has %zu steps; pass the right --ops FILE\n",
+                 ops_path.c_str(), ops.size(), result_path.c_str(), rec.steps.size());
+    return kExitBadInput;
+  }
+  if (const std::string why = pairing_problem(ops, rec, ops_path, result_path); !why.empty()) {
+    std::fprintf(stderr, "cachet conform: %s\n", why.c_str());
+    return kExitBadInput;
+  }
+  try {
+    const CachetWaste w = conform_cachet(rec, ops, engines, max_printed);
+    if (!rec.conf.empty())
+      std::printf("(the recording's conf \"%s\" is PyTorch's; policy:cachet has none of its knobs, only the cap)\n",
+                  rec.conf.c_str());
+    print_cachet_waste(result_path, w);
+    return w.problem_count == 0 ? kExitOk : kExitCheckFailed;
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "cachet conform: %s\n", e.what());
+    return kExitBadInput;
+  }
+}
 
 int run(const Options& o) {
   std::string ops_path;
@@ -418,10 +453,14 @@ int run(const Options& o) {
     return kExitBadInput;
   }
   if (!o.ops.empty()) ops_path = o.ops;
+  if (o.policy != "pytorch" && o.policy != "cachet") {
+    std::fprintf(stderr, "cachet conform: --policy must be pytorch or cachet (got \"%s\")\n", o.policy.c_str());
+    return kExitBadInput;
+  }
 
   std::vector<std::string> names;
-  if (o.engine == "model" || o.engine == "impl") {
-    names.push_back(o.engine);
+  if (o.engine.empty() || o.engine == "model" || o.engine == "impl") {
+    names.push_back(o.engine.empty() ? "model" : o.engine);
   } else if (o.engine == "both") {
     names = {"model", "impl"};
   } else {
@@ -453,6 +492,7 @@ int run(const Options& o) {
     std::fprintf(stderr, "cachet conform: %s\n", e.what());
     return kExitBadInput;
   }
+  if (o.policy == "cachet") return run_cachet(rec, ops, ops_path, result_path, o.engine, o.max_printed);
   if (ops.size() != rec.steps.size()) {
     std::fprintf(stderr,
                  "cachet conform: %s has %zu ops but %s has %zu steps; they do not belong together "
@@ -504,7 +544,12 @@ Runner setup(CLI::App& sub) {
       ->required()
       ->expected(1, 2);
   sub.add_option("--ops", o->ops, "the op list (ops_<regime>.json[.gz]) to replay");
-  sub.add_option("--engine", o->engine, "model (default), impl (the production allocator) or both");
+  sub.add_option("--engine", o->engine,
+                 "model (default), impl (the production allocator) or both; with --policy cachet: policy:cachet's "
+                 "model, the production allocator, or both (default)");
+  sub.add_option("--policy", o->policy,
+                 "pytorch (default: compare with the recording) or cachet (policy:cachet's model and production "
+                 "allocator side by side, invariants after every op; prints its waste against PyTorch's figures)");
   sub.add_option("--max-report", o->max_printed, "mismatches printed in detail (default 20)")
       ->check(CLI::Validator(
           [](std::string& v) { return v.starts_with('-') ? "a count, 0 or more, not " + v : std::string(); }, "COUNT"));

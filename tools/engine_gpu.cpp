@@ -23,7 +23,8 @@ class GpuEngine final : public ReplayEngine {
     std::vector<gpu::DevicePtr> addrs;
     for (const auto& e : s.device_events)
       if (e.action == TraceAction::SegmentAlloc || e.action == TraceAction::SegmentMap) addrs.push_back(e.addr);
-    o.recorded = std::move(addrs);
+    // policy:cachet (conform --policy cachet) makes its own device calls: synthetic addresses.
+    if (s.config.policy != Policy::Cachet) o.recorded = std::move(addrs);
     alloc_ = std::make_unique<CachingAllocator>(gpu::make_host_memory(o), s.config);
     // 13.4: fraction = cap / total before the first op; truncation gives back cap.
     if (s.cap > 0) alloc_->set_memory_fraction(static_cast<double>(s.cap) / static_cast<double>(s.total_memory));

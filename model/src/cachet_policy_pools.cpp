@@ -69,6 +69,8 @@ void CachetPolicy::release_pool(PoolId id) {
   for (std::uint64_t ptr : free_blocks)
     if (blocks_.count(ptr)) merge(ptr);  // (a merge may have absorbed it already)
   if (pools_.count(id) && pools_.at(id).bytes == 0) pools_.erase(id);
+  // Pages the pool held beyond the budget are whole free pages now: down to budget(T) (R11).
+  trim_to_budget();
 }
 
 int CachetPolicy::pool_use_count(PoolId id) const {

@@ -78,6 +78,8 @@ void CachetPolicy::release_pool(PoolId id) {
   // to one of them already merged.
   for (CBlock* b : blocks) merge_free(b);
   if (auto left = pools_.find(id); left != pools_.end() && left->second.bytes == 0) pools_.erase(left);
+  // Pages the pool held beyond the budget are whole free pages now: down to budget(T) (R11).
+  trim_to_budget();
 }
 
 int CachetPolicy::pool_use_count(PoolId id) const {

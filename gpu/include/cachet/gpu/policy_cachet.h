@@ -76,10 +76,11 @@
 //      end_allocate_to_pool, release_pool and pool_use_count count users and refuse bad use
 //      (UsageError, nothing changed) as PyTorch does (§14.2, §14.4). When release_pool takes the
 //      count to 0, the pool's free blocks join the default pool at once (same stream, merged
-//      with its free neighbours there; R4 and R6 may then unmap them), and each of its live
-//      blocks joins the default pool when it is freed (when its events completed). A pool
-//      with no user and no live block is forgotten; until then it cannot be made again
-//      (UsageError, as PyTorch's freeable pool). empty_cache(id): the default id is
+//      with its free neighbours there), whole free pages are unmapped (R6 order) down to
+//      budget(T) (the pool's pages may have stood beyond it; not during a capture: R12), and
+//      each of its live blocks joins the default pool when it is freed (when its events
+//      completed). A pool with no user and no live block is forgotten; until then it cannot
+//      be made again (UsageError, as PyTorch's freeable pool). empty_cache(id): the default id is
 //      empty_cache(); a pool with a user keeps its memory (nothing happens); a released or
 //      unknown pool's free memory is in the default pool, so it is empty_cache() (R9).
 //   R12 While a pool is active (a use_mem_pool or a CUDA graph capture, §14.7) no event is

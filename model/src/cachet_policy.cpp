@@ -41,7 +41,7 @@ void CachetPolicy::set_memory_fraction(double fraction) {
 }
 
 void CachetPolicy::trim_to_cap() {
-  if (!allowed_max_ || reservation_size_ == 0 || capture_active()) return;  // R12
+  if (!allowed_max_ || reservation_size_ == 0 || pool_active()) return;  // R12
   const Bytes cap_pages = *allowed_max_ / kCachetPage;
   if (mapped_pages_.size() > cap_pages)
     unmap_whole_free_pages(mapped_pages_.size() - cap_pages, 0, 0);
@@ -109,7 +109,7 @@ std::uint64_t CachetPolicy::allocate_slow(StreamId stream, PoolId pool, Bytes si
     }
     // R7: once per allocation: wait for pending events; R2 again (the wait may have freed a
     // block that holds the request); else unmap every whole free page and retry R3. R12: no
-    // wait while a pool is active, no unmapping while a capture is under way.
+    // wait and no unmapping while a pool is active.
     ++stats_.num_alloc_retries;
     if (!pool_active() && (!events_.empty() || !deferred_.empty())) synchronize_events();
     if (auto fit = take_best_fit(stream, pool, size)) return *fit;

@@ -117,9 +117,9 @@ void CachetPolicy::check_invariants() const {
   if (touched_pages() > peak_touched_)
     fail("[INV-PAGE-2]", "touched pages above their high-water mark");
   // [INV-BUDGET-1]: mapped pages <= budget(T) + free pages split between free blocks of different
-  // streams, or held by private pools with a user (not whole free pages, R10). Not during a
-  // capture (R12).
-  if (!capture_active()) {
+  // streams, or held by private pools with a user (not whole free pages, R10). Not while a pool
+  // is active (R12).
+  if (!pool_active()) {
     const Bytes idle =
         mapped_pages_.size() - touched_pages();  // live blocks touch mapped pages only
     const Bytes whole = count_whole_free_pages(0, 0);
@@ -131,7 +131,7 @@ void CachetPolicy::check_invariants() const {
                                  " split free pages");
   }
   // [INV-CAP-1]: the cap; above it (a lowered cap) only while no whole free page is left to unmap.
-  if (allowed_max_ && !capture_active() && mapped_bytes() > *allowed_max_ &&
+  if (allowed_max_ && !pool_active() && mapped_bytes() > *allowed_max_ &&
       count_whole_free_pages(0, 0) > 0)
     fail("[INV-CAP-1]", "mapped bytes above the cap with whole free pages still mapped");
 }

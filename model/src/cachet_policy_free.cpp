@@ -128,7 +128,7 @@ void CachetPolicy::synchronize_events() {
 }
 
 // R9: wait for pending events, then unmap every whole free page; the reservation stays. R12:
-// no wait while a pool is active, no unmapping while a capture is under way.
+// no wait and no unmapping while a pool is active.
 void CachetPolicy::empty_cache() {
   if (!pool_active() && (!events_.empty() || !deferred_.empty())) synchronize_events();
   unmap_whole_free_pages(~Bytes{0}, 0, 0);

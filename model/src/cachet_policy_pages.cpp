@@ -64,7 +64,7 @@ Bytes CachetPolicy::count_whole_free_pages(std::uint64_t ex_lo, std::uint64_t ex
 // R6: up to `pages` whole free pages: blocks by their count, largest first (ties: lowest
 // address); from each its highest pages, one unmap call per block.
 void CachetPolicy::unmap_whole_free_pages(Bytes pages, std::uint64_t ex_lo, std::uint64_t ex_hi) {
-  if (pages == 0 || reservation_size_ == 0 || capture_active()) return;  // R12
+  if (pages == 0 || reservation_size_ == 0 || pool_active()) return;  // R12
   std::vector<std::pair<std::uint64_t, std::vector<std::uint64_t>>> blocks;  // (block, its pages)
   for (const auto& [ptr, b] : blocks_)
     if (b.mapped_free() && b.pool.is_default())  // R10

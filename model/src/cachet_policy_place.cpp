@@ -107,8 +107,8 @@ std::optional<std::uint64_t> CachetPolicy::try_place(StreamId stream, PoolId poo
   const Bytes budget = t + t / kCachetSlack;
   const Bytes after = mapped_pages_.size() + p->new_pages;
   Bytes excess = after > budget ? after - budget : 0;
-  // R12: no page is unmapped while a capture is under way.
-  const Bytes available = capture_active() ? 0 : count_whole_free_pages(ex_lo, ex_hi);
+  // R12: no page is unmapped while a pool is active.
+  const Bytes available = pool_active() ? 0 : count_whole_free_pages(ex_lo, ex_hi);
   // R7: the cap is a hard limit: its excess must be unmapped in full, or this try fails.
   if (allowed_max_) {
     const Bytes cap_pages = *allowed_max_ / kCachetPage;

@@ -1,7 +1,7 @@
 // The cachet policy model: private pools (R10-R12 of cachet/model/cachet_policy.h's rules):
 // routing of allocations to the active pool, use counts and their refusals (as PyTorch's,
 // docs/pytorch-allocator.md §14.2, §14.4), the release that gives a pool's free blocks to the
-// default pool, empty_cache(id), and the trim when the last capture ends.
+// default pool, empty_cache(id), and the trim when the last active pool ends.
 #include <string>
 #include <vector>
 
@@ -44,9 +44,8 @@ void CachetPolicy::begin_allocate_to_pool(PoolId id, PoolRoute route) {
 void CachetPolicy::end_allocate_to_pool(PoolId id) {
   for (auto it = active_.begin(); it != active_.end(); ++it) {
     if (it->first != id) continue;
-    const bool was_capture = capture_active();
     active_.erase(it);
-    if (was_capture && !capture_active()) trim_to_budget();  // R12
+    if (!pool_active()) trim_to_budget();  // R12: the last active pool ended
     return;
   }
   throw UsageError("end_allocate_to_pool(" + describe(id) +
@@ -92,12 +91,6 @@ PoolId CachetPolicy::route(StreamId stream) const {
   return PoolId{};
 }
 
-bool CachetPolicy::capture_active() const {
-  for (const auto& [id, r] : active_)
-    if (r.is_capture()) return true;
-  return false;
-}
-
 bool CachetPolicy::live_pool(PoolId id) const {
   auto it = pools_.find(id);
   return it != pools_.end() && it->second.use_count > 0;
@@ -113,7 +106,7 @@ void CachetPolicy::leave_released_pool(Block& b) {
   b.pool = PoolId{};
 }
 
-// R12: the last capture ended: the unmapping R4 and R7 skipped during it (R6 order).
+// R12: the last active pool ended: the unmapping R4 and R7 skipped meanwhile (R6 order).
 void CachetPolicy::trim_to_budget() {
   if (reservation_size_ == 0) return;
   const Bytes budget = peak_touched_ + peak_touched_ / kCachetSlack;

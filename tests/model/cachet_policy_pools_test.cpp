@@ -1,7 +1,7 @@
 // policy:cachet's private pools in the model (model::CachetPolicy; rules R10-R12 in
 // gpu/include/cachet/gpu/policy_cachet.h): a private pool keeps its blocks until it is released,
 // the use counts refuse what PyTorch refuses (docs/pytorch-allocator.md §14.4), no event is
-// recorded while a pool is active and no page is unmapped during a capture. Every address and
+// recorded and no page is unmapped while a pool is active. Every address and
 // figure below is worked out by hand from the rules: the reservation starts at the synthetic
 // source's first reservation address B = 0x300000000 and pages are 2 MiB.
 #include <gtest/gtest.h>
@@ -147,8 +147,8 @@ TEST(CachetPools, EventsWaitUntilNoPoolIsActive) {
   c.p.check_invariants();
 }
 
-// R12: no page is unmapped during a capture (R4 maps beyond the budget); the end of the capture
-// unmaps whole free pages down to budget(T).
+// R12: no page is unmapped while a pool is active (R4 maps beyond the budget); the end of the
+// last active pool unmaps whole free pages down to budget(T).
 TEST(CachetPools, NoUnmappingDuringACapture) {
   Cachet c;
   const PoolId g{1, 0};
@@ -162,9 +162,26 @@ TEST(CachetPools, NoUnmappingDuringACapture) {
   EXPECT_EQ(c.reserved(), static_cast<std::int64_t>(8 * MiB));
   EXPECT_EQ(c.p.stats().num_device_free, 0);
   c.p.check_invariants();
-  c.p.end_allocate_to_pool(g);  // the last capture: mapped 4 pages > budget(2) = 2: unmap 0-1
+  c.p.end_allocate_to_pool(g);  // the last active pool: mapped 4 pages > budget(2) = 2: unmap 0-1
   EXPECT_EQ(c.reserved(), static_cast<std::int64_t>(4 * MiB));
   EXPECT_EQ(c.p.stats().num_device_free, 1);
+  c.p.check_invariants();
+}
+
+// R12: a use_mem_pool counts as a capture (the plug-in cannot tell them apart): empty_cache()
+// gives nothing back while it is active.
+TEST(CachetPools, NoUnmappingInUseMemPoolEither) {
+  Cachet c;
+  const PoolId m{0, 1};
+  c.p.free(c.p.malloc(4 * MiB));  // pages 0-1 mapped, free in the default pool
+  c.p.create_or_incref_pool(m);
+  c.p.begin_allocate_to_pool(m, kThread);
+  c.p.empty_cache();
+  EXPECT_EQ(c.reserved(), static_cast<std::int64_t>(4 * MiB));
+  c.p.end_allocate_to_pool(m);  // mapped 2 <= budget(2): nothing to trim
+  EXPECT_EQ(c.reserved(), static_cast<std::int64_t>(4 * MiB));
+  c.p.empty_cache();
+  EXPECT_EQ(c.reserved(), 0);
   c.p.check_invariants();
 }
 

@@ -153,7 +153,8 @@ TEST(PolicyCachetPools, EventsWaitUntilNoPoolIsActive) {
   EXPECT_EQ(h.a->stats().active_bytes[0].current, 1536);
 }
 
-// R12: no page is unmapped during a capture; its end unmaps whole free pages down to budget(T).
+// R12: no page is unmapped while a pool is active; the end of the last one unmaps whole free
+// pages down to budget(T).
 TEST(PolicyCachetPools, NoUnmappingDuringACapture) {
   H h = make();
   const PoolId g{1, 0};

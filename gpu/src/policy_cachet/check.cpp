@@ -205,9 +205,9 @@ std::vector<std::string> CachetPolicy::invariants() const {
       }
     if (live != page_live_) fail("[INV-PAGE-1] live-page counts differ from a recount");
   }
-  if (!capture_active()) {
+  if (!pool_active()) {
     // [INV-BUDGET-1]; free pages split between free blocks of different streams, or held by a
-    // private pool with a user, cannot be unmapped (R6, R10). Not during a capture (R12).
+    // private pool with a user, cannot be unmapped (R6, R10). Not while a pool is active (R12).
     const Bytes idle = mapped / kPage - touched_pages_;
     const Bytes whole = whole_free_pages(0, 0);
     const Bytes split = idle > whole ? idle - whole : 0;
@@ -219,7 +219,7 @@ std::vector<std::string> CachetPolicy::invariants() const {
   }
   // [INV-CAP-1]: reserved <= the cap, or (the cap was lowered below the live blocks' pages) no
   // whole free page left to unmap.
-  if (cap_.allowed() && !capture_active() && mapped > *cap_.allowed() && whole_free_pages(0, 0) > 0)
+  if (cap_.allowed() && !pool_active() && mapped > *cap_.allowed() && whole_free_pages(0, 0) > 0)
     fail("[INV-CAP-1] reserved " + std::to_string(mapped) + " > cap " +
          std::to_string(*cap_.allowed()) + " with " + std::to_string(whole_free_pages(0, 0)) +
          " whole free pages still mapped");

@@ -114,13 +114,13 @@ void CachetPolicy::synchronize_events() {
 }
 
 void CachetPolicy::trim_to_cap() {
-  if (!cap_.allowed() || base_ == 0 || mutant(kMutantCachetIgnoreCap) || capture_active()) return;
+  if (!cap_.allowed() || base_ == 0 || mutant(kMutantCachetIgnoreCap) || pool_active()) return;
   const Bytes cap_pages = *cap_.allowed() / kPage;
   const Bytes pages = mapped_ / kPage;
   if (pages > cap_pages) unmap_free_pages(pages - cap_pages, 0, 0);
 }
 
-// R9; R12: no wait while a pool is active, no unmapping during a capture (unmap_free_pages).
+// R9; R12: no wait while a pool is active, no unmapping either (unmap_free_pages).
 void CachetPolicy::empty_cache() {
   if (active_pools_.empty() && (!events_.empty() || !deferred_.empty())) synchronize_events();
   if (base_ != 0) unmap_free_pages(static_cast<Bytes>(-1) / kPage, 0, 0);

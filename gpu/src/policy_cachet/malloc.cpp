@@ -126,8 +126,8 @@ CBlock* CachetPolicy::alloc_slow(StreamId stream, PoolId pool, Bytes size) {
       const bool capped = cap_.allowed() && !mutant(kMutantCachetIgnoreCap);
       const Bytes cap_pages = capped ? *cap_.allowed() / kPage : 0;
       if (capped && after > cap_pages) need = std::max(need, after - cap_pages);
-      // R12: no page is unmapped while a capture is under way.
-      const Bytes avail = need > 0 && !capture_active() ? collect_free_pages(ex_lo, ex_hi) : 0;
+      // R12: no page is unmapped while a pool is active.
+      const Bytes avail = need > 0 && !pool_active() ? collect_free_pages(ex_lo, ex_hi) : 0;
       if (capped && after > cap_pages && after - cap_pages > avail) fits = false;
       give_back = std::min(need, avail);
     }
@@ -160,7 +160,7 @@ CBlock* CachetPolicy::alloc_slow(StreamId stream, PoolId pool, Bytes size) {
     if (retried) throw_oom(size);
     // R7: once: wait for pending events; a block that freed may hold the request (R2); else
     // give every whole free page back and try the windows once more. R12: no wait while a
-    // pool is active, no unmapping while a capture is under way (unmap_free_pages).
+    // pool is active, and no unmapping then either (unmap_free_pages).
     retried = true;
     accounting_.alloc_retried();
     if (active_pools_.empty() && (!events_.empty() || !deferred_.empty())) synchronize_events();

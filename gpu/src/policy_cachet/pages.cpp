@@ -98,7 +98,7 @@ Bytes CachetPolicy::unmap_collected(Bytes pages) {
 }
 
 Bytes CachetPolicy::unmap_free_pages(Bytes pages, DevicePtr ex_lo, DevicePtr ex_hi) {
-  if (pages == 0 || capture_active()) return 0;  // R12
+  if (pages == 0 || pool_active()) return 0;  // R12
   collect_free_pages(ex_lo, ex_hi);
   return unmap_collected(pages);
 }

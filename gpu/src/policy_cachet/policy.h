@@ -107,7 +107,7 @@ class CachetPolicy : public Shell {
   void empty_cache();
   // Private pools (R10-R12; policy_cachet/pools.cpp): PyTorch's members and refusals (§14.2,
   // §14.4 of docs/pytorch-allocator.md). `takes`: which streams' allocations go to the pool;
-  // `capture`: a CUDA graph capture (no page is unmapped while one is under way, R12).
+  // `capture` is not used (R12: no page is unmapped while any pool is active).
   void create_or_incref_pool(PoolId id);
   void begin_allocate_to_pool(PoolId id, const PoolFilter& takes, bool capture);
   void end_allocate_to_pool(PoolId id);
@@ -128,7 +128,6 @@ class CachetPolicy : public Shell {
   struct ActivePool {
     PoolId id;
     PoolFilter takes;
-    bool capture = false;
   };
   struct Placement {
     DevicePtr at = 0;  // the new block's address
@@ -145,7 +144,7 @@ class CachetPolicy : public Shell {
   PoolId route(StreamId stream) const;
   CFreeSet& free_set(PoolId pool) { return pool.is_default() ? free_ : pools_.at(pool).free; }
   CFreeSet& free_set_of(const CBlock* b) { return free_set(b->pool); }
-  bool capture_active() const;
+  bool pool_active() const { return !active_pools_.empty(); }
   bool live_pool(PoolId id) const;
   void leave_released_pool(CBlock* b);  // b free, not in a set
   void trim_to_budget();

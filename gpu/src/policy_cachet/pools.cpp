@@ -2,7 +2,7 @@
 // private pools, rules R10-R12: routing of allocations to the active pool, use counts and
 // PyTorch's refusals (docs/pytorch-allocator.md §14.2, §14.4), the release that gives a pool's
 // free blocks to the default pool, empty_cache(id), the deferred frees' events and the trim when
-// the last capture ends.
+// the last active pool ends.
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,7 +36,9 @@ void CachetPolicy::create_or_incref_pool(PoolId id) {
   ++it->second.use_count;
 }
 
-void CachetPolicy::begin_allocate_to_pool(PoolId id, const PoolFilter& takes, bool capture) {
+// `capture` is not used: R12 treats every active pool as a possible capture (the plug-in cannot
+// tell a capture from a use_mem_pool and passes false).
+void CachetPolicy::begin_allocate_to_pool(PoolId id, const PoolFilter& takes, bool /*capture*/) {
   for (const ActivePool& a : active_pools_)
     if (a.id == id)
       throw UsageError("begin_allocate_to_pool(" + describe(id) +
@@ -44,15 +46,14 @@ void CachetPolicy::begin_allocate_to_pool(PoolId id, const PoolFilter& takes, bo
                        "recording to mempool_id\"); end_allocate_to_pool first");
   if (!takes) throw UsageError("begin_allocate_to_pool(" + describe(id) + "): the stream filter is empty");
   create_or_incref_pool(id);
-  active_pools_.push_back(ActivePool{id, takes, capture});
+  active_pools_.push_back(ActivePool{id, takes});
 }
 
 void CachetPolicy::end_allocate_to_pool(PoolId id) {
   for (auto it = active_pools_.begin(); it != active_pools_.end(); ++it) {
     if (it->id != id) continue;
-    const bool was_capture = capture_active();
     active_pools_.erase(it);
-    if (was_capture && !capture_active()) trim_to_budget();  // R12
+    if (active_pools_.empty()) trim_to_budget();  // R12: the last active pool ended
     return;
   }
   throw UsageError("end_allocate_to_pool(" + describe(id) +
@@ -100,12 +101,6 @@ PoolId CachetPolicy::route(StreamId stream) const {
   return PoolId{};
 }
 
-bool CachetPolicy::capture_active() const {
-  for (const ActivePool& a : active_pools_)
-    if (a.capture) return true;
-  return false;
-}
-
 bool CachetPolicy::live_pool(PoolId id) const {
   auto it = pools_.find(id);
   return it != pools_.end() && it->second.use_count > 0;
@@ -121,7 +116,7 @@ void CachetPolicy::leave_released_pool(CBlock* b) {
   b->pool = PoolId{};
 }
 
-// R12: the last capture ended: the unmapping R4 and R7 skipped during it, in R6's order.
+// R12: the last active pool ended: the unmapping R4 and R7 skipped meanwhile, in R6's order.
 void CachetPolicy::trim_to_budget() {
   if (base_ == 0) return;
   const Bytes budget = budget_pages(peak_touched_pages_);

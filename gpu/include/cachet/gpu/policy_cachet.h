@@ -77,7 +77,7 @@
 //      (UsageError, nothing changed) as PyTorch does (§14.2, §14.4). When release_pool takes the
 //      count to 0, the pool's free blocks join the default pool at once (same stream, merged
 //      with its free neighbours there), whole free pages are unmapped (R6 order) down to
-//      budget(T) (the pool's pages may have stood beyond it; not during a capture: R12), and
+//      budget(T) (the pool's pages may have stood beyond it; not while a pool is active: R12), and
 //      each of its live blocks joins the default pool when it is freed (when its events
 //      completed). A pool with no user and no live block is forgotten; until then it cannot
 //      be made again (UsageError, as PyTorch's freeable pool). empty_cache(id): the default id is
@@ -85,12 +85,13 @@
 //      unknown pool's free memory is in the default pool, so it is empty_cache() (R9).
 //   R12 While a pool is active (a use_mem_pool or a CUDA graph capture, §14.7) no event is
 //      recorded, queried or waited for: an allocation does not process events (R8), a free with
-//      stream uses waits, pending without events, until no pool is active (its events are then
+//      stream uses waits, deferred without events, until no pool is active (its events are then
 //      recorded at the next allocation or synchronizing call, on every stream it was used on),
-//      and R7's retry and R9 wait for nothing. While a capture is under way no page is unmapped
-//      (the driver forbids it, §14.8): R4 maps without unmapping, and R7's retry, the trims to
-//      the cap and R9 unmap nothing; when the last capture ends, whole free pages are unmapped
-//      (R6 order) down to budget(T) (R4) and to the cap (R7).
+//      and R7's retry and R9 wait for nothing. No page is unmapped then either: a capture's
+//      driver forbids it (§14.8), and the plug-in cannot tell a capture from a use_mem_pool, so
+//      every active pool counts as one. R4 maps without unmapping, and R7's retry, the trims to
+//      the cap and R9 unmap nothing; when the last active pool ends, whole free pages are
+//      unmapped (R6 order) down to budget(T) (R4) and to the cap (R7).
 //
 // Why these choices (measured with bench/policy_waste.py, bench/RESULTS.md):
 //   * Best fit over exact 512 B sizes in one address range with 2 MiB pages removes the three
@@ -120,7 +121,7 @@
 //        call.
 //   [INV-PRIV-3], [INV-PRIV-4] private pools (R10, R11): a free block belongs to the default pool
 //        or to a pool with a user; each private pool's bytes are the blocks carrying its id.
-//        [INV-BUDGET-1] and [INV-CAP-1] are suspended while a capture is under way (R12).
+//        [INV-BUDGET-1] and [INV-CAP-1] are suspended while a pool is active (R12).
 //
 // Stats, snapshot and trace keep PyTorch's names: reserved_bytes = mapped bytes (large_pool),
 // segment = maximal runs of mapped pages (each an expandable "large" segment in the snapshot),

@@ -166,11 +166,10 @@ class CachetPolicy {
   // cachet_policy_pools.cpp: routing, use counts, release (R10, R11), deferral (R12).
   PoolId route(StreamId stream) const;
   bool pool_active() const { return !active_.empty(); }
-  bool capture_active() const;
   bool live_pool(PoolId id) const;
   // R11: a block of a released pool joins the default pool (the pool is forgotten with its last).
   void leave_released_pool(Block& b);
-  // R12: at the end of the last capture, unmap whole free pages down to budget(T) and the cap.
+  // R12: when the last active pool ends, unmap whole free pages down to budget(T) and the cap.
   void trim_to_budget();
   // R12: the deferred frees get their events (no pool active).
   void record_deferred_events();

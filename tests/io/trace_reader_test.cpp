@@ -7,7 +7,9 @@
 // addr -> size, pending-free counter, segment set).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <map>
 #include <cstdio>
 #include <string>
 
@@ -233,6 +235,39 @@ TEST(TraceReader, DetectsFormatByContentNotName) {
               std::string::npos)
         << e.what();
   }
+}
+
+// The segments' pools (segment_pool_id), in the pickle and in a JSON recording, and a gzipped
+// stats sidecar. Expected: CPython over the same files (Counter of segment_pool_id; the stats
+// file's keys), as at the top.
+TEST(TraceReader, SegmentPoolIds) {
+  const std::string h100 = std::string(CACHET_TEST_DATA) + "/oracle-h100/";
+  const TraceFile t = read_trace(h100 + "snapshots/graphed_mlp.pickle.gz");
+  ASSERT_EQ(t.devices.size(), 1u);
+  const Snapshot& segs = t.devices[0].segments;
+  ASSERT_EQ(segs.size(), 20u);
+  std::map<PoolId, int> by_pool;
+  for (const auto& s : segs) ++by_pool[s.pool_id];
+  EXPECT_EQ(by_pool, (std::map<PoolId, int>{{PoolId{0, 0}, 10}, {PoolId{0, 1}, 8}, {PoolId{0, 2}, 2}}));
+  EXPECT_EQ(segs[2].address, 0x7fb1b1e00000u);  // the first (0, 1) segment by address
+  EXPECT_EQ(segs[2].pool_id, (PoolId{0, 1}));
+  EXPECT_EQ(t.devices[0].events.size(), 602u);
+  // graphed_mlp.stats.json.gz beside it: gzipped sidecars are read too.
+  EXPECT_NE(t.sidecar.find("graphed_mlp.stats.json.gz"), std::string::npos) << t.sidecar;
+  EXPECT_EQ(t.total_memory, std::optional<Bytes>(85017493504u));
+  EXPECT_EQ(t.device_name, "NVIDIA H100 80GB HBM3");
+  EXPECT_EQ(t.final_stats.size(), 122u);
+  EXPECT_EQ(t.final_stats.at("num_device_alloc"), 27);
+
+  const TraceFile r = read_trace(h100 + "results/res_pools_default.json.gz");
+  ASSERT_EQ(r.devices.size(), 1u);
+  const Snapshot& rs = r.devices[0].segments;
+  ASSERT_EQ(rs.size(), 77u);
+  EXPECT_EQ(std::count_if(rs.begin(), rs.end(), [](const SegmentSnapshot& s) { return !s.pool_id.is_default(); }),
+            51);
+  EXPECT_EQ(rs[0].address, 140109584269312u);
+  EXPECT_EQ(rs[0].pool_id, (PoolId{0, 0}));
+  EXPECT_EQ(rs[1].pool_id, (PoolId{0, 37}));
 }
 
 TEST(TraceReader, SidecarPath) {

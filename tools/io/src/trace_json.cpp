@@ -353,6 +353,8 @@ class JsonReader {
           have_type = true;
         } else if (key == "is_expandable") {
           seg.is_expandable = boolean(fv, at);
+        } else if (key == "segment_pool_id") {
+          seg.pool_id = pool_id(fv, at);
         } else if (key == "blocks") {
           relative_blocks = read_blocks(fv, i, seg);
           have_blocks = true;
@@ -371,6 +373,24 @@ class JsonReader {
       devices_.at(device).segments.push_back(std::move(seg));
       ++i;
     }
+  }
+
+  // segment_pool_id: [first, second] (PyTorch's MempoolId_t, docs/pytorch-allocator.md §14.1).
+  template <class Where>
+  PoolId pool_id(od::value& v, Where&& where) {
+    od::array a = array(v, where);
+    PoolId id;
+    std::size_t n = 0;
+    for (auto r : a) {
+      auto w = [&] { return fmt::format("{}[{}]", where(), n); };
+      od::value x;
+      if (auto e = std::move(r).get(x)) fail(w(), e);
+      if (n == 0) id.first = uint64(x, w);
+      else if (n == 1) id.second = uint64(x, w);
+      ++n;
+    }
+    if (n != 2) detail::fail(name_, where(), fmt::format("expected [first, second] (a pool id), got {} items", n));
+    return id;
   }
 
   // Blocks as objects (snapshot) or as [size, requested_size, state] rows (oracle recording,

@@ -150,6 +150,19 @@ class PickleMapper {
       seg.is_large = type == "large";
       if (const PickleValue* e = t_.find(s, "is_expandable"))
         seg.is_expandable = boolean(*e, at("is_expandable"));
+      // (first, second): docs/pytorch-allocator.md §14.1
+      if (const PickleValue* e = t_.find(s, "segment_pool_id")) {
+        const auto& id = list(*e, at("segment_pool_id"));
+        if (id.size() != 2)
+          fail(name_, at("segment_pool_id")(),
+               fmt::format("expected (first, second) (a pool id), got {} items", id.size()));
+        auto half = [&](std::size_t k) {
+          const std::int64_t v = integer(t_.at(id[k]), at("segment_pool_id"));
+          if (v < 0) fail(name_, at("segment_pool_id")(), fmt::format("negative pool id half {}", v));
+          return static_cast<std::uint64_t>(v);
+        };
+        seg.pool_id = PoolId{half(0), half(1)};
+      }
       const auto& blocks = list(field(s, "blocks", where), at("blocks"));
       seg.blocks.reserve(blocks.size());
       for (std::size_t j = 0; j < blocks.size(); ++j) {
@@ -299,8 +312,9 @@ TraceFile read_trace(const std::string& path) {
   const std::string bytes = read_file(path);  // gunzipped when gzip
   TraceFile t = parse_trace(bytes, path);
   if (t.format != TraceFormat::OracleRecording) {
-    const std::string side = stats_sidecar_path(path);
+    std::string side = stats_sidecar_path(path);
     std::error_code ec;
+    if (!std::filesystem::is_regular_file(side, ec)) side += ".gz";  // read_file gunzips it
     if (side != path && std::filesystem::is_regular_file(side, ec)) {
       apply_stats_sidecar(t, read_file(side), side);
       t.sidecar = side;

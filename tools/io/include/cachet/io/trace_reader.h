@@ -81,8 +81,9 @@ TraceFile parse_snapshot_pickle(std::string_view bytes, std::string_view name);
 TraceFile parse_trace_json(std::string_view bytes, std::string_view name);
 
 // Reads `path` (gzip or plain, any format) and, for snapshots, the `.stats.json` sidecar beside
-// it when one exists (<base>.stats.json for <base>[.trace][.json|.pickle|.pkl][.gz]): its
-// total_memory, final_stats, device and conf fill what the snapshot lacks.
+// it when one exists (<base>.stats.json, or gzipped <base>.stats.json.gz, for
+// <base>[.trace][.json|.pickle|.pkl][.gz]): its total_memory, final_stats, device and conf fill
+// what the snapshot lacks.
 TraceFile read_trace(const std::string& path);
 
 // Applies a stats sidecar's JSON text (total_memory, final_stats, device, conf) to `t`.

@@ -149,6 +149,7 @@ int run_replay(const Args& a) {
   }
   if (lt.trace.empty_cache_calls) out += fmt::format("empty_cache() calls in the trace: {}\n", lt.trace.empty_cache_calls);
   if (auto note = trace_note(lt.trace); !note.empty()) out += note + "\n";
+  out += pool_lines(lt.trace);
   auto pa = lt.file.final_stats.find("allocated_bytes.all.peak");
   auto pr = lt.file.final_stats.find("reserved_bytes.all.peak");
   if (pa != lt.file.final_stats.end() && pr != lt.file.final_stats.end())
@@ -167,6 +168,8 @@ int run_replay(const Args& a) {
                          same ? "" : fmt::format("; replay: reserved {}, allocated {}",
                                                  human_bytes(r.stats.reserved_bytes[0].current),
                                                  human_bytes(r.stats.allocated_bytes[0].current)));
+      out += pool_end_lines(lt.trace, r);
+      out += final_stats_line(r, lt.file.final_stats);
     }
     if (r.config.garbage_collection_threshold > 0 && lt.run.cap == 0)
       out += fmt::format("{}: garbage_collection_threshold does nothing without a memory cap "
@@ -179,6 +182,11 @@ int run_replay(const Args& a) {
     if (r.oom_requests)
       out += fmt::format("{}: {} of the {} requests that ran out of memory in the recorded run succeed\n",
                          r.conf.empty() ? "(default)" : r.conf, r.oom_requests_ok, r.oom_requests);
+    if (r.pytorch_failures)
+      out += fmt::format("{}: PyTorch 2.11 itself would fail here with private pools ({} operation{} refused, "
+                         "docs/pytorch-allocator.md §14.8); the first, {}\n",
+                         r.conf.empty() ? "(default)" : r.conf, r.pytorch_failures, r.pytorch_failures == 1 ? "" : "s",
+                         r.pytorch_failure);
   }
   std::fputs(fit_lines(out, output_width()).c_str(), stdout);
   return kExitOk;

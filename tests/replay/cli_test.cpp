@@ -108,6 +108,50 @@ TEST(ReplayCli, PickleAndRecordingReplay) {
   ASSERT_EQ(o.rc, 0) << o.err;
 }
 
+// A real run with private pools (tests/data/oracle-h100/snapshots/graphed_mlp.pickle.gz): what
+// the replay inferred, what it cannot know, and that it ends as PyTorch did (every figure checked
+// by hand against the pickle and graphed_mlp.stats.json.gz; tests/replay/pools_test.cpp says how).
+TEST(ReplayCli, PrivatePoolsOfARealRun) {
+  const Out o = run("replay " + std::string(CACHET_TEST_DATA) + "/oracle-h100/snapshots/graphed_mlp.pickle.gz");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(o.err, "");
+  const std::string pools =
+      "private pools: the snapshot's segments name 2 private pools; the allocations in their segments are\n"
+      "  replayed into them\n"
+      "  pool (0, 1): 13 allocations (trace events 119..157) on stream 661764992; at the end 8 segments,\n"
+      "    246.00 MiB = 257949696 bytes reserved, 201.04 MiB = 210804736 bytes allocated; entered 2 times:\n"
+      "    each as a CUDA graph capture of its stream, since the CUDA generator's graph seed and offset,\n"
+      "    two 8-byte allocations in the default pool on its stream at trace events 116 and 117, come just\n"
+      "    before its first allocation, as at a process's first capture\n"
+      "  pool (0, 2): 3 allocations (trace events 163..166) on stream 0; at the end 2 segments, 60.00 MiB =\n"
+      "    62914560 bytes reserved, 0 B allocated; entered 1 time: as use_mem_pool, though the trace cannot\n"
+      "    tell it from a capture of its one stream\n"
+      "note: what the trace cannot tell about private pools: (1) its entries carry no pool id; an\n"
+      "  allocation's pool is its segment's, and only segments alive at the snapshot carry one: 7 segments\n"
+      "  (304.00 MiB = 318767104 bytes) released before the snapshot, with 18 allocations, are taken to be\n"
+      "  the default pools'; (2) when each pool was entered and left (capture_begin/capture_end,\n"
+      "  use_mem_pool): taken as just before the first and just after the last allocation of each run of\n"
+      "  its allocations, and never across an empty_cache() (so a pool's allocations before and after an\n"
+      "  empty_cache() are two windows: 1 here); (3) use counts and releases (graph reset, MemPool\n"
+      "  destroyed): every pool is taken as alive to the end; (4) graph replays, which allocate nothing\n";
+  EXPECT_NE(o.out.find(pools), std::string::npos) << o.out;
+  const std::string end =
+      "(default)      486.08 MiB  564.00 MiB      1.160     0        0          27/7\n"
+      "end state matches the snapshot's segments (reserved 564.00 MiB, allocated 406.08 MiB)\n"
+      "pool (0, 1) at the end: 8 segments, 246.00 MiB = 257949696 bytes reserved, 201.04 MiB = 210804736\n"
+      "  bytes allocated, as in the snapshot\n"
+      "pool (0, 2) at the end: 2 segments, 60.00 MiB = 62914560 bytes reserved, 0 B allocated, as in the\n"
+      "  snapshot\n"
+      "final stats: all 122 memory_stats() keys equal PyTorch's recorded ones\n";
+  EXPECT_NE(o.out.find(end), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("PyTorch recorded: peak allocated 486.08 MiB, peak reserved 564.00 MiB (1.160)\n"),
+            std::string::npos);
+  // A snapshot without private pools says nothing of them.
+  const Out plain = run("replay " + kData + "snapshots/mlp_train.pickle.gz");
+  ASSERT_EQ(plain.rc, 0) << plain.err;
+  EXPECT_EQ(plain.out.find("pool"), std::string::npos) << plain.out;
+}
+
 TEST(ReplayCli, TuneRecommends) {
   Out o = run("tune " + kData + "workloads/resnet50_train.trace.json.gz");
   ASSERT_EQ(o.rc, 0) << o.err;

@@ -109,6 +109,7 @@ LoadedTrace load_trace(const std::string& path, const LoadOptions& opt) {
   static const std::vector<TraceEvent> none;
   lt.trace = prepare_trace(d ? std::span<const TraceEvent>(d->events) : std::span<const TraceEvent>(none), lt.run,
                            lt.file.name);
+  if (d != nullptr) route_to_pools(lt.trace, d->events, d->segments);
   const io::TraceStats& file_stats = lt.trace.stats;
   if (file_stats.count(TraceAction::Alloc) == 0 && file_stats.count(TraceAction::Oom) == 0) {
     std::size_t segments = 0;

@@ -265,10 +265,15 @@ struct Runner {
     if (o.cap > 0 && o.cap < o.device_memory)
       alloc->set_memory_fraction(static_cast<double>(o.cap) / static_cast<double>(o.device_memory));
     std::vector<void*> slots(t.slots, nullptr);
-    r.failed_allocs = r.oom_requests = r.oom_requests_ok = 0;
+    std::vector<bool> made(t.pools.pools.size(), false);  // private pools created
+    r.failed_allocs = r.oom_requests = r.oom_requests_ok = r.pytorch_failures = 0;
+    r.pytorch_failure.clear();
     const std::size_t n = std::min(o.stop_after, t.ops.size());
     const bool observe = static_cast<bool>(o.observer);
     std::size_t k = 0;
+    auto pytorch_fails = [&](const PyTorchFailsHere& e) {
+      if (r.pytorch_failures++ == 0) r.pytorch_failure = fmt::format("trace event {}: {}", t.ops[k].event, e.what());
+    };
     std::uint64_t half_calls = 0;  // device calls up to the middle op
     try {
       for (; k < n; ++k) {
@@ -280,6 +285,9 @@ struct Runner {
             } catch (const OutOfMemory&) {
               slots[op.slot] = nullptr;
               ++r.failed_allocs;
+            } catch (const PyTorchFailsHere& e) {  // refused, unchanged: docs/pytorch-allocator.md §14.8
+              slots[op.slot] = nullptr;
+              pytorch_fails(e);
             }
             break;
           case OpKind::Free:
@@ -299,8 +307,26 @@ struct Runner {
             sim->complete_events(kPseudoStreamBase + op.aux);
             break;
           case OpKind::EmptyCache:
-            alloc->empty_cache();
+            try {
+              alloc->empty_cache();
+            } catch (const PyTorchFailsHere& e) {
+              pytorch_fails(e);
+            }
             break;
+          case OpKind::BeginPool: {
+            const PoolWindow& w = t.pools.windows[op.aux];
+            const PoolId id = t.pools.pools[w.pool].id;
+            if (!made[w.pool]) alloc->create_or_incref_pool(id);  // its owner: one user to the end
+            made[w.pool] = true;
+            alloc->begin_allocate_to_pool(id, w.route);
+            break;
+          }
+          case OpKind::EndPool: {
+            const PoolId id = t.pools.pools[t.pools.windows[op.aux].pool].id;
+            alloc->end_allocate_to_pool(id);
+            alloc->release_pool(id);  // the window's user, as use_mem_pool's exit
+            break;
+          }
           case OpKind::OomRequest:
             ++r.oom_requests;
             try {
@@ -309,6 +335,8 @@ struct Runner {
                 alloc->free(p);
               }
             } catch (const OutOfMemory&) {
+            } catch (const PyTorchFailsHere& e) {
+              pytorch_fails(e);
             }
             break;
         }
@@ -337,6 +365,15 @@ struct Runner {
     }
     r.ops = k;
     r.stats = alloc->stats();
+    r.pool_ends.assign(t.pools.pools.size(), ReplayResult::PoolEnd{});
+    if (t.pools.any())
+      for (const SegmentSnapshot& s : alloc->snapshot())
+        for (std::size_t q = 0; q < t.pools.pools.size(); ++q)
+          if (t.pools.pools[q].id == s.pool_id) {
+            ++r.pool_ends[q].segments;
+            r.pool_ends[q].reserved += s.total_size;
+            r.pool_ends[q].allocated += s.allocated_size();
+          }
     r.second_half_device_calls = r.stats.num_device_alloc + r.stats.num_device_free - half_calls;
     if (o.keep_allocator) r.allocator = std::move(alloc);
     return RunStatus::Done;

@@ -181,6 +181,8 @@ std::string results_json(const std::vector<const ReplayResult*>& rows) {
                      preq > 0 ? static_cast<double>(r.peak_reserved()) / static_cast<double>(preq) : 0.0);
     o += fmt::format(", \"failed_allocs\": {}, \"oom_requests\": {}, \"oom_requests_ok\": {}", r.failed_allocs,
                      r.oom_requests, r.oom_requests_ok);
+    o += fmt::format(", \"pytorch_failures\": {}, \"pytorch_failure\": {}", r.pytorch_failures,
+                     json_quote(r.pytorch_failure));
     o += fmt::format(", \"events\": {}, \"ops\": {}, \"addresses\": \"{}\", \"seconds\": {:.6f}", r.events, r.ops,
                      r.recorded_addresses ? "recorded" : "synthetic", r.seconds);
     o += ", \"note\": " + json_quote(r.note);

@@ -86,6 +86,7 @@ bool pytorch_accepts(const Config& c) {
 std::int64_t device_calls(const ReplayResult& r) { return r.stats.num_device_alloc + r.stats.num_device_free; }
 
 bool ranks_before(const ReplayResult& a, const ReplayResult& b) {
+  if (a.pytorch_failures != b.pytorch_failures) return a.pytorch_failures < b.pytorch_failures;
   if (a.stats.num_ooms != b.stats.num_ooms) return a.stats.num_ooms < b.stats.num_ooms;
   if (a.peak_reserved() != b.peak_reserved()) return a.peak_reserved() < b.peak_reserved();
   return device_calls(a) < device_calls(b);

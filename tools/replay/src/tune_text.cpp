@@ -57,13 +57,17 @@ std::string fit_lines(std::string_view text, std::size_t width) {
       out += line;
       out += '\n';
     } else {
-      // The first line as wrap_text cuts it, the rest indented by two.
-      const std::string first = wrap_text(line, width, "");
+      // The first line as wrap_text cuts it (keeping the line's own indentation), the rest
+      // indented by two more.
+      std::size_t lead = 0;
+      while (lead < line.size() && line[lead] == ' ') ++lead;
+      const std::string indent(line.substr(0, lead));
+      const std::string first = wrap_text(line.substr(lead), width, indent);
       const std::size_t cut = first.find('\n');
       out += first.substr(0, cut + 1);
       std::size_t used = cut;
       while (used < line.size() && line[used] == ' ') ++used;
-      out += wrap_text(line.substr(used), width, "  ");
+      out += wrap_text(line.substr(used), width, indent + "  ");
     }
     at = nl + 1;
   }

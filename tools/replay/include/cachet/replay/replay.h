@@ -19,6 +19,10 @@
 // next allocate processes them, as PyTorch's process_events does. Completions that come from a
 // synchronize (empty_cache, the out-of-memory retry) are left to the replayed allocator's own
 // synchronize, and completed after the next allocation at the latest.
+//
+// Private pools (CUDA graphs, MemPool): when the snapshot's segments name them, load_trace also
+// adds BeginPool/EndPool actions around the allocations that went to them (route_to_pools,
+// cachet/replay/pools.h: what is inferred and what the trace cannot tell).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +37,8 @@
 #include "cachet/gpu/allocator.h"
 #include "cachet/io/trace_reader.h"
 #include "cachet/io/trace_stats.h"
+#include "cachet/replay/pools.h"
+#include "cachet/snapshot.h"
 #include "cachet/stats.h"
 #include "cachet/trace.h"
 #include "cachet/types.h"
@@ -47,12 +53,15 @@ enum class OpKind : std::uint8_t {
   EmptyCache,   // empty_cache()
   OomRequest,   // a request that raised OutOfMemory in the recorded run: allocate(size, stream),
                 // and free at once if it succeeds here (the program never got the block)
+  BeginPool,    // begin_allocate_to_pool of window `aux` (Trace::pools.windows): its pool (made
+                // with one user the first time) and route
+  EndPool,      // end_allocate_to_pool, release_pool (the window's user) of window `aux`
 };
 
 struct Op {
   OpKind kind = OpKind::Alloc;
   std::uint32_t slot = 0;   // Alloc/Free/FreePending: the block, numbered by its alloc
-  std::uint32_t aux = 0;    // FreePending/Complete: pseudo-stream index
+  std::uint32_t aux = 0;    // FreePending/Complete: pseudo-stream index; Begin/EndPool: window index
   std::uint32_t event = 0;  // index of the trace event this op came from
   Bytes size = 0;           // Alloc/OomRequest: requested bytes
   StreamId stream = 0;      // Alloc/OomRequest
@@ -73,6 +82,7 @@ struct Trace {
   io::TraceStats stats;              // counts and anomalies (mid-run traces)
   std::uint64_t empty_cache_calls = 0;
   std::uint64_t ignored_events = 0;  // frees of unknown blocks, completions without request
+  PoolInference pools;  // private pools (route_to_pools); none: everything in the default pools
 };
 
 // What the recorded run was: needed to tell the user's empty_cache() from the allocator's own
@@ -84,6 +94,16 @@ struct RecordedRun {
 };
 
 Trace prepare_trace(std::span<const TraceEvent> events, const RecordedRun& run, std::string name = {});
+
+// When `segments` (the snapshot's, at the end of `events`) name private pools: fills t.pools and
+// adds BeginPool/EndPool ops so that each allocation is replayed into its segment's pool
+// (cachet/replay/pools.h says how, and what is assumed). Otherwise leaves `t` as it is.
+void route_to_pools(Trace& t, std::span<const TraceEvent> events, const Snapshot& segments);
+// The pool a request on `stream` goes to at op `op` (before it), by the trace's BeginPool/EndPool.
+PoolId request_pool(const Trace& t, std::size_t op, StreamId stream);
+// What route_to_pools inferred and assumed, and what the trace cannot tell, as lines ("" when no
+// private pool).
+std::string pool_lines(const Trace& t);
 
 enum class AddressMode : std::uint8_t {
   Synthetic,  // the host backend's deterministic addresses
@@ -113,9 +133,22 @@ struct ReplayResult {
   std::uint64_t failed_allocs = 0;  // allocations that succeeded in the recording, OOM here
   std::uint64_t oom_requests = 0;   // requests that raised OOM in the recording
   std::uint64_t oom_requests_ok = 0;  // ... and succeeded here
+  // Operations PyTorch 2.11 itself would fail at with private pools (docs/pytorch-allocator.md
+  // §14.8: memory given back during a capture, ...): gpu/ refused them, changing nothing; the
+  // first one's op and message.
+  std::uint64_t pytorch_failures = 0;
+  std::string pytorch_failure;
   // Device calls (segment allocations/frees, page maps/unmaps) in the second half of the ops:
   // a training trace in its steady state should make none.
   std::uint64_t second_half_device_calls = 0;
+  // Private pools (Trace::pools): each one's segments at the end (or at stop_after), by
+  // Trace::pools index.
+  struct PoolEnd {
+    std::uint64_t segments = 0;
+    Bytes reserved = 0;
+    Bytes allocated = 0;
+  };
+  std::vector<PoolEnd> pool_ends;
   bool recorded_addresses = false;  // the trace's addresses were used throughout
   std::string note;  // e.g. why recorded addresses were given up
   double seconds = 0;

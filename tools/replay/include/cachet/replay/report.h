@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -33,8 +34,8 @@ std::string results_table(const std::vector<const ReplayResult*>& rows, const st
                           std::size_t width = 0);
 
 // One JSON object per result (conf, peak_allocated, peak_reserved, fragmentation, num_ooms,
-// num_alloc_retries, num_device_alloc, num_device_free, failed_allocs, events, addresses, note,
-// final_stats with PyTorch's key names).
+// num_alloc_retries, num_device_alloc, num_device_free, failed_allocs, pytorch_failures and the
+// first one, events, addresses, note, final_stats with PyTorch's key names).
 std::string results_json(const std::vector<const ReplayResult*>& rows);
 
 // A JSON string literal.
@@ -42,6 +43,12 @@ std::string json_quote(std::string_view s);
 
 // One line on the trace: events and anomalies (frees of blocks never seen allocated...), or "".
 std::string trace_note(const Trace& t);
+
+// One line comparing the replay's memory_stats() with PyTorch's recorded final ones (the keys
+// both have): how many are equal, and each that differs; "" when none are recorded.
+std::string final_stats_line(const ReplayResult& r, const std::map<std::string, std::int64_t>& recorded);
+// Per private pool (Trace::pools): its segments at the end of the replay against the snapshot's.
+std::string pool_end_lines(const Trace& t, const ReplayResult& r);
 
 // Progress on stderr, only when stderr is a terminal.
 class Progress {

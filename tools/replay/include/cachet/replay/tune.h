@@ -37,8 +37,9 @@ bool pytorch_accepts(const Config& c);
 // Device calls counted by the ranking: num_device_alloc + num_device_free.
 std::int64_t device_calls(const ReplayResult& r);
 
-// The ranking: true when `a` comes strictly before `b` (fewer num_ooms; then lower peak
-// reserved; then fewer device calls). Equal results are ties (neither ranks before the other).
+// The ranking: true when `a` comes strictly before `b` (fewer operations PyTorch itself would
+// fail at with private pools, ReplayResult::pytorch_failures; then fewer num_ooms; then lower
+// peak reserved; then fewer device calls). Equal results are ties (neither ranks before the other).
 bool ranks_before(const ReplayResult& a, const ReplayResult& b);
 
 inline constexpr std::size_t kRecorded = static_cast<std::size_t>(-1);
@@ -93,7 +94,7 @@ std::string describe_change(const ReplayResult& from, const ReplayResult& to);
 std::string wrap_text(std::string_view text, std::size_t width, std::string_view indent = "");
 
 // Every line of `text` over `width` columns wrapped at spaces, its continuation lines indented
-// by two (lines that fit, tables included, are kept as they are).
+// by two more than the line itself (lines that fit, tables included, are kept as they are).
 std::string fit_lines(std::string_view text, std::size_t width);
 
 // The plug-in's candidate worth naming: `best` when it is cachet-only, else the first cachet-only

@@ -104,6 +104,25 @@ ReplayOptions options(const LoadedTrace& lt, Bytes cap) {
   return o;
 }
 
+// A real run with private pools (tests/data/oracle-h100/snapshots/graphed_mlp.pickle.gz): at its
+// peak, trace event 182 (a 4 MiB request on stream 0, outside any pool), the free blocks of the
+// CUDA graphs' pool (0, 1) are out of the request's reach: its small segment's rest of 1007616
+// bytes, 12 MiB of segment 0x7fb1ba000000, segment 0x7fb1df400000 (16 MiB) and 16 MiB of
+// 0x7fb1e0400000 (the pickle's final segments, by hand: graph replays allocate nothing, so the
+// pool is so from trace event 159 on); the MemPool's (0, 2) is all allocated then (events 163-166
+// until 594-599).
+TEST(Explain, PrivatePoolsAtThePeakOfARealRun) {
+  LoadedTrace lt = load_trace(std::string(CACHET_TEST_DATA) + "/oracle-h100/snapshots/graphed_mlp.pickle.gz");
+  const Explanation e = explain(lt, recorded_options(lt, AddressMode::Recorded), {});
+  const Moment& m = e.at;
+  EXPECT_FALSE(m.oom);
+  EXPECT_EQ(m.event, 182u);
+  EXPECT_EQ(m.reserved, 591396864);
+  auto q = parts(m);
+  EXPECT_EQ(q["private_pools"], std::make_pair(Bytes{1007616 + 12 * MiB_ + 16 * MiB_ + 16 * MiB_}, std::uint64_t{4}));
+  EXPECT_EQ(q.count("unaccounted"), 0u);
+}
+
 TEST(Explain, PartitionAtTheFirstOomByHand) {
   const fs::path p = write_trace("oom.json", "", oom_rows(30 * MiB_));
   LoadedTrace lt = load_trace(p.string(), 1024 * MiB_);

@@ -81,8 +81,14 @@ void take_apart(const LoadedTrace& lt, const Config& config, const ReplayOptions
                       0, 0};
   FreePart other_streams{"other_streams", "in other streams' pools (reused only by their stream)",
                          0, 0};
+  // The pool the request went to (a private one while the replay is inside a window of one,
+  // cachet/replay/pools.h); free blocks of any other pool are out of its reach (§14.2).
+  const PoolId request_pool_id = request_pool(lt.trace, m.op, m.stream);
   FreePart private_pools{"private_pools",
-                         "in private pools (CUDA graphs, MemPool): not replayed",
+                         request_pool_id.is_default()
+                             ? "in private pools (CUDA graphs, MemPool): a request outside them does not use them"
+                             : fmt::format("in pools other than the private pool ({}, {}) the request went to",
+                                           request_pool_id.first, request_pool_id.second),
                          0, 0};
   FreePart pending{"pending_free", "freed, waiting for other streams' events (record_stream)", 0, 0};
   const bool request_oversize = m.rounded >= config.max_split_size;
@@ -97,6 +103,8 @@ void take_apart(const LoadedTrace& lt, const Config& config, const ReplayOptions
       if (b.state == BlockState::ActiveAllocated) continue;
       if (b.state == BlockState::ActivePendingFree) {
         add(pending, b.size);
+      } else if (seg.pool_id != request_pool_id) {
+        add(private_pools, b.size);
       } else if (seg.stream != m.stream) {
         add(other_streams, b.size);
       } else if (seg.is_large == m.small_pool) {

@@ -114,11 +114,11 @@ TEST(ReplayPools, GraphedMlpEndsAsPyTorchDid) {
             "final stats: all 122 memory_stats() keys equal PyTorch's recorded ones\n");
 }
 
-// Other configurations replay too (synthetic addresses): the blocks the program holds at the end
-// are the same, in the same pools.
+// Other configurations replay too (synthetic addresses), policy:cachet included: the blocks the
+// program holds at the end are the same, in the same pools.
 TEST(ReplayPools, GraphedMlpUnderOtherConfigurations) {
   const LoadedTrace lt = load_trace(kGraphed);
-  for (const char* conf : {"expandable_segments:True", "max_split_size_mb:128"}) {
+  for (const char* conf : {"expandable_segments:True", "max_split_size_mb:128", "policy:cachet"}) {
     SCOPED_TRACE(conf);
     const Config c = parse_config(conf, ConfigSource::Cachet).config;
     const ReplayResult r = cachet::replay::replay(lt.trace, c, recorded_options(lt, AddressMode::Synthetic));

@@ -1,27 +1,12 @@
-// tools/pool_front_end.h: what PyTorch 2.11's Python and ATen layers do around the allocator for
-// the pool and graph ops of a recording (docs/pytorch-allocator.md §14.9), driven through a
-// ReplayEngine:
-//   torch.cuda.MemPool()        a new id {0, n} (n counts from 1), createOrIncrefPool
-//   use_mem_pool enter / exit   beginAllocateToPool(id, this thread) / endAllocateToPool +
-//                               releasePool
-//   del MemPool                 releasePool, then emptyCache(id)
-//   CUDAGraph.capture_begin     the default CUDA generator registers the graph: when no graph
-//                               is registered yet it allocates its seed and offset (two 8-byte
-//                               tensors, default pool, current = capture stream); then a new id
-//                               {n, 0} (or the shared graph's), beginAllocateToPool(id, stream)
-//   capture_end                 endAllocateToPool
-//   reset                       releasePool (if the capture ended); the generator unregisters
-//                               the graph and frees seed and offset when none is left
-// Ops that make no sense (leaving a pool never entered, ending a capture never begun, sharing
-// the pool of an unknown graph) throw UsageError naming the op.
+// tools/pool_front_end.h: the shared front end of private pools (tools/front_end,
+// cachet/front_end/pool_front_end.h: what PyTorch's Python and ATen layers call around the
+// allocator, docs/pytorch-allocator.md §14.9) driving a ReplayEngine, for `cachet conform`. Streams
+// are the recording's stream indices; pool_ids() and live_pools() in the recording's terms.
 #pragma once
 
-#include <cstdint>
-#include <map>
-#include <optional>
-#include <set>
 #include <vector>
 
+#include "cachet/front_end/pool_front_end.h"
 #include "cachet/io/recording.h"
 #include "cachet/ops.h"
 #include "cachet/types.h"
@@ -29,36 +14,45 @@
 
 namespace cachet::cli {
 
-class PoolFrontEnd {
+// A ReplayEngine as the front end's allocator.
+class EngineCalls final : public front_end::AllocatorCalls {
  public:
-  PoolFrontEnd(ReplayEngine& engine, const std::vector<StreamId>& streams) : engine_(engine), streams_(streams) {}
-
-  // One of the pool or capture ops (ops::is_pool_op); stream indices into the recording's streams.
-  void apply(const ops::Op& op);
-  // Every pool made, in order, as the recording's pool_ids lists them.
-  const std::vector<io::RecordedPool>& pool_ids() const { return pool_ids_; }
-  // The MemPools alive now, by k, with the engine's use counts (the recording's live_pools).
-  std::vector<io::LivePool> live_pools() const;
+  explicit EngineCalls(ReplayEngine& engine) : engine_(engine) {}
+  std::uint64_t malloc(Bytes size, StreamId stream) override { return engine_.malloc(size, stream); }
+  void free(std::uint64_t ptr) override { engine_.free(ptr); }
+  void create_or_incref_pool(PoolId id) override { engine_.create_or_incref_pool(id); }
+  void begin_allocate_to_pool(PoolId id, PoolRoute route) override { engine_.begin_allocate_to_pool(id, route); }
+  void end_allocate_to_pool(PoolId id) override { engine_.end_allocate_to_pool(id); }
+  void release_pool(PoolId id) override { engine_.release_pool(id); }
+  void empty_cache_of(PoolId id) override { engine_.empty_cache_of(id); }
+  int pool_use_count(PoolId id) const override { return engine_.pool_use_count(id); }
 
  private:
-  struct Graph {
-    PoolId pool;
-    bool capture_ended = false;
-  };
-  StreamId stream(std::uint32_t index) const;
-  PoolId mempool(std::uint64_t k, const char* op) const;
-
   ReplayEngine& engine_;
-  const std::vector<StreamId>& streams_;
-  std::uint64_t next_user_id_ = 1;   // MemPool ids {0, n}
-  std::uint64_t next_graph_id_ = 1;  // graph ids {n, 0}
-  std::map<std::uint64_t, PoolId> mempools_;  // alive MemPool objects by k
-  std::set<std::uint64_t> in_use_;            // k whose use_mem_pool is entered
-  std::map<std::uint64_t, Graph> graphs_;     // CUDAGraph objects by k
-  // The default CUDA generator's graph seed and offset tensors, while a graph is registered.
-  std::set<std::uint64_t> registered_;
-  std::optional<std::uint64_t> seed_, offset_;
-  std::vector<io::RecordedPool> pool_ids_;
+};
+
+class PoolFrontEnd {
+ public:
+  PoolFrontEnd(ReplayEngine& engine, const std::vector<StreamId>& streams) : calls_(engine), front_(calls_, &streams) {}
+
+  // One of the pool or capture ops (ops::is_pool_op); stream indices into the recording's streams.
+  void apply(const ops::Op& op) { front_.apply(op); }
+  // Every pool made, in order, as the recording's pool_ids lists them.
+  std::vector<io::RecordedPool> pool_ids() const {
+    std::vector<io::RecordedPool> out;
+    for (const auto& p : front_.pool_ids()) out.push_back(io::RecordedPool{p.name, p.id});
+    return out;
+  }
+  // The MemPools alive now, by k, with the engine's use counts (the recording's live_pools).
+  std::vector<io::LivePool> live_pools() const {
+    std::vector<io::LivePool> out;
+    for (const auto& p : front_.live_pools()) out.push_back(io::LivePool{p.k, p.id, p.use_count});
+    return out;
+  }
+
+ private:
+  EngineCalls calls_;
+  front_end::PoolFrontEnd front_;
 };
 
 }  // namespace cachet::cli

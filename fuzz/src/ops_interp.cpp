@@ -69,9 +69,60 @@ Bytes decode_size(FuzzedDataProvider& p, unsigned size_class, Bytes capacity) {
   }
 }
 
+// Capacity byte bit 7: pool mode (kPoolMode): selectors [96, 128) are pool and capture ops
+// instead of allocations (decode_pool_op). Byte values below 0x80 decode as before.
+constexpr std::uint8_t kPoolMode = 0x80;
+constexpr std::uint8_t kPoolSelectors = 96;
+constexpr std::uint64_t kPoolKs = 8;  // MemPools and graphs are named 0..7
+
+// An argument byte that names a MemPool or graph: below 0x80 one of `candidates` (valid for the
+// front end's state) by index, else k = byte % 8 directly (seeds, and ops to be refused); with no
+// candidate, `fallback`.
+std::uint64_t pick(std::uint8_t b, const std::vector<std::uint64_t>& candidates, std::uint64_t fallback) {
+  if (b >= 0x80) return b % kPoolKs;
+  return candidates.empty() ? fallback : candidates[b % candidates.size()];
+}
+
+// sub = selector - 96: [0,6) use_pool, [6,12) end_pool, [12,15) release_pool, [15,21)
+// capture_begin (graph byte, stream byte, share byte), [21,27) capture_end, [27,32) graph_reset.
+Op decode_pool_op(FuzzedDataProvider& p, const front_end::PoolFrontEnd& fe, unsigned sub) {
+  using GS = front_end::PoolFrontEnd::GraphState;
+  std::vector<std::uint64_t> idle, fresh_mempool, fresh_graph;
+  for (std::uint64_t k = 0; k < kPoolKs; ++k) {
+    if (fe.mempool_alive(k) && !fe.mempool_in_use(k)) idle.push_back(k);
+    if (!fe.mempool_alive(k)) fresh_mempool.push_back(k);
+    if (fe.graph(k) == GS::None) fresh_graph.push_back(k);
+  }
+  const auto b = p.ConsumeIntegral<std::uint8_t>();
+  if (sub < 6) {
+    std::vector<std::uint64_t> enter = idle;
+    if (!fresh_mempool.empty()) enter.push_back(fresh_mempool.front());
+    return ops::UseMemPoolBegin{pick(b, enter, 0)};
+  }
+  if (sub < 12) return ops::UseMemPoolEnd{pick(b, fe.mempools_in_use(), 0)};
+  if (sub < 15) return ops::ReleasePool{pick(b, idle, 0)};
+  if (sub < 21) {
+    const auto sb = p.ConsumeIntegral<std::uint8_t>();
+    const auto share_b = p.ConsumeIntegral<std::uint8_t>();
+    // Stream 1..3; 0 (the default stream, refused) for one byte value in eight.
+    const StreamId stream = (sb & 7u) == 0 ? 0 : 1 + sb % 3u;
+    std::optional<std::uint64_t> share;
+    const auto captured = fe.graphs(GS::Captured);
+    if (share_b == 0xFF) share.reset();
+    else if (share_b >= 0x80) share = share_b % kPoolKs;
+    else if (share_b % 3 == 0 && !captured.empty()) share = captured[share_b % captured.size()];
+    return ops::CaptureBegin{pick(b, fresh_graph, 0), stream, share};
+  }
+  if (sub < 27) return ops::CaptureEnd{pick(b, fe.graphs(GS::Capturing), 0)};
+  return ops::GraphReset{pick(b, fe.graphs(GS::Captured), 0)};
+}
+
 template <class LS>
-std::optional<Op> decode_op(FuzzedDataProvider& p, const LS& ls, Bytes capacity) {
+std::optional<Op> decode_op(FuzzedDataProvider& p, const LS& ls, Bytes capacity, bool pool_mode) {
   const auto sel = p.ConsumeIntegral<std::uint8_t>();
+  // A pair without private pools (policy:cachet before its pools) decodes them as allocations.
+  if (LS::kPools && pool_mode && sel >= kPoolSelectors && sel < 128)
+    return decode_pool_op(p, ls.pools(), sel - kPoolSelectors);
   if (sel < 128) {
     const StreamId stream = sel & 3u;
     return lockstep::Allocate{decode_size(p, (sel >> 2) & 7u, capacity), stream, {}};
@@ -108,6 +159,10 @@ std::optional<Config> runnable_config(const std::string& text) {
 void count(const Op& op, const lockstep::Outcome& o) {
   using K = lockstep::Outcome::Kind;
   ++g_mix.ops;
+  if (ops::is_pool_op(op)) {
+    ++(o.kind == K::Ok ? g_mix.pool_ops : g_mix.pool_refused);
+    return;
+  }
   if (o.kind == K::Skipped) {
     ++g_mix.noops;
     return;
@@ -167,7 +222,9 @@ std::string run_bytes(const std::uint8_t* data, std::size_t size, Case* out) {
       }
     }
   }
-  c.capacity = kCapacities[p.ConsumeIntegral<std::uint8_t>() % kCapacities.size()];
+  const auto cap_byte = p.ConsumeIntegral<std::uint8_t>();
+  const bool pool_mode = (cap_byte & kPoolMode) != 0;
+  c.capacity = kCapacities[(cap_byte & ~kPoolMode) % kCapacities.size()];
   std::optional<Config> config;
   try {
     config = runnable_config(c.config);
@@ -186,7 +243,7 @@ std::string run_bytes(const std::uint8_t* data, std::size_t size, Case* out) {
   lockstep::visit_policy(config->policy, [&]<class LS>(std::type_identity<LS>) {
     LS ls(options_for(*config, c.capacity));
     while (p.remaining_bytes() > 0 && c.ops.size() < kMaxOps) {
-      const std::optional<Op> op = decode_op(p, ls, c.capacity);
+      const std::optional<Op> op = decode_op(p, ls, c.capacity, pool_mode);
       if (!op) {
         ++g_mix.ops;
         ++g_mix.noops;
@@ -206,6 +263,10 @@ std::string run_bytes(const std::uint8_t* data, std::size_t size, Case* out) {
         break;
       }
       count(*op, ls.last_sut());
+      if (ls.ended()) {  // PyTorch 2.11 fails here (docs/pytorch-allocator.md §14.8); both sides said so: the case ends
+        ++g_mix.ended_cases;
+        break;
+      }
     }
   });
   if (out) *out = std::move(c);
@@ -242,18 +303,20 @@ const Mix& mix() { return g_mix; }
 
 std::string show_mix() {
   const Mix& m = g_mix;
-  char buf[512];
+  char buf[768];
   std::snprintf(buf, sizeof buf,
                 "fuzz_ops mix: %llu cases (%llu skipped), %llu ops: %llu allocs returned memory, "
                 "%llu size-0 allocs, %llu OOMs, %llu frees, %llu usage errors, %llu record_stream, "
-                "%llu complete, %llu empty_cache, %llu fraction, %llu no-ops",
+                "%llu complete, %llu empty_cache, %llu fraction, %llu no-ops, %llu pool ops "
+                "(%llu refused or failed), %llu cases ended at a PyTorch failure (§14.8)",
                 static_cast<unsigned long long>(m.cases), static_cast<unsigned long long>(m.skipped_cases),
                 static_cast<unsigned long long>(m.ops), static_cast<unsigned long long>(m.alloc_ptr),
                 static_cast<unsigned long long>(m.alloc_zero), static_cast<unsigned long long>(m.alloc_oom),
                 static_cast<unsigned long long>(m.frees), static_cast<unsigned long long>(m.usage_errors),
                 static_cast<unsigned long long>(m.records), static_cast<unsigned long long>(m.completes),
                 static_cast<unsigned long long>(m.empty_caches), static_cast<unsigned long long>(m.fractions),
-                static_cast<unsigned long long>(m.noops));
+                static_cast<unsigned long long>(m.noops), static_cast<unsigned long long>(m.pool_ops),
+                static_cast<unsigned long long>(m.pool_refused), static_cast<unsigned long long>(m.ended_cases));
   return buf;
 }
 

@@ -9,10 +9,13 @@
 //   byte 0        configuration: < 0xC0 picks one of kPresetConfigs (the oracle's regimes);
 //                 else a string follows (ConsumeRandomLengthString) parsed as CACHET_ALLOC_CONF
 //                 (unparsable strings fall back to the default configuration);
-//   byte 1        device capacity: one of kCapacities;
+//   byte 1        device capacity: one of kCapacities (low 7 bits); bit 7: pool mode, where
+//                 selectors [96, 128) are the pool and capture ops (MemPools and graphs 0..7,
+//                 mostly valid ones picked from the front end's state);
 //   then ops      until the bytes run out (at most 600), each a selector byte and its arguments
 //                 (sizes are biased towards the block classes of the allocator; frees and
 //                 stream records pick one of the live handles, so most bytes are real work).
+// A case ends early where both sides report that PyTorch 2.11 itself fails (docs/pytorch-allocator.md §14.8).
 // The environment variable CACHET_FUZZ_CONFIG, when set, replaces the configuration (byte 0
 // is still consumed, the string is not; a campaign runs one job per configuration this way); CACHET_FUZZ_OPS_OUT=<path> writes the
 // case as a replayable .ops file (see fuzz/crash-to-test).
@@ -46,6 +49,9 @@ struct Mix {
   std::uint64_t usage_errors = 0;   // e.g. a double free, on both sides
   std::uint64_t records = 0, completes = 0, empty_caches = 0, fractions = 0;
   std::uint64_t noops = 0;          // a free/record with no live handle, a skipped handle
+  std::uint64_t pool_ops = 0;       // pool and capture ops both sides applied
+  std::uint64_t pool_refused = 0;   // pool and capture ops refused (or failing) on both sides
+  std::uint64_t ended_cases = 0;    // cases ended at a PyTorch failure (§14.8) both reported
 };
 
 // Runs one case from bytes. Returns "" when both sides agreed after every op, else a readable

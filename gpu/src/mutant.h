@@ -4,7 +4,7 @@
 // allocator). The list, with what each breaks, is in gpu/README.md.
 //
 // Only the policies' mutated sources include this header: src/policy_pytorch/ (malloc.cpp,
-// free.cpp, release.cpp: mutants 1-16, 24) and src/policy_cachet/ (malloc.cpp, pages.cpp,
+// free.cpp, release.cpp: mutants 1-16, 24-26) and src/policy_cachet/ (malloc.cpp, pages.cpp,
 // free.cpp: 17-23). Only those translation units are compiled with CACHET_MUTANT
 // (gpu/CMakeLists.txt: CACHET_GPU_MUTATED_SOURCES; the other sources are built once and shared by
 // every mutant library). Never include it from a header or from a checker
@@ -48,5 +48,8 @@ inline constexpr int kMutantCachetPendingIgnoresEvents = 22;  // process_events 
 inline constexpr int kMutantCachetRetrySkipsBestFit = 23;  // R7: the retry goes to the windows without R2
 // The pytorch policy again (src/policy_pytorch/release.cpp).
 inline constexpr int kMutantGcLargestFirst = 24;      // GC releases each round's blocks largest first
+// policy:pytorch's private pools (issue 16; malloc.cpp, release.cpp).
+inline constexpr int kMutantPrivateBlockToDefault = 25;  // a default-pool request takes a private pool's free block
+inline constexpr int kMutantReleaseFreesLiveBlock = 26;  // releasing a pool frees its blocks still allocated
 
 }  // namespace cachet::gpu::detail

@@ -40,11 +40,33 @@ void Allocator::release_private_pools(PoolId id) {
     }
     release_blocks(pp->small);
     release_blocks(pp->large);
-    if (pp->device_allocs == 0) {
-      graph_pools_freeable_.erase(pp);
-      graph_pools_.erase(pp->id);
-    }
+    if (pp->device_allocs == 0) forget_pool(pp);
   }
+}
+
+// PyTorch erases a pool at a device allocation count of 0 (§14.5); its whole unmapped
+// reservations go back with it (unobservable: no stats, no trace). With expandable segments the
+// count can reach 0 while the pool still holds mapped pages (§14.8.1): PyTorch then erases a pool
+// its blocks still point to. The model erases it the same way (unknown by its id, never released
+// again, its free blocks no longer found by snapshot()) but keeps the object, orphaned, so that
+// its blocks stay valid and are freed into it.
+void Allocator::forget_pool(PrivatePool* pp) {
+  std::vector<Block*> reservations;
+  bool holds_memory = false;
+  for (const auto& [key, b] : owned_) {
+    if (b->pool->owner != pp) continue;
+    if (b->is_unmapped() && !b->is_split()) reservations.push_back(b.get());
+    else holds_memory = true;
+  }
+  graph_pools_freeable_.erase(pp);
+  auto it = graph_pools_.find(pp->id);
+  if (holds_memory) {
+    orphaned_pools_.push_back(std::move(it->second));
+    graph_pools_.erase(it);
+    return;
+  }
+  for (Block* b : reservations) release_expandable_segment(b);
+  graph_pools_.erase(it);
 }
 
 void Allocator::release_blocks(BlockPool& pool) {

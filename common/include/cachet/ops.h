@@ -39,8 +39,9 @@
 //   capture_end g<k>                   CaptureEnd                                     ["ge", k]
 //   graph_reset g<k>                   GraphReset: graph k's reset()                  ["gx", k]
 // Streams are raw stream ids, except in io::read_ops lists: there a stream is the recording's
-// stream index (io::Recording::streams maps it). The pool and capture ops are parsed and printed
-// now; the runners answer them "not supported yet (issue 16)" until private pools exist.
+// stream index (io::Recording::streams maps it). What the pool and capture ops call on an
+// allocator is tools/front_end's (cachet/front_end/pool_front_end.h, docs/pytorch-allocator.md
+// §14.9), shared by every runner; a runner without private pools refuses them.
 //
 // Case file (.ops; show_case / parse_case):
 //   # config: <CACHET_ALLOC_CONF string>     (absent: the defaults; "policy:cachet" picks it)

@@ -123,6 +123,12 @@ DevicePtr PytorchPolicy::malloc(Bytes orig_size, StreamId stream) {
   AllocParams p{stream, size, allocation_size(size), &pool, nullptr, Status::ok()};
 
   bool found = get_free_block(p);  // (no free-memory callbacks are registered: §3.1 step 4)
+  if constexpr (mutant(kMutantPrivateBlockToDefault))  // planted: the default pools borrow a private pool's free block
+    for (auto it = graph_pools_.begin(); !found && pool.owner == nullptr && it != graph_pools_.end(); ++it) {
+      AllocParams q = p;
+      q.pool = size <= kSmallSize ? &it->second->small : &it->second->large;
+      if ((found = get_free_block(q))) p = q;
+    }
   if (!found) {
     const bool gc = cap_.allowed() && config_.garbage_collection_threshold > 0.0;
     refuse_giving_back_in_capture(p, gc, false);  // §14.8.2

@@ -3,6 +3,7 @@
 // docs/pytorch-allocator.md.
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "cachet/errors.h"
 #include "cachet/summary.h"
@@ -22,6 +23,15 @@ void PytorchPolicy::empty_cache() {
 
 void PytorchPolicy::release_cached_blocks(PoolId id) {
   refuse_release_where_pytorch_fails(id);  // §14.8, before anything changes
+  if constexpr (mutant(kMutantReleaseFreesLiveBlock)) {  // planted: a freeable pool's live blocks are freed with it
+    std::vector<DevicePtr> live;
+    for (const auto& [base, seg] : segments_)
+      if (const PrivatePool* owner = seg->pool->owner;
+          owner != nullptr && graph_pools_freeable_.contains(owner->id) && (id.is_default() || owner->id == id))
+        for (Block* b = seg->head; b != nullptr; b = b->next)
+          if (b->is_allocated()) live.push_back(b->ptr);
+    for (DevicePtr ptr : live) free(ptr);
+  }
   // The default pools only for the default id and only when no capture or use_mem_pool is under
   // way (§3.4, §14.6); then the freeable private pools (§14.5).
   if (id.is_default() && !capture_underway()) {

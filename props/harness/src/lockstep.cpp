@@ -1,5 +1,6 @@
-// The lockstep runner (cachet/lockstep.h): the backend log, the model's mirror source and the
-// per-op comparison, for both (model, implementation) pairs.
+// The lockstep runner (cachet/lockstep.h): the per-op comparison for both (model, implementation)
+// pairs; the device log and the model's mirror source are in device_log.h, the pool ops' calls
+// on both sides in pool_calls.h.
 #include "cachet/lockstep.h"
 
 #include <algorithm>
@@ -16,197 +17,12 @@
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
 #include "cachet/trace.h"
+#include "device_log.h"
+#include "pool_calls.h"
 
 namespace cachet::lockstep {
 
-namespace {
-
-std::string hex(std::uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
-// ----------------------------------------------------------------------------- device log
-
-struct DeviceLog {
-  std::deque<DeviceCall> malloc, reserve, map;
-  DeviceCounters counters;
-  std::vector<std::string> notes;  // divergences found by the mirror source
-  void clear_pending() {
-    malloc.clear();
-    reserve.clear();
-    map.clear();
-    notes.clear();
-  }
-};
-
-// Forwards to the real backend, logging what the model's source must reproduce.
-class LoggingMemory final : public gpu::DeviceMemory {
- public:
-  LoggingMemory(std::unique_ptr<gpu::DeviceMemory> inner, DeviceLog& log)
-      : inner_(std::move(inner)), log_(log) {}
-  gpu::BackendCaps caps() const override { return inner_->caps(); }
-  DeviceIndex device() const override { return inner_->device(); }
-  gpu::Result<gpu::DevicePtr> malloc(Bytes n) override {
-    auto r = inner_->malloc(n);
-    log_.malloc.push_back({DeviceCall::Kind::Malloc, r.value, n, r.is_ok()});
-    if (r.is_ok()) ++log_.counters.mallocs;
-    else ++log_.counters.oom_calls;
-    return r;
-  }
-  gpu::Status free(gpu::DevicePtr p) override {
-    auto s = inner_->free(p);
-    if (s.is_ok()) ++log_.counters.frees;
-    return s;
-  }
-  gpu::Result<gpu::MemInfo> mem_get_info() override { return inner_->mem_get_info(); }
-  bool stream_valid(StreamId s) override { return inner_->stream_valid(s); }
-  gpu::Result<gpu::EventHandle> event_create() override { return inner_->event_create(); }
-  gpu::Status event_record(gpu::EventHandle e, StreamId s) override { return inner_->event_record(e, s); }
-  gpu::Result<bool> event_query(gpu::EventHandle e) override { return inner_->event_query(e); }
-  gpu::Status event_synchronize(gpu::EventHandle e) override { return inner_->event_synchronize(e); }
-  void event_destroy(gpu::EventHandle e) override { inner_->event_destroy(e); }
-  gpu::Result<gpu::DevicePtr> reserve(Bytes n) override {
-    auto r = inner_->reserve(n);
-    log_.reserve.push_back({DeviceCall::Kind::Reserve, r.value, n, r.is_ok()});
-    if (r.is_ok()) ++log_.counters.reserves;
-    return r;
-  }
-  gpu::Status unreserve(gpu::DevicePtr p, Bytes n) override { return inner_->unreserve(p, n); }
-  gpu::Status map(gpu::DevicePtr p, Bytes n) override {
-    auto s = inner_->map(p, n);
-    log_.map.push_back({DeviceCall::Kind::Map, p, n, s.is_ok()});
-    if (s.is_ok()) ++log_.counters.maps;
-    else ++log_.counters.oom_calls;
-    return s;
-  }
-  gpu::Status unmap(gpu::DevicePtr p, Bytes n) override {
-    auto s = inner_->unmap(p, n);
-    if (s.is_ok()) ++log_.counters.unmaps;
-    return s;
-  }
-
- private:
-  std::unique_ptr<gpu::DeviceMemory> inner_;
-  DeviceLog& log_;
-};
-
-// The model's device: the sut's addresses, in order; out of memory decided from the same
-// capacity (host) or taken from the device (real device).
-class MirrorSource final : public model::SegmentSource {
- public:
-  MirrorSource(DeviceLog& log, std::optional<Bytes> capacity, Bytes total, gpu::DeviceMemory* live)
-      : log_(log), capacity_(capacity), total_(total), live_(live) {}
-
-  std::optional<std::uint64_t> allocate(Bytes size) override {
-    auto call = take(log_.malloc, "cudaMalloc", size);
-    bool ok = capacity_ ? size <= *capacity_ - in_use_ : (call && call->ok);
-    if (call && call->ok != ok)
-      note("cudaMalloc(" + std::to_string(size) + "): the model's device says " + (ok ? "ok" : "out of memory") +
-           ", the sut's said " + (call->ok ? "ok" : "out of memory"));
-    if (!ok) return std::nullopt;
-    in_use_ += size;
-    if (call && call->ok) return call->addr;
-    fake_ += 2 * MiB + size;
-    return 0xdead00000000ull + fake_;
-  }
-  void free(std::uint64_t, Bytes size) override { in_use_ -= size; }
-  std::uint64_t reserve(Bytes size) override {
-    auto call = take(log_.reserve, "reserve", size);
-    if (call && call->ok) return call->addr;
-    fake_ += 2 * MiB + size;
-    return 0xbeef00000000ull + fake_;
-  }
-  void release_reservation(std::uint64_t, Bytes) override {}
-  bool map(std::uint64_t addr, Bytes size) override {
-    auto call = take(log_.map, "map", size);
-    if (call && call->addr != addr)
-      note("map: the model mapped " + hex(addr) + ", the sut " + hex(call->addr));
-    bool ok = capacity_ ? size <= *capacity_ - in_use_ : (call && call->ok);
-    if (call && call->ok != ok)
-      note("map(" + std::to_string(size) + "): the model's device says " + (ok ? "ok" : "out of memory") +
-           ", the sut's said " + (call->ok ? "ok" : "out of memory"));
-    if (ok) in_use_ += size;
-    return ok;
-  }
-  void unmap(std::uint64_t, Bytes size) override { in_use_ -= size; }
-  Bytes total_memory() const override { return total_; }
-  Bytes free_memory() const override {
-    if (capacity_) return *capacity_ - in_use_;
-    auto info = live_->mem_get_info();
-    return info.is_ok() ? info.value.free : 0;
-  }
-  // NVML's figure: what the device (backend) reports for this process.
-  std::optional<Bytes> process_in_use() const override {
-    auto info = live_->mem_get_info();
-    return info.is_ok() ? info.value.process_used : std::nullopt;
-  }
-
- private:
-  std::optional<DeviceCall> take(std::deque<DeviceCall>& q, const char* what, Bytes size) {
-    if (q.empty()) {
-      note(std::string("the model called ") + what + "(" + std::to_string(size) + "), the sut did not");
-      return std::nullopt;
-    }
-    DeviceCall c = q.front();
-    q.pop_front();
-    if (c.size != size)
-      note(std::string(what) + ": the model asked for " + std::to_string(size) + " bytes, the sut for " +
-           std::to_string(c.size));
-    return c;
-  }
-  void note(std::string s) { log_.notes.push_back(std::move(s)); }
-
-  DeviceLog& log_;
-  std::optional<Bytes> capacity_;
-  Bytes total_;
-  gpu::DeviceMemory* live_;
-  Bytes in_use_ = 0;
-  std::uint64_t fake_ = 0;
-};
-
-template <class F>
-Outcome capture(F&& f) {
-  Outcome o;
-  try {
-    f(o);
-  } catch (const OutOfMemory& e) {
-    o = {Outcome::Kind::OutOfMemory, 0, e.what()};
-  } catch (const UsageError& e) {
-    o = {Outcome::Kind::UsageError, 0, e.what()};
-  } catch (const DeviceError& e) {
-    o = {Outcome::Kind::DeviceError, 0, e.what()};
-  } catch (const std::exception& e) {
-    o = {Outcome::Kind::Other, 0, e.what()};
-  }
-  return o;
-}
-
-std::string show_block(const BlockSnapshot& b) {
-  return hex(b.address) + " size " + std::to_string(b.size) + " req " + std::to_string(b.requested_size) + " " +
-         std::string(to_string(b.state));
-}
-
-// A trace event in the form both sides are compared in: action, address, size, stream (the
-// time stamp is each side's own: gpu/ stamps the wall clock, the model records 0).
-std::string show_event(const TraceEvent& e) {
-  return std::string(to_string(e.action)) + " addr " + hex(e.addr) + " size " + std::to_string(e.size) + " stream " +
-         std::to_string(e.stream);
-}
-bool same_event(const TraceEvent& a, const TraceEvent& b) {
-  return a.action == b.action && a.addr == b.addr && a.size == b.size && a.stream == b.stream;
-}
-
-std::string show_segment(const SegmentSnapshot& s) {
-  std::string r = "segment " + hex(s.address) + " size " + std::to_string(s.total_size) + " stream " +
-                  std::to_string(s.stream) + (s.is_large ? " large" : " small") +
-                  (s.is_expandable ? " expandable" : "") + " blocks [";
-  for (std::size_t i = 0; i < s.blocks.size(); ++i) r += (i ? "; " : "") + show_block(s.blocks[i]);
-  return r + "]";
-}
-
-}  // namespace
+using namespace detail;
 
 std::string show(const Outcome& o) {
   switch (o.kind) {
@@ -217,7 +33,9 @@ std::string show(const Outcome& o) {
     case Outcome::Kind::DeviceError: return "DeviceError: " + o.message;
     case Outcome::Kind::Other: return "exception: " + o.message;
     case Outcome::Kind::Skipped: return "skipped (no such handle)";
-    case Outcome::Kind::Unsupported: return "not supported yet (issue 16): " + o.message;
+    case Outcome::Kind::Unsupported: return "not supported by this pair (no private pools): " + o.message;
+    case Outcome::Kind::PyTorchFailure: return "PyTorchFailure: " + o.message;
+    case Outcome::Kind::Ended: return "not applied (the case ended at a PyTorch failure, §14.8)";
   }
   return "?";
 }
@@ -247,6 +65,11 @@ struct Lockstep<Model, Impl>::State {
   Bytes total = 0;                            // the model's total memory
   Bytes over_cap_ceiling = 0;  // reserved when the cap was last lowered below it (0: none)
   std::size_t model_trace_mark = 0;  // the model's trace events before the current op
+  // The pool and capture ops: one front end, its calls made on both sides.
+  BothSides<Model, Impl> calls{model, sut};
+  front_end::PoolFrontEnd pools{calls};
+  bool ended = false;  // a PyTorch failure (§14.8) ended the case
+  SutState sut_before;  // the sut's state after the previous op (the §14.8 check of one-call ops)
 
   void build(std::unique_ptr<gpu::DeviceMemory> memory, bool host) {
     if (opts.config.policy != kPolicy)
@@ -264,6 +87,7 @@ struct Lockstep<Model, Impl>::State {
                                             &sut->device_memory());
     model = std::make_unique<Model>(opts.config, *source);
     if (opts.config.per_process_memory_fraction) fraction = *opts.config.per_process_memory_fraction;
+    sut_before = sut_state(*sut);
   }
 
   std::optional<Bytes> cap() const { return model::memory_cap(fraction, total); }
@@ -282,10 +106,18 @@ struct Lockstep<Model, Impl>::State {
     // snapshot events of the previous op's checks), the model's trace is read from here on.
     if (opts.compare_trace) sut->clear_trace();
     model_trace_mark = model->trace().size();
+    if (ended) {
+      last_sut = last_model = {Outcome::Kind::Ended, 0, {}};
+      return std::nullopt;
+    }
     if (ops::is_pool_op(op)) {
-      last_sut = last_model = {Outcome::Kind::Unsupported, 0, show(op)};
-      return "not supported yet (issue 16): " + show(op) +
-             "\n  private pools and graph capture are not in the lockstep harness yet; nothing was applied\n";
+      if constexpr (!kPools) {
+        last_sut = last_model = {Outcome::Kind::Unsupported, 0, show(op)};
+        return "not supported by this pair: " + show(op) + "\n  its model or implementation has no private pools "
+               "(docs/pytorch-allocator.md §14); nothing was applied\n";
+      } else {
+        return apply_pool_op(op);
+      }
     }
     Outcome s, m;
     std::visit(
@@ -347,7 +179,89 @@ struct Lockstep<Model, Impl>::State {
     if (opts.events_complete_immediately) model->complete_all_events();
     last_sut = s;
     last_model = m;
+    if (m.kind == Outcome::Kind::PyTorchFailure) return end_case(sut_before);
     return compare();
+  }
+
+  // A pool or capture op through the front end; the first call that did not succeed alike on
+  // both sides is the op's outcome on each side.
+  std::optional<std::string> apply_pool_op(const Op& op) {
+    calls.begin_op();
+    Outcome s{Outcome::Kind::Ok, 0, {}}, m = s;
+    try {
+      pools.apply(op);
+    } catch (const CallStopped&) {
+      s = calls.failure()->sut;
+      m = calls.failure()->model;
+    } catch (const UsageError& e) {  // the front end refused the op: no call was made
+      s = m = {Outcome::Kind::UsageError, 0, e.what()};
+    }
+    if (opts.events_complete_immediately) model->complete_all_events();
+    last_sut = s;
+    last_model = m;
+    if (m.kind == Outcome::Kind::PyTorchFailure) return end_case(calls.failure()->sut_before);
+    if (auto d = compare()) {
+      if (calls.failure() && d->rfind("result differs", 0) == 0) return "at " + calls.failure()->call + ": " + *d;
+      return d;
+    }
+    return std::nullopt;
+  }
+
+  // The model says PyTorch 2.11 fails here (§14.8): the sut must have refused naming the rule,
+  // changing nothing, and the case ends.
+  std::optional<std::string> end_case(const SutState& before) {
+    ended = true;
+    std::ostringstream r;
+    const bool refused = last_sut.kind == Outcome::Kind::UsageError ||
+                         (last_sut.kind == Outcome::Kind::DeviceError && sim == nullptr);
+    if (!refused || last_sut.message.find("§14.8") == std::string::npos) {
+      r << "result differs (PyTorch 2.11 fails here: the sut must refuse with a UsageError naming §14.8)\n  model: "
+        << show(last_model) << "\n  sut:   " << show(last_sut) << "\n";
+      return r.str();
+    }
+    const SutState after = sut_state(*sut);
+    if (after.stats != before.stats) r << "the sut refused (§14.8) but its stats changed\n";
+    else if (after.snapshot != before.snapshot) r << "the sut refused (§14.8) but its snapshot changed\n";
+    else if (opts.check_invariants)
+      for (const auto& v : sut_violations())
+        r << (r.str().empty() ? "sut invariants() violated after a §14.8 refusal\n" : "") << "  " << v << "\n";
+    if (r.str().empty()) return std::nullopt;
+    r << "  model: " << show(last_model) << "\n  sut:   " << show(last_sut) << "\n";
+    return r.str();
+  }
+
+  // The sut's invariants() violations. Lowering the fraction below what is reserved leaves
+  // reserved over the cap (PyTorch frees nothing then); [INV-CAP-1] is then tolerated while
+  // reserved does not grow.
+  std::vector<std::string> sut_violations() {
+    auto bad = sut->invariants();
+    const Bytes reserved = static_cast<Bytes>(sut->stats().reserved_bytes[0].current);
+    const auto c = cap();
+    if (!c || reserved <= *c) over_cap_ceiling = 0;
+    std::erase_if(bad, [&](const std::string& v) {
+      return v.find("[INV-CAP-1]") != std::string::npos && reserved <= over_cap_ceiling;
+    });
+    return bad;
+  }
+
+  // Every pool the front end named: the same use count on both sides, or unknown to both.
+  std::optional<std::string> compare_use_counts() {
+    if constexpr (kPools) {
+      auto count = [](const auto& a, PoolId id) -> std::optional<int> {
+        try {
+          return a.pool_use_count(id);
+        } catch (const UsageError&) {
+          return std::nullopt;
+        }
+      };
+      for (const PoolId id : pools.ids_used()) {
+        const auto mc = count(*model, id), sc = count(*sut, id);
+        if (mc != sc)
+          return "pool use counts differ\n  pool " + show_pool(id) + ": model " +
+                 (mc ? std::to_string(*mc) : "unknown") + ", sut " + (sc ? std::to_string(*sc) : "unknown") + "\n";
+      }
+    }
+    return std::nullopt;
   }
 
   // The op's trace events, in order (trace.h: alloc, free_requested, free_completed,
@@ -356,6 +270,9 @@ struct Lockstep<Model, Impl>::State {
     const auto& all = model->trace();
     std::vector<TraceEvent> mt(all.begin() + static_cast<std::ptrdiff_t>(model_trace_mark), all.end());
     std::vector<TraceEvent> st = sut->trace();
+    // The snapshots the checks take (memory_snapshot() records one) are not the op's events.
+    for (auto* side : {&mt, &st})
+      std::erase_if(*side, [](const TraceEvent& t) { return t.action == TraceAction::Snapshot; });
     // policy:cachet's rules (R7, R9: wait for every pending event) do not order the blocks that
     // one wait frees: each run of consecutive free_completed events is compared in address order.
     // policy:pytorch's order is PyTorch's (per stream, in event order): compared as it is.
@@ -404,9 +321,11 @@ struct Lockstep<Model, Impl>::State {
     if (opts.compare_trace) {
       if (auto d = compare_trace()) return d;
     }
+    // The sut's state now: compared here, and the state a §14.8 refusal of the next op must keep.
+    sut_before = sut_state(*sut);
     if (opts.compare_stats) {
       const auto ms = flatten(model->stats());
-      const auto ss = flatten(sut->stats());
+      const auto& ss = sut_before.stats;
       if (ms != ss) {
         r << "stats differ (key: model vs sut)\n";
         for (std::size_t i = 0; i < ms.size() && i < ss.size(); ++i)
@@ -416,15 +335,7 @@ struct Lockstep<Model, Impl>::State {
       }
     }
     if (opts.check_invariants) {
-      auto bad = sut->invariants();
-      // Lowering the fraction below what is reserved leaves reserved over the cap (PyTorch
-      // frees nothing then); [INV-CAP-1] is then tolerated while reserved does not grow.
-      const Bytes reserved = static_cast<Bytes>(sut->stats().reserved_bytes[0].current);
-      const auto c = cap();
-      if (!c || reserved <= *c) over_cap_ceiling = 0;
-      std::erase_if(bad, [&](const std::string& v) {
-        return v.find("[INV-CAP-1]") != std::string::npos && reserved <= over_cap_ceiling;
-      });
+      const auto bad = sut_violations();
       if (!bad.empty()) {
         r << "sut invariants() violated\n";
         for (const auto& b : bad) r << "  " << b << "\n";
@@ -439,7 +350,7 @@ struct Lockstep<Model, Impl>::State {
     }
     if (opts.compare_snapshots) {
       Snapshot ms = model->snapshot();
-      Snapshot ss = sut->snapshot();
+      Snapshot ss = sut_before.snapshot;
       // policy:cachet's rules do not decide what a free block's requested size reads (gpu/
       // leaves the last caller's, the model 0): compared for live blocks only. policy:pytorch
       // keeps PyTorch's stale value, which the model reproduces: compared for every block.
@@ -461,7 +372,7 @@ struct Lockstep<Model, Impl>::State {
         return r.str();
       }
     }
-    return std::nullopt;
+    return compare_use_counts();
   }
 };
 
@@ -502,6 +413,14 @@ const Outcome& Lockstep<Model, Impl>::last_model() const {
 template <class Model, class Impl>
 const Outcome& Lockstep<Model, Impl>::last_sut() const {
   return s_->last_sut;
+}
+template <class Model, class Impl>
+bool Lockstep<Model, Impl>::ended() const {
+  return s_->ended;
+}
+template <class Model, class Impl>
+const front_end::PoolFrontEnd& Lockstep<Model, Impl>::pools() const {
+  return s_->pools;
 }
 template <class Model, class Impl>
 std::uint32_t Lockstep<Model, Impl>::handle_count() const {

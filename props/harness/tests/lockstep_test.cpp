@@ -82,16 +82,97 @@ record h12 s1
   EXPECT_EQ(ls.requested(12), 3000u);
 }
 
-// Pool and capture ops: both sides answer "not supported yet (issue 16)", nothing applied.
-TEST(Lockstep, PoolOpsAreNotSupportedYet) {
+// Pool and capture ops run on both sides through the one front end; exact values from
+// docs/pytorch-allocator.md §14 (ids §14.1, routing §14.2, use counts §14.4, the generator's
+// tensors §14.9).
+TEST(Lockstep, PoolAndCaptureOpsRunOnBothSides) {
   PytorchLockstep ls(Options{});
-  const auto d = ls.apply(ops::UseMemPoolBegin{0});
+  auto segments_of = [&](PoolId id) {
+    std::vector<std::pair<Bytes, StreamId>> r;
+    for (const auto& s : ls.sut().snapshot())
+      if (s.pool_id == id) r.emplace_back(s.total_size, s.stream);
+    return r;
+  };
+  using Segs = std::vector<std::pair<Bytes, StreamId>>;
+  ASSERT_EQ(ls.run(parse_ops("use_pool p0\nalloc 1000 s0\nalloc 3000000 s1\n")), std::nullopt);
+  // MemPool 0 is {0, 1}; use_mem_pool takes both streams: a 2 MiB small segment on stream 0 and a
+  // 20 MiB large one on stream 1, both in the pool.
+  EXPECT_EQ(segments_of(PoolId{0, 1}), (Segs{{2 * MiB, 0}, {20 * MiB, 1}}));
+  EXPECT_EQ(ls.sut().pool_use_count(PoolId{0, 1}), 2);  // the MemPool and its use_mem_pool
+  EXPECT_EQ(ls.model().pool_use_count(PoolId{0, 1}), 2);
+  ASSERT_EQ(ls.run(parse_ops("end_pool p0\nalloc 1000 s0\nrelease_pool p0\n")), std::nullopt);
+  EXPECT_EQ(segments_of(PoolId{}), (Segs{{2 * MiB, 0}}));  // h2: the default pool again
+  EXPECT_EQ(segments_of(PoolId{0, 1}).size(), 2u);  // released, but h0 and h1 are live
+  // A capture on stream 1: the generator's seed and offset (8 B each) in a default segment on
+  // stream 1, then the graph's pool {1, 0} takes stream 1 only.
+  ASSERT_EQ(ls.run(parse_ops("capture_begin g0 s1 pool new\nalloc 5000 s1\nalloc 5000 s2\n")), std::nullopt);
+  EXPECT_EQ(segments_of(PoolId{1, 0}), (Segs{{2 * MiB, 1}}));
+  EXPECT_EQ(segments_of(PoolId{}), (Segs{{2 * MiB, 0}, {2 * MiB, 1}, {2 * MiB, 2}}));
+  // 1000 -> 1024, 3000000 -> 3000320 (512-byte multiples), 1024, seed and offset 512 each, 5120 twice.
+  EXPECT_EQ(ls.sut().stats().allocated_bytes[0].current, 1024 + 3000320 + 1024 + 2 * 512 + 5120 + 5120);
+  ASSERT_EQ(ls.run(parse_ops("capture_end g0\nfree h0\nfree h1\nfree h3\ngraph_reset g0\nempty_cache\n")),
+            std::nullopt);
+  // Every private segment went back: pool {0, 1} at its blocks' frees and the empty_cache, the
+  // graph's pool at the empty_cache after its reset; only h2 and h4 hold default segments.
+  for (const auto& seg : ls.sut().snapshot()) EXPECT_TRUE(seg.pool_id.is_default());
+  EXPECT_EQ(segments_of(PoolId{}), (Segs{{2 * MiB, 0}, {2 * MiB, 2}}));
+}
+
+// What the front end refuses (no allocator call) and what the allocator refuses (a pool shared
+// by a capture while another capture allocates to it): a UsageError on both sides.
+TEST(Lockstep, RefusedPoolOpsAreUsageErrorsOnBothSides) {
+  PytorchLockstep ls(Options{});
+  for (const char* line : {"end_pool p0", "release_pool p3", "capture_end g0", "graph_reset g1",
+                           "capture_begin g0 s0 pool new"}) {
+    EXPECT_EQ(ls.apply(*parse_op(line)), std::nullopt) << line;
+    EXPECT_EQ(ls.last_sut().kind, Outcome::Kind::UsageError) << line;
+    EXPECT_EQ(ls.last_model().kind, Outcome::Kind::UsageError) << line;
+  }
+  ASSERT_EQ(ls.run(parse_ops("capture_begin g0 s1 pool new\ncapture_end g0\ncapture_begin g1 s1 pool g0\n")),
+            std::nullopt);
+  EXPECT_EQ(ls.apply(*parse_op("capture_begin g2 s2 pool g0")), std::nullopt);
+  EXPECT_EQ(ls.last_sut().kind, Outcome::Kind::UsageError);
+  EXPECT_EQ(ls.last_model().kind, Outcome::Kind::UsageError);
+  EXPECT_EQ(ls.pools().graph(2), front_end::PoolFrontEnd::GraphState::None);
+  EXPECT_FALSE(ls.ended());
+}
+
+// §14.8.3: dropping a MemPool while another is entered. The model says PyTorch fails, gpu/
+// refuses naming §14.8 and changes nothing; the case ends there.
+TEST(Lockstep, APyTorchFailureEndsTheCase) {
+  PytorchLockstep ls(Options{});
+  ASSERT_EQ(ls.run(parse_ops("use_pool p0\nalloc 1000 s0\nend_pool p0\nuse_pool p1\n")), std::nullopt);
+  EXPECT_EQ(ls.apply(*parse_op("release_pool p0")), std::nullopt);
+  EXPECT_EQ(ls.last_model().kind, Outcome::Kind::PyTorchFailure);
+  EXPECT_EQ(ls.last_sut().kind, Outcome::Kind::UsageError);
+  EXPECT_NE(ls.last_sut().message.find("§14.8"), std::string::npos) << ls.last_sut().message;
+  EXPECT_TRUE(ls.ended());
+  EXPECT_EQ(ls.apply(Allocate{1000, 0, {}}), std::nullopt);
+  EXPECT_EQ(ls.last_sut().kind, Outcome::Kind::Ended);
+}
+
+// The sut must refuse where PyTorch fails: here only the model has another pool entered
+// (behind the runner's back), so only the model fails.
+TEST(Lockstep, ReportsASutThatDoesNotRefuseWherePyTorchFails) {
+  PytorchLockstep ls(Options{});
+  ASSERT_EQ(ls.run(parse_ops("use_pool p0\nend_pool p0\n")), std::nullopt);
+  ls.model().begin_allocate_to_pool(PoolId{0, 9}, PoolRoute{});
+  const auto d = ls.apply(*parse_op("release_pool p0"));
   ASSERT_TRUE(d.has_value());
-  EXPECT_EQ(d->rfind("not supported yet (issue 16): use_pool p0\n", 0), 0u) << *d;
-  EXPECT_EQ(ls.last_sut().kind, Outcome::Kind::Unsupported);
-  EXPECT_EQ(ls.last_model().kind, Outcome::Kind::Unsupported);
-  EXPECT_EQ(show(ls.last_sut()), "not supported yet (issue 16): use_pool p0");
-  EXPECT_EQ(ls.apply(Allocate{1000, 0, {}}), std::nullopt);  // and the pair goes on
+  EXPECT_EQ(d->rfind("result differs (PyTorch 2.11 fails here: the sut must refuse with a UsageError naming §14.8)", 0),
+            0u)
+      << *d;
+  EXPECT_TRUE(ls.ended());
+}
+
+// Every pool's use count is compared after every op.
+TEST(Lockstep, ComparesPoolUseCounts) {
+  PytorchLockstep ls(Options{});
+  ASSERT_EQ(ls.apply(*parse_op("use_pool p0")), std::nullopt);
+  ls.model().create_or_incref_pool(PoolId{0, 1});  // behind the runner's back: 3 users, sut 2
+  const auto d = ls.apply(CompleteAllEvents{});
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(*d, "pool use counts differ\n  pool {0, 1}: model 3, sut 2\n");
 }
 
 // A pair runs its own policy only.

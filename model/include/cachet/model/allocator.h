@@ -132,6 +132,7 @@ class Allocator {
   BlockPool& get_pool(Bytes size, StreamId stream);
   void insert_events_deferred_until_no_capture();
   void release_private_pools(PoolId id);
+  void forget_pool(PrivatePool* pp);  // release.cpp
   void count_device_alloc(BlockPool& pool);
   void count_device_free(BlockPool& pool, const char* where);
   void refuse_device_free_in_capture(const char* what) const;
@@ -193,6 +194,9 @@ class Allocator {
   // release order; the active ones, newest last (get_pool searches newest first); the frees
   // that wait for the end of the captures (Deferred blocks, in the order they were freed).
   std::map<PoolId, std::unique_ptr<PrivatePool>> graph_pools_;
+  // Pools erased with mapped pages still in them (release.cpp forget_pool, §14.8.1): kept alive
+  // for their blocks, known to nothing else.
+  std::vector<std::unique_ptr<PrivatePool>> orphaned_pools_;
   FreeableOrder graph_pools_freeable_;
   std::vector<std::pair<PoolId, PoolRoute>> captures_underway_;
   std::vector<Block*> deferred_blocks_;

@@ -21,8 +21,20 @@
 //             Allocate bound. Free/RecordStream of a handle that was freed passes its old
 //             address to both allocators (both must report the same usage error, or free the
 //             block that now lives at that address); a handle never bound is skipped.
-//   pools     the pool and capture ops (issue 16) are answered "not supported yet (issue 16)":
-//             Outcome::Kind::Unsupported on both sides and a report, nothing applied.
+//   pools     the pool and capture ops (issue 16) go through ONE front end (tools/front_end,
+//             cachet/front_end/pool_front_end.h: PyTorch's MemPool, use_mem_pool, CUDAGraph and
+//             the generator's graph tensors, docs/pytorch-allocator.md §14.9): each allocator call
+//             it makes is applied to the sut, then to the model, and their results compared
+//             (the first that differs ends the op); then the same checks as any op, plus every
+//             pool's use count (getPoolUseCount) on both sides. An op the front end refuses
+//             (leaving a pool never entered, ...) is a UsageError on both sides, nothing applied.
+//             A pair whose model or implementation has no private pools answers them
+//             Outcome::Kind::Unsupported on both sides with a report, nothing applied.
+//   §14.8     where the model throws cachet::PyTorchFailure (PyTorch 2.11 itself fails), the
+//             sut must refuse with a UsageError (a DeviceError on a real device) whose message
+//             names §14.8, its stats and snapshot as before the refused call and its invariants
+//             clean; then the case has ended (ended()): the two states may differ from there on,
+//             so later ops are not applied (Outcome::Kind::Ended, no report).
 //
 // Addresses: the sut's backend is wrapped so that every malloc / reserve / map it makes is
 // logged; the model's SegmentSource hands the model exactly those addresses, in order (one
@@ -31,6 +43,7 @@
 // size or outcome, is a divergence). On a real device the device's outcome is taken.
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -41,6 +54,7 @@
 #include <vector>
 
 #include "cachet/config.h"
+#include "cachet/front_end/pool_front_end.h"
 #include "cachet/gpu/allocator.h"
 #include "cachet/gpu/backend.h"
 #include "cachet/gpu/host_backend.h"
@@ -78,7 +92,9 @@ struct Outcome {
     DeviceError,  // cachet::DeviceError; message = what()
     Other,        // any other exception (an invariant violation, a logic_error, ...)
     Skipped,      // the op named a handle that was never bound: not applied
-    Unsupported,  // a pool or capture op: not supported yet (issue 16); not applied
+    Unsupported,  // a pool or capture op on a pair without private pools; not applied
+    PyTorchFailure,  // the model: cachet::PyTorchFailure (PyTorch 2.11 fails here, §14.8)
+    Ended,        // the case ended at an earlier PyTorchFailure: not applied
   };
   Kind kind = Kind::Ok;
   std::uint64_t ptr = 0;
@@ -117,6 +133,17 @@ struct DeviceCounters {
 // Model: model::Allocator or model::CachetPolicy; Impl: CachingAllocator (both instantiations
 // live in lockstep.cpp). Options::config.policy must be the model's policy (else the
 // constructor throws std::invalid_argument saying which pair the policy needs).
+// An allocator with PyTorch's private-pool calls (docs/pytorch-allocator.md §14).
+template <class A>
+concept HasPrivatePools = requires(A& a, const A& c, PoolId id, PoolRoute route) {
+  a.create_or_incref_pool(id);
+  a.begin_allocate_to_pool(id, route);
+  a.end_allocate_to_pool(id);
+  a.release_pool(id);
+  a.empty_cache(id);
+  { c.pool_use_count(id) } -> std::convertible_to<int>;
+};
+
 template <class Model, class Impl = CachingAllocator>
 class Lockstep {
  public:
@@ -124,6 +151,8 @@ class Lockstep {
   using ImplType = Impl;
   static constexpr Policy kPolicy =
       std::is_same_v<Model, model::CachetPolicy> ? Policy::Cachet : Policy::PyTorch;
+  // Whether both sides have private pools: else the pool and capture ops are Unsupported.
+  static constexpr bool kPools = HasPrivatePools<Model> && HasPrivatePools<Impl>;
 
   // Host simulation backend with options.capacity.
   explicit Lockstep(Options options);
@@ -142,6 +171,10 @@ class Lockstep {
 
   const Outcome& last_model() const;
   const Outcome& last_sut() const;
+  // The case ended at a PyTorch failure (§14.8) both sides reported; later ops are not applied.
+  bool ended() const;
+  // The front end of the pool and capture ops (what is entered, capturing, alive).
+  const front_end::PoolFrontEnd& pools() const;
 
   std::uint32_t handle_count() const;            // allocations bound so far (live or freed)
   bool live(Handle handle) const;                 // bound and not freed

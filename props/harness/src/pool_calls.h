@@ -1,0 +1,138 @@
+// props/harness/src/pool_calls.h (internal to the lockstep runner): the pool and capture ops'
+// allocator calls, made on both sides. The shared front end (cachet/front_end/pool_front_end.h)
+// decides what an op calls; BothSides applies each call to the sut, then to the model, and lets
+// the front end go on only while both succeeded alike.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cachet/front_end/pool_front_end.h"
+#include "cachet/lockstep.h"
+#include "cachet/snapshot.h"
+#include "cachet/stats.h"
+#include "device_log.h"
+
+namespace cachet::lockstep::detail {
+
+// What a refusal where PyTorch fails (docs/pytorch-allocator.md §14.8) must leave as it was: the
+// sut's 122 stats and its snapshot.
+struct SutState {
+  std::vector<std::pair<std::string, std::int64_t>> stats;
+  Snapshot snapshot;
+  friend bool operator==(const SutState&, const SutState&) = default;
+};
+template <class Impl>
+SutState sut_state(Impl& sut) {  // snapshot() records a trace event: not const
+  return SutState{flatten(sut.stats()), sut.snapshot()};
+}
+
+// Thrown to the front end when a call did not succeed alike on both sides; the lockstep runner
+// catches it and reads failure().
+struct CallStopped {};
+
+// One call's outcomes: the first call of an op that did not succeed alike on both sides.
+struct CallFailure {
+  std::string call;  // e.g. "release_pool({1, 0})"
+  Outcome sut, model;
+  SutState sut_before;  // the sut's state before that call (the §14.8 check)
+};
+
+template <class Model, class Impl>
+class BothSides final : public front_end::AllocatorCalls {
+ public:
+  // A pair without private pools never reaches the pool calls (the runner answers Unsupported).
+  static constexpr bool kPools = HasPrivatePools<Model> && HasPrivatePools<Impl>;
+
+  BothSides(std::unique_ptr<Model>& model, std::unique_ptr<Impl>& sut) : model_(model), sut_(sut) {}
+
+  void begin_op() {
+    failure_.reset();
+    stopped_ = false;
+  }
+  const std::optional<CallFailure>& failure() const { return failure_; }
+
+  std::uint64_t malloc(Bytes size, StreamId stream) override {
+    return call(
+               "malloc(" + std::to_string(size) + ", stream " + std::to_string(stream) + ")",
+               [&](Outcome& r) {
+                 r.kind = Outcome::Kind::Pointer;
+                 r.ptr = reinterpret_cast<std::uint64_t>(sut_->allocate(size, stream));
+               },
+               [&](Outcome& r) {
+                 r.kind = Outcome::Kind::Pointer;
+                 r.ptr = model_->malloc(size, stream);
+               })
+        .ptr;
+  }
+  void free(std::uint64_t ptr) override {
+    call(
+        "free(" + hex(ptr) + ")", [&](Outcome&) { sut_->free(reinterpret_cast<void*>(ptr)); },
+        [&](Outcome&) { model_->free(ptr); });
+  }
+  void create_or_incref_pool(PoolId id) override {
+    if constexpr (kPools)
+      call(
+          "create_or_incref_pool(" + show_pool(id) + ")", [&](Outcome&) { sut_->create_or_incref_pool(id); },
+          [&](Outcome&) { model_->create_or_incref_pool(id); });
+  }
+  void begin_allocate_to_pool(PoolId id, PoolRoute route) override {
+    if constexpr (kPools)
+      call(
+          "begin_allocate_to_pool(" + show_pool(id) + ")", [&](Outcome&) { sut_->begin_allocate_to_pool(id, route); },
+          [&](Outcome&) { model_->begin_allocate_to_pool(id, route); });
+  }
+  void end_allocate_to_pool(PoolId id) override {
+    if constexpr (kPools)
+      call(
+          "end_allocate_to_pool(" + show_pool(id) + ")", [&](Outcome&) { sut_->end_allocate_to_pool(id); },
+          [&](Outcome&) { model_->end_allocate_to_pool(id); });
+  }
+  void release_pool(PoolId id) override {
+    if constexpr (kPools)
+      call(
+          "release_pool(" + show_pool(id) + ")", [&](Outcome&) { sut_->release_pool(id); },
+          [&](Outcome&) { model_->release_pool(id); });
+  }
+  void empty_cache_of(PoolId id) override {
+    if constexpr (kPools)
+      call(
+          "empty_cache(" + show_pool(id) + ")", [&](Outcome&) { sut_->empty_cache(id); },
+          [&](Outcome&) { model_->empty_cache(id); });
+  }
+  // Only live_pools() asks, which the runner does not use: the sut's count (the runner compares
+  // both sides' counts after every op).
+  int pool_use_count(PoolId id) const override {
+    if constexpr (kPools) return sut_->pool_use_count(id);
+    return 0;
+  }
+
+ private:
+  // Sut first (the model's device takes the sut's addresses), then the model. Both succeeded
+  // alike: the result. Else the first such call is kept and the front end stopped; after a
+  // failure both sides share (the same error kind; out of memory: the same text) the front end
+  // may still make the calls that undo its own step (§14.9); after any other, no call is made.
+  template <class S, class M>
+  Outcome call(std::string what, S&& on_sut, M&& on_model) {
+    if (stopped_) throw CallStopped{};
+    SutState before = sut_state(*sut_);
+    const Outcome s = capture(on_sut);
+    const Outcome m = capture(on_model);
+    if (s == m && (s.kind == Outcome::Kind::Ok || s.kind == Outcome::Kind::Pointer)) return s;
+    if (!failure_) failure_ = CallFailure{std::move(what), s, m, std::move(before)};
+    const bool alike = s.kind == m.kind && (s.kind == Outcome::Kind::UsageError || s.message == m.message) &&
+                       s.kind != Outcome::Kind::Ok && s.kind != Outcome::Kind::Pointer;
+    if (!alike) stopped_ = true;
+    throw CallStopped{};
+  }
+
+  std::unique_ptr<Model>& model_;
+  std::unique_ptr<Impl>& sut_;
+  std::optional<CallFailure> failure_;
+  bool stopped_ = false;
+};
+
+}  // namespace cachet::lockstep::detail

@@ -1,0 +1,162 @@
+// The RapidCheck commands and generators of the lockstep machine (props.h).
+#include "props.h"
+
+namespace cachet::props {
+namespace {
+
+struct AllocCmd : Cmd {
+  Bytes size;
+  int stream;
+  AllocCmd(Bytes s, int st) : size(s), stream(st) {}
+  void apply(PModel& m) const override { m.slots.push_back({size, stream, false}); }
+  void run(const PModel& m, PSut& sut) const override {
+    sut.step(lockstep::Allocate{size, sut.stream(stream), {}}, m.slots.size());
+  }
+  void show(std::ostream& os) const override { os << "a: alloc " << size << " s" << stream; }
+};
+
+struct FreeCmd : Cmd {
+  std::size_t slot;
+  explicit FreeCmd(std::size_t s) : slot(s) {}
+  void checkPreconditions(const PModel& m) const override {
+    const bool live = slot < m.slots.size() && !m.slots[slot].freed;  // RC_PRE does not short-circuit
+    RC_PRE(live);
+  }
+  void apply(PModel& m) const override { m.slots[slot].freed = true; }
+  void run(const PModel&, PSut& sut) const override {
+    if (auto h = sut.handle(slot)) sut.step(lockstep::Free{*h});
+  }
+  void show(std::ostream& os) const override { os << "free a#" << slot; }
+};
+
+struct RecordCmd : Cmd {
+  std::size_t slot;
+  int stream;
+  RecordCmd(std::size_t s, int st) : slot(s), stream(st) {}
+  void checkPreconditions(const PModel& m) const override {
+    const bool live = slot < m.slots.size() && !m.slots[slot].freed;  // RC_PRE does not short-circuit
+    RC_PRE(live);
+  }
+  void run(const PModel&, PSut& sut) const override {
+    if (auto h = sut.handle(slot)) sut.step(lockstep::RecordStream{*h, sut.stream(stream)});
+  }
+  void show(std::ostream& os) const override { os << "record a#" << slot << " s" << stream; }
+};
+
+struct CompleteCmd : Cmd {
+  int stream;
+  explicit CompleteCmd(int s) : stream(s) {}
+  void run(const PModel&, PSut& sut) const override { sut.step(lockstep::CompleteEvents{sut.stream(stream)}); }
+  void show(std::ostream& os) const override { os << "complete s" << stream; }
+};
+
+struct EmptyCacheCmd : Cmd {
+  void run(const PModel&, PSut& sut) const override { sut.step(lockstep::EmptyCache{}); }
+  void show(std::ostream& os) const override { os << "empty_cache"; }
+};
+
+struct FractionCmd : Cmd {
+  double fraction;
+  explicit FractionCmd(double f) : fraction(f) {}
+  void run(const PModel&, PSut& sut) const override { sut.step(lockstep::SetMemoryFraction{fraction}); }
+  void show(std::ostream& os) const override { os << "fraction " << fraction; }
+};
+
+// ------------------------------------------------------------------------------- generators
+
+rc::Gen<Bytes> near(Bytes x) {
+  return rc::gen::map(rc::gen::inRange<std::int64_t>(-1536, 1537), [x](std::int64_t d) {
+    const std::int64_t v = static_cast<std::int64_t>(x) + d;
+    return static_cast<Bytes>(std::max<std::int64_t>(1, v));
+  });
+}
+
+rc::Gen<Bytes> gen_size(const Config& c) {
+  const Bytes ms = c.max_split_size == kNoMaxSplit ? 64 * MiB : c.max_split_size;
+  return rc::gen::weightedOneOf<Bytes>({
+      {28, rc::gen::inRange<Bytes>(1, kSmallSize + 1)},                                  // small
+      {26, rc::gen::inRange<Bytes>(kSmallSize + 1, 48 * MiB)},                           // large
+      {5, near(512)},                                                                    // boundaries
+      {5, near(kSmallSize)},
+      {5, near(kMinLargeAlloc)},
+      {6, near(ms)},                                                                     // max_split
+      {10, rc::gen::inRange<Bytes>(ms, 3 * ms)},                                         // oversize
+      {4, rc::gen::inRange<Bytes>(1 * GiB, 10 * GiB)},                                   // huge
+      {1, rc::gen::element<Bytes>(0, kMaxRequest, kMaxRequest + 1)},                     // edge
+  });
+}
+
+rc::Gen<double> gen_fraction() {
+  return rc::gen::weightedOneOf<double>({
+      {6, rc::gen::map(rc::gen::inRange(1, 60), [](int k) { return k / 1000.0; })},  // 8..480 MiB caps
+      {2, rc::gen::map(rc::gen::inRange(60, 1001), [](int k) { return k / 1000.0; })},
+      {2, rc::gen::just(1.0)},
+  });
+}
+
+}  // namespace
+
+rc::Gen<std::shared_ptr<const Cmd>> gen_command(const PModel& m) {
+  return rc::gen::exec([m]() -> std::shared_ptr<const Cmd> {
+    std::vector<std::size_t> live;
+    for (std::size_t i = 0; i < m.slots.size(); ++i)
+      if (!m.slots[i].freed) live.push_back(i);
+    const int k = *rc::gen::inRange(0, 100);
+    if (m.pools.enabled && *rc::gen::inRange(0, 100) < 12) return gen_pool_command(m);
+    const auto stream = rc::gen::weightedOneOf<int>({{4, rc::gen::just(0)}, {3, rc::gen::inRange(1, kStreams)}});
+    if (k < 45 || (live.empty() && k < 85)) return std::make_shared<AllocCmd>(*gen_size(m.config), *stream);
+    if (k < 78 && !live.empty()) return std::make_shared<FreeCmd>(*rc::gen::elementOf(live));
+    if (k < 85 && !live.empty()) return std::make_shared<RecordCmd>(*rc::gen::elementOf(live), *stream);
+    if (k < 93) return std::make_shared<CompleteCmd>(*stream);
+    if (k < 96) return std::make_shared<EmptyCacheCmd>();
+    return std::make_shared<FractionCmd>(*gen_fraction());
+  });
+}
+
+// A valid configuration, built as text (so it goes through parse_config like a user's).
+// policy:cachet: "policy:cachet" and sometimes max_split_size_mb (under that policy the other
+// keys change nothing but the max_split_size stat).
+rc::Gen<Config> gen_config() {
+  if (g_policy == Policy::Cachet)
+    return rc::gen::exec([]() {
+      std::string text = "policy:cachet";
+      if (*rc::gen::inRange(0, 3) == 0) text += ",max_split_size_mb:" + std::to_string(*rc::gen::inRange(20, 200));
+      return parse_config(text).config;
+    });
+  return rc::gen::exec([]() {
+    std::vector<std::string> parts;
+    const std::uint64_t large_seg_mb = *rc::gen::weightedOneOf<std::uint64_t>(
+        {{6, rc::gen::just<std::uint64_t>(20)}, {2, rc::gen::element<std::uint64_t>(12, 16, 32, 64)}});
+    if (large_seg_mb != 20) parts.push_back("large_segment_size_mb:" + std::to_string(large_seg_mb));
+    if (*rc::gen::inRange(0, 3) != 0)
+      parts.push_back("max_split_size_mb:" + std::to_string(large_seg_mb + *rc::gen::inRange<std::uint64_t>(0, 100)));
+    switch (*rc::gen::inRange(0, 4)) {
+      case 1:
+        parts.push_back("roundup_power2_divisions:" + std::to_string(*rc::gen::element(1, 2, 4, 8, 16)));
+        break;
+      case 2: {
+        const auto d = rc::gen::element(0, 1, 2, 4, 8);
+        parts.push_back("roundup_power2_divisions:[1:" + std::to_string(*d) + ",2:" + std::to_string(*d) +
+                        ",64:" + std::to_string(*d) + ",256:" + std::to_string(*d) + ",>:" + std::to_string(*d) +
+                        "]");
+        break;
+      }
+      default: break;
+    }
+    if (*rc::gen::inRange(0, 2) == 0)
+      parts.push_back("garbage_collection_threshold:0." + std::to_string(*rc::gen::inRange(3, 10)));
+    if (*rc::gen::inRange(0, 3) == 0) parts.push_back("expandable_segments:True");
+    if (*rc::gen::inRange(0, 4) == 0)
+      parts.push_back("max_non_split_rounding_mb:" +
+                      std::to_string(large_seg_mb + *rc::gen::element<std::uint64_t>(0, 2, 44, 492)));
+    std::string text;
+    for (const auto& p : parts) text += (text.empty() ? "" : ",") + p;
+    try {
+      return parse_config(text).config;
+    } catch (const std::exception& e) {
+      RC_FAIL("generator: invalid config '" + text + "': " + e.what());
+    }
+  });
+}
+
+}  // namespace cachet::props

@@ -5,7 +5,7 @@
 //
 // Only the policies' mutated sources include this header: src/policy_pytorch/ (malloc.cpp,
 // free.cpp, release.cpp: mutants 1-16, 24-26) and src/policy_cachet/ (malloc.cpp, pages.cpp,
-// free.cpp: 17-23). Only those translation units are compiled with CACHET_MUTANT
+// free.cpp: 17-23, 27, 28). Only those translation units are compiled with CACHET_MUTANT
 // (gpu/CMakeLists.txt: CACHET_GPU_MUTATED_SOURCES; the other sources are built once and shared by
 // every mutant library). Never include it from a header or from a checker
 // (src/policy_pytorch/invariants.cpp, src/policy_cachet/check.cpp: built once, so the checker stays
@@ -51,5 +51,8 @@ inline constexpr int kMutantGcLargestFirst = 24;      // GC releases each round'
 // policy:pytorch's private pools (issue 16; malloc.cpp, release.cpp).
 inline constexpr int kMutantPrivateBlockToDefault = 25;  // a default-pool request takes a private pool's free block
 inline constexpr int kMutantReleaseFreesLiveBlock = 26;  // releasing a pool frees its blocks still allocated
+// policy:cachet's private pools (src/policy_cachet/malloc.cpp, free.cpp; R10, R11).
+inline constexpr int kMutantCachetPoolBlockToDefault = 27;  // R2: a default request with no fit takes a private pool's free block
+inline constexpr int kMutantCachetFreeStaysInReleasedPool = 28;  // a block freed after its pool's release stays in that pool
 
 }  // namespace cachet::gpu::detail

@@ -59,7 +59,7 @@ void CachetPolicy::free_block(CBlock* b) {
   touch(b, false);
   b->stream_uses.clear();
   b->set_state(BlockState::Free);
-  leave_released_pool(b);  // R11
+  if (!mutant(kMutantCachetFreeStaysInReleasedPool)) leave_released_pool(b);  // R11
   merge_free(b);
 }
 

@@ -41,8 +41,14 @@ DevicePtr CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
 }
 
 CBlock* CachetPolicy::take_best_fit(StreamId stream, PoolId pool, Bytes size) {
-  CFreeSet& fs = free_set(pool);  // R10: the pool's own free blocks
-  auto it = fs.lower_bound(SizeKey{stream, size, 0}, SizeOrder{});
+  CFreeSet* set = &free_set(pool);  // R10: the pool's own free blocks
+  auto it = set->lower_bound(SizeKey{stream, size, 0}, SizeOrder{});
+  if constexpr (mutant(kMutantCachetPoolBlockToDefault))
+    if ((it == set->end() || it->stream != stream) && pool.is_default() && !pools_.empty()) {
+      set = &pools_.begin()->second.free;
+      it = set->lower_bound(SizeKey{stream, size, 0}, SizeOrder{});
+    }
+  CFreeSet& fs = *set;
   if (it == fs.end() || it->stream != stream) return nullptr;
   CBlock* f = &*it;
   // Size-class-aware split: small requests take the high end of the block, large ones the low

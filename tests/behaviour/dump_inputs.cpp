@@ -71,7 +71,7 @@ std::vector<Input> recording_inputs(const std::string& policy, const std::string
     if (rec.cap > 0) in.initial_fraction = static_cast<double>(rec.cap) / static_cast<double>(rec.total_memory);
     const std::vector<ops::Op> list = io::read_ops(io::ops_path_for(rec.path));
     // The private-pool and capture recordings (docs/pytorch-allocator.md §14) under policy:pytorch
-    // only: policy:cachet has no private pools yet.
+    // only (policy:cachet's run of them is checked by the ctests conform_h100_*_cachet).
     if (policy != "pytorch" &&
         std::any_of(list.begin(), list.end(), [](const ops::Op& op) { return ops::is_pool_op(op); }))
       continue;

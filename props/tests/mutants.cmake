@@ -35,7 +35,7 @@ set(CACHET_PROPS_MUTANT_KILLS
   "16:sut-invariants:INV-SEG-3"
   "24:lockstep:trace"
   "17:lockstep" "18:lockstep" "19:lockstep:trace" "20:lockstep" "20:stats-recount" "20:memory-cap"
-  "21:lockstep" "21:memory-cap" "22:lockstep:trace" "22:pending-event" "23:lockstep"
+  "21:lockstep" "21:memory-cap" "22:lockstep" "22:pending-event" "23:lockstep"
   "25:lockstep" "26:lockstep")
 set(CACHET_PROPS_MUTANT_REGRESSIONS "24:gc_largest_first.ops:trace events differ"
   "23:cachet_retry_skips_best_fit.ops:device calls differ"

@@ -72,6 +72,7 @@ Block* Allocator::find_expandable_block(StreamId stream, BlockPool& pool, Bytes 
   c->expandable = es.get();
   expandable_segments_.push_back(std::move(es));
   pool.unmapped.insert(c);
+  if (pool.owner != nullptr) pool.owner->had_expandable = true;  // [INV-PRIV-2] stops applying
   return c;
 }
 

@@ -138,12 +138,11 @@ void Allocator::check_invariants() const {
     if (pp->use_count < 0) fail("[INV-PRIV-1]", "a negative use count");
     if ((pp->use_count == 0) != graph_pools_freeable_.contains(pp.get()))
       fail("[INV-PRIV-1]", "the freeable list disagrees with the use count");
-    // With expandable segments a growth counts once however many pages it maps, and each
-    // unmapped range once (§14.5): the count then says nothing about segments, even after
-    // the pool's expandable segments are gone.
-    if (!config_.expandable_segments && pp->device_allocs != segments_of[pp.get()])
+    // Expandable segments break the count (§14.8.1): only a pool that never reserved one.
+    if (!pp->had_expandable && pp->device_allocs != segments_of[pp.get()])
       fail("[INV-PRIV-2]", "device allocation count " + std::to_string(pp->device_allocs) +
-                               ", segments " + std::to_string(segments_of[pp.get()]));
+                               ", segments " + std::to_string(segments_of[pp.get()]) +
+                               " in a pool without expandable segments");
   }
   // [INV-STATS-1]: the stats agree with the structure (§5.3).
   std::int64_t segments = 0, reserved = 0, allocated = 0, active_bytes = 0, allocations = 0,

@@ -193,6 +193,30 @@ TEST(PrivatePools, PyTorchFailsOnExpandableUnmapCount) {
   (void)c;
 }
 
+// [INV-PRIV-2] holds only for a pool that never reserved an expandable segment: two growths of one
+// page each count 2, the merged free run unmaps as one range (-1), so the pool keeps a count of 1
+// with no segment left and stays known (§14.5, §14.8.1). The check must not fire here.
+TEST(PrivatePools, ExpandableCountAboveZeroWithNoSegmentLeftIsNoViolation) {
+  Device d(conf("expandable_segments:True"));
+  const PoolId id{0, 1};
+  d.alloc.create_or_incref_pool(id);
+  d.alloc.begin_allocate_to_pool(id, kThread);
+  const auto a = d.malloc(20 * MiB);  // growth 1: page 0, count 1
+  const auto b = d.malloc(20 * MiB);  // growth 2: page 1, count 2
+  d.alloc.end_allocate_to_pool(id);
+  d.alloc.release_pool(id);
+  d.alloc.release_pool(id);  // freeable
+  d.free(a);
+  d.free(b);  // pages 0-1 one free run
+  d.alloc.empty_cache();  // one unmap of 40 MiB (count 1), then the reservation goes back
+  EXPECT_EQ(d.alloc.stats().num_device_alloc, 2);
+  EXPECT_EQ(d.alloc.stats().num_device_free, 1);
+  EXPECT_EQ(d.alloc.stats().reserved_bytes[0].current, 0);
+  EXPECT_TRUE(d.alloc.has_pool(id));  // count 1: PyTorch keeps the empty pool for ever
+  EXPECT_EQ(d.alloc.pool_use_count(id), 0);
+  EXPECT_NO_THROW(d.alloc.check_invariants());
+}
+
 // The release order of freeable pools is ska::flat_hash_map's: hash = first or second, index =
 // (hash * 11400714819323198485) >> (64 - log2 slots). Worked by hand: with 4 slots ids 1, 2
 // land in slots 2 and 0; the third insert grows to 8 slots: 1 -> 4, 2 -> 1, 3 -> 6.

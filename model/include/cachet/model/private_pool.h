@@ -9,8 +9,8 @@
 //
 // Invariants (Allocator::check_invariants, docs/invariants.md): [INV-SEG-3] the blocks of a
 // segment share its pool, so a private pool's blocks never reach another pool; [INV-PRIV-1]
-// use_count >= 0 and the pool is freeable exactly at 0; [INV-PRIV-2] without expandable
-// segments, device_allocs equals the pool's segment count.
+// use_count >= 0 and the pool is freeable exactly at 0; [INV-PRIV-2] for a pool that never
+// reserved an expandable segment, device_allocs equals its number of segments.
 #pragma once
 
 #include <algorithm>
@@ -35,6 +35,9 @@ struct PrivatePool {
   // growth of an expandable segment), -1 per release_block or unmap_block (§14.5). Expandable
   // segments can unmap more ranges than they grew by: PyTorch's assertion (§14.8).
   int device_allocs = 0;
+  // It reserved an expandable segment (find_expandable_block): from then on device_allocs no
+  // longer follows its segments ([INV-PRIV-2] does not apply).
+  bool had_expandable = false;
   BlockPool large{false, this};
   BlockPool small{true, this};
 };

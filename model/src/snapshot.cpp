@@ -25,12 +25,16 @@ SnapshotState state_of(const Block* b) {
 
 }  // namespace
 
-Snapshot Allocator::snapshot() const {
+Snapshot Allocator::snapshot() const { return snapshot_of(false); }
+
+Snapshot Allocator::snapshot_of(bool orphaned) const {
   Snapshot out;
   // Every mapped block: the default and private pools and the active set (PyTorch's
-  // get_all_blocks).
+  // get_all_blocks). An orphaned pool's free blocks are in none of them (§14.8.1): a run of
+  // it shows only from an active block on, unless `orphaned` asks for every run.
   std::vector<const Block*> all;
-  for_each_block_pool([&](const BlockPool& pool) { all.insert(all.end(), pool.blocks.begin(), pool.blocks.end()); });
+  for_each_block_pool([&](const BlockPool& pool) { all.insert(all.end(), pool.blocks.begin(), pool.blocks.end()); },
+                      orphaned);
   for (const auto& [ptr, b] : active_blocks_) all.push_back(b);
   for (const Block* head : all) {
     // One segment per contiguous mapped run (a whole cudaMalloc, or a mapped range of an
@@ -62,8 +66,7 @@ void Allocator::check_invariants() const {
   };
   std::size_t pooled = 0;
   std::vector<const BlockPool*> pools;
-  for_each_block_pool([&](const BlockPool& pool) { pools.push_back(&pool); });
-  for (const auto& pp : orphaned_pools_) pools.insert(pools.end(), {&pp->small, &pp->large});
+  for_each_block_pool([&](const BlockPool& pool) { pools.push_back(&pool); }, true);
   for (const BlockPool* pool : pools) {
     pooled += pool->blocks.size() + pool->unmapped.size();
     for (const Block* b : pool->blocks) {
@@ -129,11 +132,21 @@ void Allocator::check_invariants() const {
   }
   if (active_blocks_.size() + pooled != owned_.size())
     fail("[INV-POOL-1]", "a block is in no container, or in two");
-  // Private pools (§14.4, §14.5).
+  // Private pools (§14.4, §14.5, §14.8.1).
+  auto is_orphaned = [&](const PrivatePool* pp) {
+    return std::any_of(orphaned_pools_.begin(), orphaned_pools_.end(),
+                       [&](const auto& o) { return o.get() == pp; });
+  };
   std::map<const PrivatePool*, int> segments_of;
-  for (const auto& [key, owned] : owned_)
-    if (owned->pool->owner != nullptr && owned->prev == nullptr && owned->expandable == nullptr)
-      ++segments_of[owned->pool->owner];
+  for (const auto& [key, owned] : owned_) {
+    const PrivatePool* owner = owned->pool->owner;
+    if (owner == nullptr) continue;
+    const auto known = graph_pools_.find(owner->id);
+    if ((known != graph_pools_.end() && known->second.get() == owner) == is_orphaned(owner))
+      fail("[INV-SEG-3]", "a block of a private pool that is neither known nor orphaned at " +
+                              std::to_string(owned->ptr));
+    if (owned->prev == nullptr && owned->expandable == nullptr) ++segments_of[owner];
+  }
   for (const auto& [id, pp] : graph_pools_) {
     if (pp->use_count < 0) fail("[INV-PRIV-1]", "a negative use count");
     if ((pp->use_count == 0) != graph_pools_freeable_.contains(pp.get()))
@@ -144,10 +157,13 @@ void Allocator::check_invariants() const {
                                ", segments " + std::to_string(segments_of[pp.get()]) +
                                " in a pool without expandable segments");
   }
+  for (const auto& pp : orphaned_pools_)
+    if (pp->use_count != 0 || pp->device_allocs != 0 || graph_pools_freeable_.contains(pp.get()))
+      fail("[INV-PRIV-1]", "an orphaned pool with users, device allocations or on the freeable list");
   // [INV-STATS-1]: the stats agree with the structure (§5.3).
   std::int64_t segments = 0, reserved = 0, allocated = 0, active_bytes = 0, allocations = 0,
                active = 0, inactive_split = 0, inactive_split_bytes = 0;
-  for (const SegmentSnapshot& s : snapshot()) {
+  for (const SegmentSnapshot& s : snapshot_of(true)) {  // orphaned pools' memory is counted too
     if (!s.is_expandable) ++segments;
     reserved += static_cast<std::int64_t>(s.total_size);
     for (const BlockSnapshot& b : s.blocks) {

@@ -217,6 +217,46 @@ TEST(PrivatePools, ExpandableCountAboveZeroWithNoSegmentLeftIsNoViolation) {
   EXPECT_NO_THROW(d.alloc.check_invariants());
 }
 
+// The count reaches exactly 0 with pages still mapped (§14.8.1): one growth of three pages (count
+// 1), then empty_cache unmaps page 2 only (count 0) while x's and b's pages 0-1 stay mapped.
+// PyTorch erases the pool with b still allocated in it; the model keeps the pool object
+// (orphaned, as gpu/ does): unknown by its id, its memory counted and never given back, its
+// runs shown only from an active block on, and freeing b is safe.
+TEST(PrivatePools, APoolErasedWithPagesStillMappedIsOrphaned) {
+  Device d(conf("expandable_segments:True"));
+  const PoolId id{0, 1};
+  d.alloc.create_or_incref_pool(id);
+  d.alloc.begin_allocate_to_pool(id, kThread);
+  d.free(d.malloc(60 * MiB));        // pages 0-2 mapped in one growth: count 1
+  const auto x = d.malloc(10 * MiB);  // [0, 10 MiB)
+  const auto b = d.malloc(20 * MiB);  // [10, 30 MiB); [30, 60 MiB) free
+  d.alloc.end_allocate_to_pool(id);
+  d.alloc.release_pool(id);
+  d.free(x);  // [0, 10 MiB) free: no whole page
+  d.alloc.release_pool(id);
+  d.alloc.empty_cache();  // unmaps page 2 only ([40, 60 MiB)): count 0, pages 0-1 mapped
+  d.alloc.check_invariants();
+  EXPECT_EQ(d.alloc.stats().num_device_free, 1);
+  EXPECT_EQ(d.alloc.stats().reserved_bytes[0].current, static_cast<std::int64_t>(40 * MiB));
+  EXPECT_EQ(d.alloc.stats().allocated_bytes[0].current, static_cast<std::int64_t>(20 * MiB));
+  EXPECT_FALSE(d.alloc.has_pool(id));  // PyTorch erased it
+  EXPECT_THROW((void)d.alloc.pool_use_count(id), UsageError);
+  // PyTorch's snapshot walks the known pools' free blocks and the active ones: the mapped run
+  // [0, 40 MiB) starts with x's free block, which it no longer finds, so nothing shows.
+  EXPECT_EQ(d.alloc.snapshot(), Snapshot{});
+  d.free(b);  // into the erased pool: merges with [0, 10) and [30, 40)
+  EXPECT_EQ(d.alloc.snapshot(), Snapshot{});
+  d.alloc.empty_cache();  // an erased pool is never released again: PyTorch leaks it too
+  d.alloc.check_invariants();
+  EXPECT_EQ(d.alloc.stats().reserved_bytes[0].current, static_cast<std::int64_t>(40 * MiB));
+  EXPECT_EQ(d.alloc.stats().active_bytes[0].current, 0);
+  EXPECT_EQ(d.alloc.stats().num_device_free, 1);
+  // The id can name a new pool, which starts from nothing.
+  d.alloc.create_or_incref_pool(id);
+  EXPECT_EQ(d.alloc.pool_use_count(id), 1);
+  d.alloc.check_invariants();
+}
+
 // The release order of freeable pools is ska::flat_hash_map's: hash = first or second, index =
 // (hash * 11400714819323198485) >> (64 - log2 slots). Worked by hand: with 4 slots ids 1, 2
 // land in slots 2 and 0; the third insert grows to 8 slots: 1 -> 4, 2 -> 1, 3 -> 6.

@@ -137,15 +137,24 @@ class Allocator {
   void count_device_free(BlockPool& pool, const char* where);
   void refuse_device_free_in_capture(const char* what) const;
   Bytes private_pool_free_bytes() const;
+  // The default and the known private pools (what PyTorch can reach), and with `orphaned` the
+  // orphaned pools too (every block the model holds).
   template <class F>
-  void for_each_block_pool(F&& f) const {
+  void for_each_block_pool(F&& f, bool orphaned = false) const {
     f(large_blocks_);
     f(small_blocks_);
     for (const auto& [id, pp] : graph_pools_) {
       f(pp->large);
       f(pp->small);
     }
+    if (!orphaned) return;
+    for (const auto& pp : orphaned_pools_) {
+      f(pp->large);
+      f(pp->small);
+    }
   }
+  // snapshot.cpp: snapshot() is PyTorch's view; with `orphaned`, every mapped run.
+  Snapshot snapshot_of(bool orphaned) const;
   // release.cpp
   void release_cached_blocks(PoolId id = PoolId{});
   void release_blocks(BlockPool& pool);

@@ -5,12 +5,14 @@
 // begin_allocate_to_pool); blocks return to it when freed, whenever that happens. Its segments
 // go back to the device only after its last user released it (use_count 0, "freeable") and
 // only by release_cached_blocks (empty_cache, a MemPool's destructor, the last retry of malloc).
-// The pool itself is forgotten when, freeable, its device allocation count is 0.
+// The pool itself is forgotten when, freeable, its device allocation count is 0; if blocks of it
+// are still mapped then (expandable segments only, §14.8.1) the object stays, orphaned.
 //
 // Invariants (Allocator::check_invariants, docs/invariants.md): [INV-SEG-3] the blocks of a
-// segment share its pool, so a private pool's blocks never reach another pool; [INV-PRIV-1]
-// use_count >= 0 and the pool is freeable exactly at 0; [INV-PRIV-2] for a pool that never
-// reserved an expandable segment, device_allocs equals its number of segments.
+// segment share its pool, so a private pool's blocks never reach another pool, and every block's
+// pool is a known or an orphaned one; [INV-PRIV-1] use_count >= 0 and the pool is freeable
+// exactly at 0; [INV-PRIV-2] for a pool that never reserved an expandable segment,
+// device_allocs equals its number of segments.
 #pragma once
 
 #include <algorithm>

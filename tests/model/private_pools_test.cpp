@@ -215,6 +215,10 @@ TEST(PrivatePools, ExpandableCountAboveZeroWithNoSegmentLeftIsNoViolation) {
   EXPECT_TRUE(d.alloc.has_pool(id));  // count 1: PyTorch keeps the empty pool for ever
   EXPECT_EQ(d.alloc.pool_use_count(id), 0);
   EXPECT_NO_THROW(d.alloc.check_invariants());
+  // The rule follows the pool, not the setting: turned off now, the pool still had expandable
+  // segments, so it is still not checked.
+  d.alloc.set_allocator_settings(conf("expandable_segments:False"));
+  EXPECT_NO_THROW(d.alloc.check_invariants());
 }
 
 // The count reaches exactly 0 with pages still mapped (§14.8.1): one growth of three pages (count

@@ -1,179 +1,52 @@
 // libcachet_torch.so: cachet as a PyTorch plug-in allocator
 // (torch.cuda.memory.CUDAPluggableAllocator(path, "cachet_malloc", "cachet_free")).
 //
-// One cachet::CachingAllocator per CUDA device, created on first use and never destroyed (PyTorch
-// frees tensors during interpreter teardown, after static destructors would have run). The
-// configuration is read once, on first use, from CACHET_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF,
-// else PYTORCH_ALLOC_CONF (cachet-only keys only in CACHET_ALLOC_CONF). A bad configuration is
-// printed once on stderr and every allocation then returns NULL; nothing here aborts or lets an
-// exception cross the C boundary.
+// The per-device allocators, the configuration and the cachet_torch_* functions that
+// python/cachet_torch.py calls are shared with the c10 backend (torch_common.h). A bad
+// configuration is printed once on stderr and every allocation then returns NULL (cachet_torch.
+// install() refuses it before that can happen).
+//
+// Running out of memory is never a NULL: cachet_malloc throws CudaOutOfMemory (a
+// std::runtime_error whose what() is PyTorch's "CUDA out of memory. Tried to allocate ..."
+// text). CUDAPluggableAllocator calls cachet_malloc through a std::function from C++ code, so
+// the exception reaches PyTorch's Python boundary, which raises it as RuntimeError with that
+// text. (Only the c10 backend can raise torch.OutOfMemoryError: that type lives in libc10, which
+// this library, built for every torch version, does not link.) Other allocator errors (a freed
+// pointer, a device that fails) are printed and kept for cachet_torch_last_error, as before.
 //
 // PyTorch's private-pool callbacks (CUDA graph capture, use_mem_pool) are C++ functions of the
 // types CUDAPluggableAllocator's set_begin_allocate_to_pool, set_end_allocate_to_pool_fn and
 // set_release_pool take; see "Private pools" below and python/README.md for the ABI requirement.
-//
-// Besides PyTorch's entry points, the cachet_torch_* functions serve python/cachet_torch.py
-// (ctypes): configuration check, stream uses, empty_cache, memory fraction, stats, summary,
-// snapshot and trace as JSON. Strings they return are malloc'd: cachet_torch_string_free.
 #include <cuda_runtime_api.h>  // cudaStream_t, as in PyTorch's callback types
 #include <sys/types.h>
 
-#include <array>
-#include <atomic>
+#include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <functional>
-#include <memory>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
 
-#include "cachet/config.h"
 #include "cachet/errors.h"
 #include "cachet/gpu/allocator.h"
 #include "cachet/gpu/cuda_backend.h"
-#include "cachet/snapshot.h"
-#include "cachet/stats.h"
-#include "cachet/trace.h"
+#include "torch_common.h"
 
-#define CACHET_TORCH_API extern "C" __attribute__((visibility("default")))
-#define CACHET_TORCH_CXX_API __attribute__((visibility("default")))
-
-namespace {
-
-constexpr int kMaxDevices = 64;
-
-struct State {
-  std::once_flag config_once;
-  bool config_ok = false;
-  std::string config_error;  // the parser's message, "" when config_ok
-  cachet::Config config;
-  std::string variable;  // the environment variable used ("" = defaults)
-  std::string text;      // its value
-
-  std::mutex create_mu;  // creation of allocators; last error
-  std::array<std::atomic<cachet::CachingAllocator*>, kMaxDevices> allocators{};
-  std::atomic<bool> trace_on{false};
-  std::atomic<bool> config_reported{false};  // the refusal was printed or raised in Python
-  std::string last_error;  // guarded by create_mu
-};
-
-State& state() {
-  static State* s = new State;  // never destroyed: see the file comment
-  return *s;
-}
-
-void set_error(std::string msg, bool print) {
-  State& s = state();
-  if (print) std::fprintf(stderr, "cachet: %s\n", msg.c_str());
-  std::lock_guard<std::mutex> lock(s.create_mu);
-  s.last_error = std::move(msg);
-}
-
-std::string last_error_copy() {
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.create_mu);
-  return s.last_error;
-}
-
-void load_config() {
-  State& s = state();
-  std::call_once(s.config_once, [&s] {
-    try {
-      cachet::EnvConfig env = cachet::config_from_environment();
-      s.config = env.parsed.config;
-      s.variable = env.variable;
-      s.text = env.text;
-      for (const auto& w : env.parsed.warnings)
-        std::fprintf(stderr, "cachet: warning: %s: %s\n", env.variable.c_str(), w.message.c_str());
-      s.config_ok = true;
-    } catch (const std::exception& e) {
-      s.config_error = e.what();
-      s.config_ok = false;
-    }
-  });
-}
-
-// The allocator of `device`, created on first use; nullptr (and last_error) on failure.
-cachet::CachingAllocator* allocator_for(int device, bool print_errors = true) {
-  if (device < 0 || device >= kMaxDevices) {
-    set_error("device index " + std::to_string(device) + " out of range", print_errors);
-    return nullptr;
-  }
-  State& s = state();
-  if (auto* a = s.allocators[device].load(std::memory_order_acquire)) return a;
-  load_config();
-  if (!s.config_ok) {
-    // The library alone (no cachet_torch.install(), which raises instead) reports a refused
-    // configuration exactly once; every allocation then fails.
-    if (!s.config_reported.exchange(true))
-      std::fprintf(stderr, "cachet: configuration refused, every allocation will fail: %s\n",
-                   s.config_error.c_str());
-    set_error(s.config_error, false);
-    return nullptr;
-  }
-  std::lock_guard<std::mutex> lock(s.create_mu);
-  if (auto* a = s.allocators[device].load(std::memory_order_acquire)) return a;
-  try {
-    auto a = cachet::CachingAllocator::for_cuda_device(device, s.config);
-    a->set_trace(s.trace_on.load());
-    s.allocators[device].store(a.get(), std::memory_order_release);
-    return a.release();
-  } catch (const std::exception& e) {
-    s.last_error = std::string("cannot create the allocator for device ") + std::to_string(device) +
-                   ": " + e.what();
-    if (print_errors) std::fprintf(stderr, "cachet: %s\n", s.last_error.c_str());
-    return nullptr;
-  }
-}
-
-// Runs f; an exception becomes last_error (printed when `print`). Returns whether f succeeded.
-template <class F>
-bool guarded(F&& f, bool print) {
-  try {
-    f();
-    return true;
-  } catch (const std::exception& e) {
-    set_error(e.what(), print);
-  } catch (...) {
-    set_error("unknown error", print);
-  }
-  return false;
-}
-
-char* dup(const std::string& str) {
-  char* p = static_cast<char*>(std::malloc(str.size() + 1));
-  if (p) std::memcpy(p, str.c_str(), str.size() + 1);
-  return p;
-}
-
-void append_json_string(std::string& out, std::string_view str) {
-  out += '"';
-  for (char c : str) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (u < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", u);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  out += '"';
-}
-
-std::string num(std::uint64_t v) { return std::to_string(v); }
-
-}  // namespace
+using cachet::torch_common::allocator_for;
+using cachet::torch_common::guarded;
+using cachet::torch_common::last_error_copy;
+using cachet::torch_common::set_error;
 
 // ---- PyTorch's CUDAPluggableAllocator entry points ----------------------------------------
+
+// What cachet_malloc throws when the device is out of memory: PyTorch's message, as a
+// std::runtime_error (PyTorch raises it as RuntimeError; see the file comment).
+class CudaOutOfMemory : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 CACHET_TORCH_API void* cachet_malloc(ssize_t size, int device, void* stream) {
   if (size <= 0) return nullptr;
@@ -184,7 +57,16 @@ CACHET_TORCH_API void* cachet_malloc(ssize_t size, int device, void* stream) {
   const auto s = reinterpret_cast<cachet::StreamId>(stream);
   cachet::gpu::CurrentStream current(s);
   void* p = nullptr;
-  guarded([&] { p = a->allocate(static_cast<cachet::Bytes>(size), s); }, true);
+  try {
+    p = a->allocate(static_cast<cachet::Bytes>(size), s);
+  } catch (const cachet::OutOfMemory& e) {
+    set_error(e.what(), false);
+    throw CudaOutOfMemory(e.what());  // never a silent NULL (file comment)
+  } catch (const std::exception& e) {
+    set_error(e.what(), true);
+  } catch (...) {
+    set_error("unknown error", true);
+  }
   return p;
 }
 
@@ -272,232 +154,4 @@ CACHET_TORCH_API void* cachet_torch_pool_callback(const char* setter) {
   if (n == "set_end_allocate_to_pool_fn") return reinterpret_cast<void*>(&cachet_end_allocate_to_pool);
   if (n == "set_release_pool") return reinterpret_cast<void*>(&cachet_release_pool);
   return nullptr;
-}
-
-// ---- cachet_torch_*: for python/cachet_torch.py --------------------------------------------
-
-// Reads the configuration (once). 0 when it is valid, 1 otherwise (see cachet_torch_config_error).
-// The caller reports a refusal itself (cachet_torch.install() raises ValueError), so the library
-// does not print it again.
-CACHET_TORCH_API int cachet_torch_init(void) {
-  load_config();
-  if (state().config_ok) return 0;
-  state().config_reported.store(true);
-  return 1;
-}
-
-CACHET_TORCH_API const char* cachet_torch_config_error(void) {
-  load_config();
-  return state().config_error.c_str();
-}
-
-// The last error message (any thread), "" when none.
-CACHET_TORCH_API char* cachet_torch_last_error(void) {
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.create_mu);
-  return dup(s.last_error);
-}
-
-CACHET_TORCH_API void cachet_torch_string_free(char* p) { std::free(p); }
-
-// CUDAPluggableAllocator.set_record_stream_fn: void(void* ptr, cudaStream_t stream). PyTorch does
-// not pass the device: the allocator that owns ptr takes it.
-CACHET_TORCH_API void cachet_torch_record_stream(void* ptr, void* stream) {
-  if (!ptr) return;
-  State& s = state();
-  std::string first_error;
-  for (int d = 0; d < kMaxDevices; ++d) {
-    cachet::CachingAllocator* a = s.allocators[d].load(std::memory_order_acquire);
-    if (!a) continue;
-    try {
-      a->record_stream(ptr, reinterpret_cast<cachet::StreamId>(stream));
-      return;
-    } catch (const std::exception& e) {
-      if (first_error.empty()) first_error = e.what();
-    }
-  }
-  set_error("record_stream: " + (first_error.empty() ? std::string("no allocator owns the pointer")
-                                                       : first_error),
-            true);
-}
-
-// CUDAPluggableAllocator.set_reset_fn: torch.cuda.empty_cache().
-CACHET_TORCH_API void cachet_torch_empty_cache(void) {
-  State& s = state();
-  for (auto& slot : s.allocators)
-    if (auto* a = slot.load(std::memory_order_acquire)) guarded([&] { a->empty_cache(); }, true);
-}
-
-// CUDAPluggableAllocator.set_memory_fraction_fn: torch.cuda.set_per_process_memory_fraction.
-CACHET_TORCH_API void cachet_torch_set_memory_fraction(double fraction, int device) {
-  if (auto* a = allocator_for(device)) guarded([&] { a->set_memory_fraction(fraction); }, true);
-}
-
-// Trace recording (the plug-in's _record_memory_history): applies to existing allocators and to
-// those created later. Turning it on clears nothing; cachet_torch_clear_trace does.
-CACHET_TORCH_API void cachet_torch_record_history(int on) {
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.create_mu);
-  s.trace_on.store(on != 0);
-  for (auto& slot : s.allocators)
-    if (auto* a = slot.load(std::memory_order_acquire)) a->set_trace(on != 0);
-}
-
-CACHET_TORCH_API void cachet_torch_clear_trace(void) {
-  for (auto& slot : state().allocators)
-    if (auto* a = slot.load(std::memory_order_acquire)) a->clear_trace();
-}
-
-// 1 + the highest device index with an allocator (0 when none was created).
-CACHET_TORCH_API int cachet_torch_device_count(void) {
-  int n = 0;
-  for (int d = 0; d < kMaxDevices; ++d)
-    if (state().allocators[d].load(std::memory_order_acquire)) n = d + 1;
-  return n;
-}
-
-// Returns 0 with 0 elsewhere than a created allocator (nothing is created to answer).
-CACHET_TORCH_API int cachet_torch_has_device(int device) {
-  return device >= 0 && device < kMaxDevices &&
-         state().allocators[device].load(std::memory_order_acquire) != nullptr;
-}
-
-// {"key": value, ...}: the 122 memory_stats() keys of `device` (creating its allocator).
-CACHET_TORCH_API char* cachet_torch_stats_json(int device) {
-  cachet::CachingAllocator* a = allocator_for(device, false);
-  if (!a) return nullptr;
-  std::string out;
-  if (!guarded([&] {
-        out = "{";
-        bool first = true;
-        for (const auto& [k, v] : cachet::flatten(a->stats())) {
-          if (!first) out += ", ";
-          first = false;
-          append_json_string(out, k);
-          out += ": " + std::to_string(v);
-        }
-        out += "}";
-      },
-               false))
-    return nullptr;
-  return dup(out);
-}
-
-CACHET_TORCH_API int cachet_torch_reset_peak_stats(int device) {
-  cachet::CachingAllocator* a = allocator_for(device, false);
-  return a && guarded([&] { a->reset_peak_stats(); }, false) ? 0 : 1;
-}
-
-CACHET_TORCH_API int cachet_torch_reset_accumulated_stats(int device) {
-  cachet::CachingAllocator* a = allocator_for(device, false);
-  return a && guarded([&] { a->reset_accumulated_stats(); }, false) ? 0 : 1;
-}
-
-CACHET_TORCH_API char* cachet_torch_summary(int device, int abbreviated) {
-  cachet::CachingAllocator* a = allocator_for(device, false);
-  if (!a) return nullptr;
-  std::string out;
-  if (!guarded([&] { out = a->summary(abbreviated != 0); }, false)) return nullptr;
-  return dup(out);
-}
-
-// [{segment}, ...] as torch.cuda.memory_snapshot() lists them (without frames); records a
-// "snapshot" trace event, as PyTorch does.
-CACHET_TORCH_API char* cachet_torch_snapshot_json(int device) {
-  cachet::CachingAllocator* a = allocator_for(device, false);
-  if (!a) return nullptr;
-  std::string out;
-  if (!guarded([&] {
-        const cachet::Snapshot snap = a->snapshot();
-        out = "[";
-        for (std::size_t i = 0; i < snap.size(); ++i) {
-          const auto& seg = snap[i];
-          if (i) out += ", ";
-          out += "{\"device\": " + std::to_string(device) + ", \"address\": " + num(seg.address) +
-                 ", \"total_size\": " + num(seg.total_size) +
-                 ", \"allocated_size\": " + num(seg.allocated_size()) +
-                 ", \"active_size\": " + num(seg.active_size()) +
-                 ", \"requested_size\": " + num(seg.requested_size()) +
-                 ", \"stream\": " + num(seg.stream) + ", \"segment_type\": \"" +
-                 (seg.is_large ? "large" : "small") +
-                 "\", \"is_expandable\": " + (seg.is_expandable ? "true" : "false") +
-                 ", \"segment_pool_id\": [" + num(seg.pool_id.first) + ", " + num(seg.pool_id.second) + "]" +
-                 ", \"blocks\": [";
-          for (std::size_t b = 0; b < seg.blocks.size(); ++b) {
-            const auto& bl = seg.blocks[b];
-            if (b) out += ", ";
-            out += "{\"address\": " + num(bl.address) + ", \"size\": " + num(bl.size) +
-                   ", \"requested_size\": " + num(bl.requested_size) + ", \"state\": ";
-            append_json_string(out, cachet::to_string(bl.state));
-            out += "}";
-          }
-          out += "]}";
-        }
-        out += "]";
-      },
-               false))
-    return nullptr;
-  return dup(out);
-}
-
-// [{"action", "addr", "size", "stream", "time_us"}, ...]: the recorded trace of `device`, in
-// order ("oom" events carry the device's free bytes in "addr"). "[]" when no allocator exists.
-CACHET_TORCH_API char* cachet_torch_trace_json(int device) {
-  if (!cachet_torch_has_device(device)) return dup("[]");
-  cachet::CachingAllocator* a = state().allocators[device].load(std::memory_order_acquire);
-  std::string out;
-  if (!guarded([&] {
-        const auto events = a->trace();
-        out.reserve(events.size() * 96 + 2);
-        out = "[";
-        bool first = true;
-        for (const auto& e : events) {
-          if (!first) out += ", ";
-          first = false;
-          out += "{\"action\": ";
-          append_json_string(out, cachet::to_string(e.action));
-          out += ", \"addr\": " + num(e.addr) + ", \"size\": " + num(e.size) +
-                 ", \"stream\": " + num(e.stream) + ", \"time_us\": " + std::to_string(e.time_us) +
-                 "}";
-        }
-        out += "]";
-      },
-               false))
-    return nullptr;
-  return dup(out);
-}
-
-// The configuration in use, for _snapshot()["allocator_settings"]: {"variable", "text",
-// "canonical", "max_split_size", "garbage_collection_threshold", "expandable_segments",
-// "pinned_num_register_threads", "release_lock_on_cudamalloc", "pinned_use_cuda_host_register",
-// "graph_capture_record_stream_reuse", "roundup_power2_divisions": [16 numbers]}.
-// NULL when the configuration was refused.
-CACHET_TORCH_API char* cachet_torch_settings_json(void) {
-  load_config();
-  State& s = state();
-  if (!s.config_ok) return nullptr;
-  const cachet::Config& c = s.config;
-  auto b = [](bool v) { return std::string(v ? "true" : "false"); };
-  std::string out = "{\"variable\": ";
-  append_json_string(out, s.variable);
-  out += ", \"text\": ";
-  append_json_string(out, s.text);
-  out += ", \"canonical\": ";
-  append_json_string(out, cachet::to_string(c));
-  char gc[64];
-  std::snprintf(gc, sizeof gc, "%.17g", c.garbage_collection_threshold);
-  out += ", \"max_split_size\": " + std::to_string(c.max_split_size_stat()) +
-         ", \"garbage_collection_threshold\": " + gc +
-         ", \"expandable_segments\": " + b(c.expandable_segments) +
-         ", \"pinned_num_register_threads\": " + std::to_string(c.pinned_num_register_threads) +
-         ", \"release_lock_on_cudamalloc\": " + b(c.release_lock_on_cudamalloc) +
-         ", \"pinned_use_cuda_host_register\": " + b(c.pinned_use_cuda_host_register) +
-         ", \"graph_capture_record_stream_reuse\": " + b(c.graph_capture_record_stream_reuse) +
-         ", \"roundup_power2_divisions\": [";
-  for (std::size_t i = 0; i < c.roundup_power2_divisions.size(); ++i) {
-    if (i) out += ", ";
-    out += std::to_string(c.roundup_power2_divisions[i]);
-  }
-  out += "]}";
-  return dup(out);
 }

@@ -51,6 +51,30 @@ else()
   message(STATUS "no CUDA: the plug-in is not built, its install is not checked")
 endif()
 
+# The c10 backend, where it was built: next to the plug-in, and none of torch's libraries with it
+# (libc10 and libc10_cuda come from the torch the process imported).
+if(C10)
+  set(c10lib ${prefix}/${LIBDIR}/libcachet_c10.so)
+  if(NOT EXISTS ${c10lib})
+    message(FATAL_ERROR "not installed: ${c10lib} (expected next to libcachet_torch.so)")
+  endif()
+  file(GLOB_RECURSE torch_libs ${prefix}/libc10*.so*)
+  if(torch_libs)
+    message(FATAL_ERROR "torch's libraries were installed with cachet: ${torch_libs}")
+  endif()
+  find_program(READELF readelf)
+  if(READELF)
+    execute_process(COMMAND ${READELF} -d ${c10lib} OUTPUT_VARIABLE dyn)
+    string(REGEX MATCH "R(UN)?PATH[^\n]*" rpath "${dyn}")
+    if(rpath MATCHES "torch")
+      message(FATAL_ERROR "the installed libcachet_c10.so names a torch directory in its run path: ${rpath}")
+    endif()
+  endif()
+  message(STATUS "c10 backend installed: ${c10lib}")
+else()
+  message(STATUS "the c10 backend is not built (no torch found): its install is not checked")
+endif()
+
 # The consumer finds cachet in the prefix, and cachet's dependencies where this build found them
 # (this build's CMAKE_PREFIX_PATH, '|'-separated here, given through the environment; empty when
 # they are system packages).

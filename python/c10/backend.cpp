@@ -357,6 +357,13 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
     cc::SnapshotInfo result;
     const int n = std::max(device_count_.load(), tc::device_count_hint());
     const cachet::PoolId only = pool_id(mempool_id);
+    std::vector<cda::TraceEntry::Action> skips;
+    size_t max_n = 1;
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // never under a History's mu (lock order)
+      skips = skip_actions_;
+      max_n = max_entries_;
+    }
     for (int d = 0; d < n; ++d) {
       cachet::CachingAllocator* a = tc::existing_allocator(d);
       if (!a) {
@@ -393,7 +400,7 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
         }
         result.segments.push_back(std::move(si));
       }
-      if (include_traces) result.device_traces.push_back(trace_entries(d, *a, h));
+      if (include_traces) result.device_traces.push_back(trace_entries(d, *a, h, skips, max_n));
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -635,11 +642,12 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
     if (tracing) ctx = gather(cc::RecordContext::ALL);  // outside every lock
     call("free", [&] { a->free(ptr); });
     if (tracing) {
+      const size_t max_n = max_entries();  // lock order: mu_ is never taken under a History's mu
       History& h = history(device);
       std::lock_guard<std::mutex> lock(h.mu);
       const auto addr = reinterpret_cast<std::uint64_t>(ptr);
       h.live.erase(addr);
-      h.push(1, addr, std::move(ctx), max_entries());
+      h.push(1, addr, std::move(ctx), max_n);
     }
     if (has_trackers_.load(std::memory_order_relaxed)) dispatch_trackers(device);
   }
@@ -699,12 +707,13 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
       TORCH_CHECK(false, "cachet: allocate ", size, " bytes on device ", static_cast<int>(device), ": ", e.what());
     }
     if (tracing) {
+      const size_t max_n = max_entries();
       History& h = history(device);
       std::lock_guard<std::mutex> lock(h.mu);
       const auto addr = reinterpret_cast<std::uint64_t>(p);
       h.live[addr] = ctx;
       h.push(0, addr, record_context_.load() >= static_cast<int>(cc::RecordContext::ALLOC) ? std::move(ctx) : nullptr,
-             max_entries());
+             max_n);
     }
     if (has_trackers_.load(std::memory_order_relaxed)) dispatch_trackers(device);
     return p;
@@ -716,10 +725,11 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   [[noreturn]] void out_of_memory(c10::DeviceIndex device, size_t size, Ctx ctx, bool tracing,
                                   const std::string& message) {
     if (tracing) {
+      const size_t max_n = max_entries();
       History& h = history(device);
       std::lock_guard<std::mutex> lock(h.mu);
       h.push(2, 0, record_context_.load() >= static_cast<int>(cc::RecordContext::ALLOC) ? std::move(ctx) : nullptr,
-             max_entries());
+             max_n);
     }
     if (has_trackers_.load()) dispatch_trackers(device);
     std::vector<cc::OutOfMemoryObserver> observers;
@@ -801,16 +811,10 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   }
 
   // cachet's trace of device `d` as PyTorch's TraceEntry list, with the contexts kept for it
-  // (History), without the skipped actions, the last max_entries. h.mu is held.
-  std::vector<cda::TraceEntry> trace_entries(int d, cachet::CachingAllocator& a, History& h) {
+  // (History), without the skipped actions, the last max_n. h.mu is held.
+  std::vector<cda::TraceEntry> trace_entries(int d, cachet::CachingAllocator& a, History& h,
+                                             const std::vector<cda::TraceEntry::Action>& skips, size_t max_n) {
     const std::vector<cachet::TraceEvent> events = a.trace();
-    std::vector<cda::TraceEntry::Action> skips;
-    size_t max_n = 1;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      skips = skip_actions_;
-      max_n = max_entries_;
-    }
     std::unordered_map<std::uint64_t, std::uint64_t> n_alloc, n_free, n_done;
     std::uint64_t n_oom = 0;
     std::vector<Ctx> ctxs(events.size());
@@ -893,6 +897,8 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   std::atomic<bool> enabled_{true};
   std::atomic<int> only_device_{-1};
 
+  // Lock order: mu_ before a History's mu (set_trace_all), never the reverse; cachet's own lock
+  // is taken inside either, and no user callback runs under mu_ or a History's mu.
   std::mutex mu_;  // observers, history settings, annotations, histories_
   std::vector<cc::OutOfMemoryObserver> oom_observers_;
   std::atomic<bool> history_on_{false};

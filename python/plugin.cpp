@@ -11,8 +11,10 @@
 // text). CUDAPluggableAllocator calls cachet_malloc through a std::function from C++ code, so
 // the exception reaches PyTorch's Python boundary, which raises it as RuntimeError with that
 // text. (Only the c10 backend can raise torch.OutOfMemoryError: that type lives in libc10, which
-// this library, built for every torch version, does not link.) Other allocator errors (a freed
-// pointer, a device that fails) are printed and kept for cachet_torch_last_error, as before.
+// this library, built for every torch version, does not link.) Any other failure of an
+// allocation (a device that fails, no such device) is thrown the same way, as
+// std::runtime_error("cachet: ..."); errors of cachet_free are printed and kept for
+// cachet_torch_last_error (PyTorch calls it from destructors).
 //
 // PyTorch's private-pool callbacks (CUDA graph capture, use_mem_pool) are C++ functions of the
 // types CUDAPluggableAllocator's set_begin_allocate_to_pool, set_end_allocate_to_pool_fn and
@@ -51,7 +53,13 @@ class CudaOutOfMemory : public std::runtime_error {
 CACHET_TORCH_API void* cachet_malloc(ssize_t size, int device, void* stream) {
   if (size <= 0) return nullptr;
   cachet::CachingAllocator* a = allocator_for(device);
-  if (!a) return nullptr;
+  if (!a) {
+    // A refused configuration: printed once, NULL (file comment). Any other reason (no such
+    // device, no driver) is raised: PyTorch would build a tensor on a NULL pointer.
+    cachet::torch_common::load_config();
+    if (!cachet::torch_common::state().config_ok) return nullptr;
+    throw std::runtime_error("cachet: " + last_error_copy());
+  }
   // PyTorch passes its current stream: device calls during a capture follow its capture status
   // (cachet/gpu/cuda_backend.h, docs/pytorch-allocator.md §14.7).
   const auto s = reinterpret_cast<cachet::StreamId>(stream);
@@ -63,9 +71,8 @@ CACHET_TORCH_API void* cachet_malloc(ssize_t size, int device, void* stream) {
     set_error(e.what(), false);
     throw CudaOutOfMemory(e.what());  // never a silent NULL (file comment)
   } catch (const std::exception& e) {
-    set_error(e.what(), true);
-  } catch (...) {
-    set_error("unknown error", true);
+    set_error(e.what(), false);
+    throw std::runtime_error(std::string("cachet: ") + e.what());
   }
   return p;
 }

@@ -205,6 +205,7 @@ CACHET_TORCH_API void cachet_torch_record_history(int on) {
 CACHET_TORCH_API void cachet_torch_clear_trace(void) {
   for (auto& slot : state().allocators)
     if (auto* a = slot.load(std::memory_order_acquire)) a->clear_trace();
+  if (auto f = state().on_trace_cleared.load()) f();
 }
 
 // 1 + the highest device index with an allocator (0 when none was created).

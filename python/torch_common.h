@@ -43,6 +43,9 @@ struct State {
   std::atomic<int> created{0};           // how many allocators exist
   std::atomic<bool> trace_on{false};     // applied to allocators created later
   std::atomic<bool> config_reported{false};  // the refusal was printed or raised in Python
+  // Called after cachet_torch_clear_trace cleared the trace (the c10 backend drops the stacks it
+  // kept for it); nullptr in the plug-in.
+  std::atomic<void (*)()> on_trace_cleared{nullptr};
   std::string last_error;  // guarded by create_mu
 };
 

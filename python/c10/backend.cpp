@@ -99,9 +99,10 @@ auto call(const char* what, F&& f) -> decltype(f()) {
 // Contexts are gathered before cachet is called (outside its lock) and kept here by address, in
 // the order the calls were made: the k-th "alloc" event of address A in cachet's trace gets the
 // k-th context recorded for an allocation at A (the same for "free_requested"/"free_completed"
-// and frees, and for "oom" events). An entry is kept for every call made while the trace is on,
-// with or without a context, so the counts stay aligned; the oldest are dropped beyond the
-// history's max_entries (their count is kept). A segment event takes the context of the
+// and frees, and for "oom" events). An entry is kept for every call made while the history is
+// on, with or without a context, so the counts stay aligned (the trace and these entries are
+// cleared together); the oldest are dropped beyond the history's max_entries (their count is
+// kept). A segment event takes the context of the
 // allocation it served (the next "alloc" or "oom" in the trace), as PyTorch records it.
 struct CtxLog {
   std::uint64_t dropped = 0;
@@ -529,7 +530,8 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
     std::shared_ptr<void> sp(p, [this, handle, device](void* q) {
       {
         std::lock_guard<std::mutex> l(ipc_mu_);
-        ipc_.erase(handle);
+        auto e = ipc_.find(handle);
+        if (e != ipc_.end() && e->second.wp.expired()) ipc_.erase(e);  // not a newer opening's
       }
       c10::cuda::CUDAGuard g(device);
       C10_CUDA_CHECK(cudaIpcCloseMemHandle(q));
@@ -546,6 +548,10 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
     TORCH_CHECK(when == cc::RecordContext::NEVER || context_recorder);
     std::vector<cda::TraceEntry::Action> skips;
     for (const auto& s : skip_actions) skips.push_back(cda::parseTraceEntryAction(s));
+    // Turning it on starts from an empty trace, as native's (turning it off cleared its buffer):
+    // what cachet's trace holds then was recorded for trace trackers or the cachet_torch_* API,
+    // without the contexts History aligns with it.
+    const bool was_on = history_on_.load();
     {
       std::lock_guard<std::mutex> lock(mu_);
       max_entries_ = std::max<size_t>(alloc_trace_max_entries, 1);
@@ -555,7 +561,7 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
       history_on_.store(enabled);
       if (!enabled || clearHistory) annotations_.clear();
     }
-    const bool clear = !enabled || clearHistory;
+    const bool clear = !enabled || clearHistory || !was_on;
     set_trace_all(enabled || has_trackers_.load(), clear);
   }
 
@@ -632,12 +638,21 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
 
   std::string name() override { return "cachet"; }
 
+  // cachet's trace was cleared (cachet_torch_clear_trace): the contexts kept for it go too.
+  void forget_history() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [d, h] : histories_) {
+      std::lock_guard<std::mutex> hl(h->mu);
+      h->clear();
+    }
+  }
+
   // ---- used by the deleter -------------------------------------------------------------------
 
   void free(void* ptr) {
     if (!ptr) return;
     auto [a, device] = owner(ptr);
-    const bool tracing = tc::state().trace_on.load(std::memory_order_relaxed);
+    const bool tracing = history_on_.load(std::memory_order_relaxed);
     Ctx ctx;
     if (tracing) ctx = gather(cc::RecordContext::ALL);  // outside every lock
     call("free", [&] { a->free(ptr); });
@@ -693,7 +708,7 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
 
   void* malloc(c10::DeviceIndex device, size_t size, cudaStream_t stream) {
     cachet::CachingAllocator* a = allocator(device);
-    const bool tracing = tc::state().trace_on.load(std::memory_order_relaxed);
+    const bool tracing = history_on_.load(std::memory_order_relaxed);
     Ctx ctx;
     if (tracing) ctx = gather(cc::RecordContext::STATE);  // outside every lock
     const auto s = reinterpret_cast<cachet::StreamId>(stream);
@@ -922,7 +937,12 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
 };
 
 CachetCUDAAllocator& the_allocator() {
-  static CachetCUDAAllocator* a = new CachetCUDAAllocator;  // never destroyed, as native's
+  static CachetCUDAAllocator* a = [] {
+    auto* p = new CachetCUDAAllocator;  // never destroyed, as native's
+    // cachet_torch_clear_trace (python/cachet_torch.py) drops the contexts kept for the trace too.
+    tc::state().on_trace_cleared.store(+[] { the_allocator().forget_history(); });
+    return p;
+  }();
   return *a;
 }
 

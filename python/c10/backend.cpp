@@ -13,6 +13,11 @@
 //   observers  out-of-memory observers and trace trackers, called with no lock of cachet's held.
 //   IPC        the handles other processes sent (getIpcDevPtr), as native caches them.
 //
+// CACHET_C10_GPU_POOL_API (set by CMake when gpu/'s allocator.h has them): cacheInfo,
+// getBaseAllocation, MemPool with its own allocator, setUseOnOOM, setNoSplit and graph trees'
+// checkpoints go through gpu/'s calls for them; without it the first two and
+// checkPoolLiveAllocations read cachet's snapshot and the others are refused, saying why.
+//
 // Errors: out of memory is c10::OutOfMemoryError (torch.OutOfMemoryError) with PyTorch's own
 // text (cachet::OutOfMemory carries it); any other refusal of cachet's (a freed pointer, a bad
 // pool call, a failing device) is c10::Error (RuntimeError) with cachet's message.
@@ -194,6 +199,34 @@ cda::DeviceStats to_c10(const cachet::DeviceStats& s) {
   return d;
 }
 
+#ifdef CACHET_C10_GPU_POOL_API
+// A private pool's checkpoint, as PyTorch's graph trees hold it (AllocatorState).
+struct PoolState final : cc::AllocatorState {
+  c10::DeviceIndex device = 0;
+  std::shared_ptr<const cachet::PoolCheckpoint> checkpoint;
+};
+
+// torch.cuda.MemPool(allocator=...): the pool's segments come from that allocator
+// (raw_alloc_with_stream on the allocation's device and stream, raw_delete; native calls
+// raw_alloc, the same on the current stream). Its nullptr is out of memory for cachet; its
+// exceptions pass through.
+class AllocatorSource final : public cachet::gpu::SegmentSource {
+ public:
+  explicit AllocatorSource(std::shared_ptr<cc::CUDAAllocator> a) : a_(std::move(a)) {}
+  void* allocate(cachet::Bytes size, cachet::DeviceIndex device, cachet::StreamId stream) override {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    return a_->raw_alloc_with_stream(size, reinterpret_cast<cudaStream_t>(stream));
+  }
+  void release(void* ptr, cachet::Bytes, cachet::DeviceIndex device, cachet::StreamId) override {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    a_->raw_delete(ptr);
+  }
+
+ private:
+  std::shared_ptr<cc::CUDAAllocator> a_;
+};
+#endif
+
 void raw_delete_fn(void* ptr);      // the deleter of every DataPtr cachet hands out
 void uncached_delete_fn(void* ptr);  // enable(false): cudaFree, as native's uncached_delete
 
@@ -312,11 +345,19 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   void enable(bool value) override { enabled_.store(value); }
   bool isEnabled() const override { return enabled_.load(std::memory_order_relaxed); }
 
-  // cuDNN's benchmark asks how much it may try: the largest free block cached in the default
-  // pools, or, when *largestBlock is 0 on entry, at least the device's free memory (native's guess).
-  // TODO(gpuapi): cachet::CachingAllocator::largest_free_block(); until then from its snapshot.
+  // cuDNN's benchmark asks how much it may try: with *largestBlock 0 (as cuDNN calls it) the
+  // device's free memory or the largest cached free block, whichever is larger; otherwise the
+  // larger of *largestBlock and the largest cached free block.
   void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override {
     cachet::CachingAllocator* a = allocator(device);
+#ifdef CACHET_C10_GPU_POOL_API
+    if (*largestBlock == 0) {
+      *largestBlock = call("cacheInfo", [&] { return a->largest_free_block(); });
+    } else {
+      *largestBlock = std::max<size_t>(*largestBlock, call("cacheInfo", [&] { return a->largest_cached_block(); }));
+    }
+#else
+    // Until gpu/ has largest_free_block: from cachet's snapshot (the default pools only).
     if (*largestBlock == 0) {
       c10::cuda::CUDAGuard guard(device);
       size_t free = 0, total = 0;
@@ -329,13 +370,21 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
       for (const auto& b : seg.blocks)
         if (b.state == cachet::BlockState::Inactive && b.size > *largestBlock) *largestBlock = b.size;
     }
+#endif
   }
 
-  // The segment that holds `ptr`: its base address and size (native refuses expandable segments).
-  // TODO(gpuapi): cachet::CachingAllocator::base_allocation(); until then from its snapshot.
+  // The segment that holds `ptr`: its base address and size (refused for expandable segments,
+  // as native refuses them).
   void* getBaseAllocation(void* ptr, size_t* size) override {
     auto [a, device] = owner(ptr);
     (void)device;
+#ifdef CACHET_C10_GPU_POOL_API
+    cachet::Bytes sz = 0;
+    void* base = call("getBaseAllocation", [&] { return a->base_allocation(ptr, &sz); });
+    if (size) *size = sz;
+    return base;
+#else
+    // Until gpu/ has base_allocation: from cachet's snapshot.
     const cachet::Snapshot snap = call("getBaseAllocation", [&] { return a->snapshot(); });
     const auto p = reinterpret_cast<std::uint64_t>(ptr);
     for (const auto& seg : snap) {
@@ -348,6 +397,7 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
       return reinterpret_cast<void*>(seg.address);
     }
     TORCH_CHECK(false, "invalid device pointer: ", ptr);
+#endif
   }
 
   void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
@@ -440,34 +490,53 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   void createOrIncrefPool(c10::DeviceIndex device, MempoolId_t mempool_id,
                           std::shared_ptr<cc::CUDAAllocator> pool_allocator) override {
     cachet::CachingAllocator* a = allocator(device);
-    // TODO(gpuapi): a MemPool with its own allocator takes its segments from it
-    // (create_or_incref_pool(PoolId, std::shared_ptr<gpu::SegmentSource>)); until gpu/ has it,
-    // such a pool is refused rather than served from cachet's own segments.
+#ifdef CACHET_C10_GPU_POOL_API
+    // A MemPool with its own allocator: the pool's segments come from it (raw_alloc / raw_delete,
+    // as native calls it) instead of cudaMalloc.
+    std::shared_ptr<cachet::gpu::SegmentSource> source;
+    if (pool_allocator) source = std::make_shared<AllocatorSource>(std::move(pool_allocator));
+    call("createOrIncrefPool", [&] { a->create_or_incref_pool(pool_id(mempool_id), std::move(source)); });
+#else
+    // TODO(gpuapi): until gpu/ has create_or_incref_pool(PoolId, SegmentSource), a MemPool with
+    // its own allocator is refused rather than served from cachet's own segments.
     TORCH_CHECK(!pool_allocator,
                 "cachet: a torch.cuda.MemPool with its own allocator needs gpu/'s segment sources, "
                 "not in this build of libcachet_c10.so; create the MemPool without an allocator");
     call("createOrIncrefPool", [&] { a->create_or_incref_pool(pool_id(mempool_id)); });
+#endif
   }
   void setUseOnOOM(c10::DeviceIndex device, MempoolId_t mempool_id, bool use_on_oom) override {
-    (void)allocator(device);
-    // TODO(gpuapi): cachet::CachingAllocator::set_use_on_oom.
+    cachet::CachingAllocator* a = allocator(device);
+#ifdef CACHET_C10_GPU_POOL_API
+    call("setUseOnOOM", [&] { a->set_use_on_oom(pool_id(mempool_id), use_on_oom); });
+#else
+    (void)a;  // TODO(gpuapi): cachet::CachingAllocator::set_use_on_oom.
     TORCH_CHECK(false, "cachet: setUseOnOOM of pool (", mempool_id.first, ", ", mempool_id.second, ") to ",
                 use_on_oom, " needs gpu/'s set_use_on_oom, not in this build of libcachet_c10.so");
+#endif
   }
   void setNoSplit(c10::DeviceIndex device, MempoolId_t mempool_id) override {
-    (void)allocator(device);
-    // TODO(gpuapi): cachet::CachingAllocator::set_no_split.
+    cachet::CachingAllocator* a = allocator(device);
+#ifdef CACHET_C10_GPU_POOL_API
+    call("setNoSplit", [&] { a->set_no_split(pool_id(mempool_id)); });
+#else
+    (void)a;  // TODO(gpuapi): cachet::CachingAllocator::set_no_split.
     TORCH_CHECK(false, "cachet: setNoSplit of pool (", mempool_id.first, ", ", mempool_id.second,
                 ") needs gpu/'s set_no_split, not in this build of libcachet_c10.so");
+#endif
   }
 
   // Graph trees: the pool's allocated blocks are exactly `expected` (native's
   // checkPoolLiveAllocations: the count matches and each is expected).
-  // TODO(gpuapi): cachet::CachingAllocator::pool_live_allocations_are; until then its snapshot.
   bool checkPoolLiveAllocations(c10::DeviceIndex device, MempoolId_t mempool_id,
                                 const std::unordered_set<void*>& expected) override {
     const cachet::PoolId id = pool_id(mempool_id);
     cachet::CachingAllocator* a = allocator(device);
+#ifdef CACHET_C10_GPU_POOL_API
+    const std::vector<void*> want(expected.begin(), expected.end());
+    return call("checkPoolLiveAllocations", [&] { return a->pool_live_allocations_are(id, want); });
+#else
+    // Until gpu/ has pool_live_allocations_are: from cachet's snapshot.
     call("checkPoolLiveAllocations", [&] { (void)a->pool_use_count(id); });  // an unknown pool is refused
     const cachet::Snapshot snap = call("checkPoolLiveAllocations", [&] { return a->snapshot(); });
     size_t live = 0;
@@ -480,6 +549,7 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
       }
     }
     return live == expected.size();
+#endif
   }
 
   // torch.multiprocessing: native's handle format (version byte, 'c', the cudaIpcMemHandle_t of
@@ -620,20 +690,48 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
     return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
   }
 
-  // Graph trees (torch.compile mode="reduce-overhead").
-  // TODO(gpuapi): checkpoint_pool / restore_pool; until gpu/ has them these are refused.
+  // Graph trees (torch.compile mode="reduce-overhead"): a private pool's state, and its
+  // restoration; the restored allocations come back as DataPtrs with cachet's deleter.
   std::shared_ptr<cc::AllocatorState> getCheckpointState(c10::DeviceIndex device, MempoolId_t id) override {
-    (void)allocator(device);
+    cachet::CachingAllocator* a = allocator(device);
+#ifdef CACHET_C10_GPU_POOL_API
+    auto st = std::make_shared<PoolState>();
+    st->device = device;
+    st->checkpoint = call("getCheckpointState", [&] { return a->checkpoint_pool(pool_id(id)); });
+    return st;
+#else
+    (void)a;  // TODO(gpuapi): cachet::CachingAllocator::checkpoint_pool.
     TORCH_CHECK(false, "cachet: getCheckpointState of pool (", id.first, ", ", id.second,
                 ") needs gpu/'s checkpoint_pool, not in this build of libcachet_c10.so; "
                 "set torch._inductor.config.triton.cudagraph_trees = False");
+#endif
   }
   cc::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
-                                             std::shared_ptr<cc::AllocatorState> pps) override {
-    (void)allocator(device);
-    (void)pps;
+                                             std::shared_ptr<cc::AllocatorState> as) override {
+    cachet::CachingAllocator* a = allocator(device);
+#ifdef CACHET_C10_GPU_POOL_API
+    auto st = std::dynamic_pointer_cast<PoolState>(as);
+    TORCH_CHECK(st && st->checkpoint, "Expected PrivatePoolState");
+    const cachet::CheckpointDelta d =
+        call("setCheckpointPoolState", [&] { return a->restore_pool(*st->checkpoint, {}); });
+    cc::CheckpointDelta out;
+    out.ptrs_freed = d.freed;
+    for (const auto& [ptr, size] : d.allocated) {
+      (void)size;
+      out.dataptrs_allocd.emplace_back(ptr, ptr, &raw_delete_fn, c10::Device(c10::DeviceType::CUDA, device));
+    }
+    if (history_on_.load()) {  // the freed allocations' stacks go; the restored ones have none
+      History& h = history(device);
+      std::lock_guard<std::mutex> lock(h.mu);
+      for (void* p : d.freed) h.live.erase(reinterpret_cast<std::uint64_t>(p));
+    }
+    return out;
+#else
+    (void)a;  // TODO(gpuapi): cachet::CachingAllocator::restore_pool.
+    (void)as;
     TORCH_CHECK(false, "cachet: setCheckpointPoolState needs gpu/'s restore_pool, not in this build of "
                 "libcachet_c10.so; set torch._inductor.config.triton.cudagraph_trees = False");
+#endif
   }
 
   std::string name() override { return "cachet"; }

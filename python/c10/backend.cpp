@@ -507,12 +507,24 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   }
   void setUseOnOOM(c10::DeviceIndex device, MempoolId_t mempool_id, bool use_on_oom) override {
     cachet::CachingAllocator* a = allocator(device);
+    // Turning it off is what every MemPool's destructor does (ATen's ~MemPool): native never
+    // refuses that (it erases the id from a set), and a destructor must not throw.
 #ifdef CACHET_C10_GPU_POOL_API
-    call("setUseOnOOM", [&] { a->set_use_on_oom(pool_id(mempool_id), use_on_oom); });
+    if (!use_on_oom) {
+      try {
+        a->set_use_on_oom(pool_id(mempool_id), false);
+      } catch (const cachet::UsageError&) {  // an unknown pool: nothing was on
+      }
+      return;
+    }
+    call("setUseOnOOM", [&] { a->set_use_on_oom(pool_id(mempool_id), true); });
 #else
-    (void)a;  // TODO(gpuapi): cachet::CachingAllocator::set_use_on_oom.
-    TORCH_CHECK(false, "cachet: setUseOnOOM of pool (", mempool_id.first, ", ", mempool_id.second, ") to ",
-                use_on_oom, " needs gpu/'s set_use_on_oom, not in this build of libcachet_c10.so");
+    // TODO(gpuapi): cachet::CachingAllocator::set_use_on_oom; until then turning it on is refused.
+    (void)a;
+    if (!use_on_oom) return;
+    TORCH_CHECK(false, "cachet: setUseOnOOM of pool (", mempool_id.first, ", ", mempool_id.second,
+                ") needs gpu/'s set_use_on_oom, not in this build of libcachet_c10.so; "
+                "create the MemPool with use_on_oom=False");
 #endif
   }
   void setNoSplit(c10::DeviceIndex device, MempoolId_t mempool_id) override {

@@ -757,6 +757,12 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
     }
   }
 
+#ifdef CACHET_C10_TESTING
+  void* malloc_for_testing(c10::DeviceIndex device, size_t size, cudaStream_t stream) {
+    return malloc(device, size, stream);
+  }
+#endif
+
   // ---- used by the deleter -------------------------------------------------------------------
 
   void free(void* ptr) {
@@ -863,10 +869,15 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
       observers = oom_observers_;
     }
     if (!observers.empty()) {
+      // The observers' figures never replace the out-of-memory error: what cannot be read is 0.
       size_t free = 0, total = 0;
-      {
+      try {
         c10::cuda::CUDAGuard guard(device);
-        if (cudaMemGetInfo(&free, &total) != cudaSuccess) (void)cudaGetLastError();
+        if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+          (void)cudaGetLastError();
+          free = total = 0;
+        }
+      } catch (...) {
       }
       double fraction = 1.0;
       try {
@@ -1122,3 +1133,14 @@ CACHET_TORCH_API int cachet_c10_install(const char* running_torch_version) {
     return 1;
   }
 }
+
+#ifdef CACHET_C10_TESTING
+// python/tests/c10_backend_test.cpp reaches the allocator through these (backend_testing.h).
+namespace cachet::c10_testing {
+c10::cuda::CUDACachingAllocator::CUDAAllocator& allocator() { return the_allocator(); }
+void* malloc(c10::DeviceIndex device, size_t size, cudaStream_t stream) {
+  return the_allocator().malloc_for_testing(device, size, stream);
+}
+c10::DeleterFnPtr deleter() { return &raw_delete_fn; }
+}  // namespace cachet::c10_testing
+#endif

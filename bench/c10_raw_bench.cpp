@@ -10,6 +10,7 @@
 // and initialised. Each pattern: 9 repeats of N alloc/free pairs after a warm-up; the median time
 // per pair is reported, and cachet / native as a ratio.
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -20,6 +21,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "cachet/gpu/allocator.h"
 
 namespace CCA = c10::cuda::CUDACachingAllocator;
 
@@ -71,6 +74,20 @@ double measure_window(int ops) {
   return median(reps);
 }
 
+// The same pairs straight on a cachet::CachingAllocator of this process (no c10 adapter): what
+// the adapter adds is the difference between this column and the c10 one.
+double measure_core(cachet::CachingAllocator& a, const Pattern& p, int pairs) {
+  const auto stream = reinterpret_cast<cachet::StreamId>(c10::cuda::getCurrentCUDAStream(0).stream());
+  std::vector<double> reps;
+  for (int r = 0; r < 10; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < pairs; ++i) a.free(a.allocate(p.sizes[static_cast<size_t>(i) % p.sizes.size()], stream));
+    auto t1 = std::chrono::steady_clock::now();
+    if (r > 0) reps.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / pairs);
+  }
+  return median(reps);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -114,7 +131,11 @@ int main(int argc, char** argv) {
       {"mixed sizes 512 B..8 MiB, pairs", {512, 4096, 65536, 1 << 20, 3 << 20, 8 << 20}},
   };
   const int pairs = 200000;
-  std::vector<double> c_ns, n_ns;
+  std::vector<double> c_ns, n_ns, core_ns;
+  {
+    auto core = cachet::CachingAllocator::for_cuda_device(0);
+    for (const Pattern& p : patterns) core_ns.push_back(measure_core(*core, p, pairs));
+  }
   for (const Pattern& p : patterns) c_ns.push_back(measure(p, pairs));
   c_ns.push_back(measure_window(pairs));
   CCA::allocator.store(native);
@@ -125,9 +146,13 @@ int main(int argc, char** argv) {
   std::vector<std::string> names;
   for (const Pattern& p : patterns) names.emplace_back(p.name);
   names.emplace_back("64 live, mixed sizes, per op");
-  std::printf("| raw_alloc + raw_delete | cachet ns | native ns | cachet/native |\n|---|---|---|---|\n");
-  for (size_t i = 0; i < names.size(); ++i)
-    std::printf("| %s | %.1f | %.1f | %.2f |\n", names[i].c_str(), c_ns[i], n_ns[i], c_ns[i] / n_ns[i]);
+  std::printf("| raw_alloc + raw_delete | cachet ns | native ns | cachet/native | cachet core ns (no adapter) |\n"
+              "|---|---|---|---|---|\n");
+  for (size_t i = 0; i < names.size(); ++i) {
+    char core[32] = "—";
+    if (i < core_ns.size()) std::snprintf(core, sizeof(core), "%.1f", core_ns[i]);
+    std::printf("| %s | %.1f | %.1f | %.2f | %s |\n", names[i].c_str(), c_ns[i], n_ns[i], c_ns[i] / n_ns[i], core);
+  }
   if (json != nullptr) {
     FILE* f = std::fopen(json, "w");
     if (f != nullptr) {

@@ -89,8 +89,11 @@ def w_oom(torch, res):
     except torch.OutOfMemoryError as e:
         err = str(e)
     res["error"] = err
-    res["observer_calls"] = observed
+    res["observer_calls"] = list(observed)
     res["stats"] = dict(torch.cuda.memory_stats())
+    if os.environ.get("CACHET_C10_MODE") == "cachet":
+        import cachet_torch
+        res["cachet_stats"] = dict(cachet_torch.memory_stats(0))
     # The huge request of the issue: 1 TiB is no tensor.
     try:
         torch.empty(1 << 40, dtype=torch.uint8, device="cuda")
@@ -167,14 +170,20 @@ def w_stats(torch, res, snap_path):
     torch.cuda.empty_cache()
     zs = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in (2 * MiB, 30 * MiB)]
     res["stats"] = dict(torch.cuda.memory_stats())
+    if os.environ.get("CACHET_C10_MODE") == "cachet":
+        import cachet_torch
+        res["cachet_stats"] = dict(cachet_torch.memory_stats(0))
     res["summary"] = torch.cuda.memory_summary()
     torch.cuda.memory._dump_snapshot(snap_path)
     torch.cuda.memory._record_memory_history(None)
     res["peak_reserved"] = torch.cuda.max_memory_reserved()
     res["peak_allocated"] = torch.cuda.max_memory_allocated()
-    snap = torch.cuda.memory._snapshot()
+    import pickle
+    with open(snap_path, "rb") as f:
+        snap = pickle.load(f)
     frames = [f for tr in snap["device_traces"] for e in tr for f in e.get("frames", [])]
     res["python_frames"] = sum(1 for f in frames if f.get("filename", "").endswith("test_c10.py"))
+    res["trace_entries"] = sum(len(tr) for tr in snap["device_traces"])
     res["segments"] = len(snap["segments"])
     del xs, ys, zs
 
@@ -300,11 +309,9 @@ def worker(scenario, mode, out, extra):
     import torch
     res["torch"] = torch.__version__
     res["allocator_name"] = None
+    os.environ["CACHET_C10_MODE"] = mode
     if scenario == "stats":
         w_stats(torch, res, extra)
-        if mode == "cachet":
-            import cachet_torch
-            res["cachet_stats"] = dict(cachet_torch.memory_stats(0))
     else:
         WORKERS[scenario](torch, res)
     try:
@@ -346,6 +353,8 @@ def compare(scenario, n, c, tmp):
               + ("" if c["error"] == n["error"] else f"\n  native: {n['error']!r}\n  cachet: {c['error']!r}"))
         check(len(c["observer_calls"]) == 1, f"oom: the OOM observer was called once "
               f"({len(c['observer_calls'])}; native {len(n['observer_calls'])})")
+        d1 = diff_dicts(c["stats"], c["cachet_stats"])
+        check(not d1, f"oom: torch.cuda.memory_stats() equals cachet_torch.memory_stats() ({d1[:6]})")
         check(c["observer_calls"] == n["observer_calls"],
               f"oom: observer arguments equal native's ({c['observer_calls']} vs {n['observer_calls']})")
         d = diff_dicts(n["stats"], c["stats"])

@@ -30,10 +30,14 @@ __all__ = [
     "record_memory_history", "clear_history", "empty_cache", "memory_stats", "memory_summary",
     "memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved",
     "reset_peak_memory_stats", "reset_accumulated_memory_stats", "snapshot", "dump_snapshot",
-    "settings", "last_error",
+    "settings", "last_error", "backend", "c10_library_path",
 ]
 
 _LIB_NAME = "libcachet_torch.so"
+_C10_LIB_NAME = "libcachet_c10.so"
+# The c10 backend built by the same `cmake --install` (python/install_module.cmake writes it).
+_INSTALLED_C10_LIB: Optional[str] = None
+_backend: Optional[str] = None  # "c10" or "plugin" once install() succeeded
 # The installed library: `cmake --install` writes its absolute path here (python/install_module.cmake).
 _INSTALLED_LIB: Optional[str] = None
 _lib: Optional[ctypes.CDLL] = None
@@ -84,12 +88,48 @@ def library_path() -> str:
         f"`cmake --install` it); looked at: {', '.join(candidates)}")
 
 
+def c10_library_path() -> Optional[str]:
+    """Where libcachet_c10.so (cachet as PyTorch's own CUDA allocator, the c10 backend) is, first
+    found of: $CACHET_C10_LIB; the one `cmake --install` installed with this file; next to this
+    file; a build tree of this checkout. None when there is none (it is built only where a torch
+    was found at build time)."""
+    env = os.environ.get("CACHET_C10_LIB")
+    if env:
+        if not os.path.exists(env):
+            raise FileNotFoundError(f"CACHET_C10_LIB={env}: no such file (unset it, or point it at "
+                                    f"the {_C10_LIB_NAME} that the target cachet_c10 builds)")
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [_INSTALLED_C10_LIB] if _INSTALLED_C10_LIB else []
+    candidates.append(os.path.join(here, _C10_LIB_NAME))
+    plug = os.environ.get("CACHET_TORCH_LIB")
+    if plug:  # a build tree's plug-in: the backend is built beside it
+        candidates.append(os.path.join(os.path.dirname(plug), _C10_LIB_NAME))
+        candidates.append(os.path.join(os.path.dirname(plug), "c10", _C10_LIB_NAME))
+    root = os.path.dirname(here)
+    for sub in ("build/gpu", "build/default", "build/release", "build-python", "build"):
+        candidates.append(os.path.join(root, sub, "python", _C10_LIB_NAME))
+        candidates.append(os.path.join(root, sub, "python", "c10", _C10_LIB_NAME))
+    for c in candidates:
+        if c and os.path.exists(c):
+            return c
+    return None
+
+
 def _declare(lib: ctypes.CDLL) -> None:
     c = ctypes
-    lib.cachet_malloc.restype = c.c_void_p
-    lib.cachet_malloc.argtypes = [c.c_ssize_t, c.c_int, c.c_void_p]
-    lib.cachet_free.restype = None
-    lib.cachet_free.argtypes = [c.c_void_p, c.c_ssize_t, c.c_int, c.c_void_p]
+    if hasattr(lib, "cachet_malloc"):  # the plug-in's entry points (not in the c10 backend)
+        lib.cachet_malloc.restype = c.c_void_p
+        lib.cachet_malloc.argtypes = [c.c_ssize_t, c.c_int, c.c_void_p]
+        lib.cachet_free.restype = None
+        lib.cachet_free.argtypes = [c.c_void_p, c.c_ssize_t, c.c_int, c.c_void_p]
+    if hasattr(lib, "cachet_c10_install"):  # the c10 backend's own entry points
+        lib.cachet_c10_torch_version.restype = c.c_char_p
+        lib.cachet_c10_torch_version.argtypes = []
+        lib.cachet_c10_install.restype = c.c_int
+        lib.cachet_c10_install.argtypes = [c.c_char_p]
+        lib.cachet_c10_installed.restype = c.c_int
+        lib.cachet_c10_installed.argtypes = []
     lib.cachet_torch_init.restype = c.c_int
     lib.cachet_torch_init.argtypes = []
     lib.cachet_torch_config_error.restype = c.c_char_p
@@ -117,8 +157,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         getattr(lib, name).argtypes = [c.c_int]
     lib.cachet_torch_empty_cache.restype = None
     lib.cachet_torch_empty_cache.argtypes = []
-    lib.cachet_torch_pool_callback.restype = c.c_void_p
-    lib.cachet_torch_pool_callback.argtypes = [c.c_char_p]
+    if hasattr(lib, "cachet_torch_pool_callback"):
+        lib.cachet_torch_pool_callback.restype = c.c_void_p
+        lib.cachet_torch_pool_callback.argtypes = [c.c_char_p]
 
 
 def load(path: Optional[str] = None) -> ctypes.CDLL:
@@ -160,7 +201,20 @@ def check_config(path: Optional[str] = None) -> None:
 
 
 def installed() -> bool:
-    return _allocator is not None
+    return _backend is not None
+
+
+def backend() -> Optional[str]:
+    """Which door install() used: "c10" (libcachet_c10.so: cachet is PyTorch's own CUDA allocator,
+    every torch.cuda memory API works), "plugin" (libcachet_torch.so through
+    CUDAPluggableAllocator: PyTorch 2.11 refuses stats, snapshots, history, OOM observers, MemPool()
+    and CUDA graph trees for it; use this module's functions), or None before install()."""
+    return _backend
+
+
+def _torch_minor(version: str) -> str:
+    """"2.11.0+cu130" -> "2.11"."""
+    return ".".join(version.split("+")[0].split(".")[:2])
 
 
 def wired_callbacks() -> list:
@@ -178,28 +232,84 @@ def _announce(text: str) -> None:
 
 
 def install(path: Optional[str] = None, record_history: bool = False,
-            cudagraph_trees: bool = True) -> None:
+            cudagraph_trees: bool = True, backend: str = "auto") -> None:
     """Makes cachet PyTorch's CUDA allocator. Call before anything allocates CUDA memory.
 
-    Raises ValueError with the parser's message if the configuration is refused (before torch is
-    imported and before anything is allocated), RuntimeError if PyTorch's allocator is already in
-    use. record_history=True records the allocator trace from the first allocation on (for
-    snapshot()/dump_snapshot() and `cachet replay`).
+    backend: "auto" (the default) installs the c10 backend (libcachet_c10.so, cachet behind
+    c10::cuda::CUDACachingAllocator like PyTorch's own allocator: torch.cuda.memory_stats(),
+    memory_snapshot(), _record_memory_history(), OOM errors and observers, MemPool(), CUDA graph
+    trees, cudnn.benchmark all work) when one built for the running torch's minor version is found
+    (c10_library_path()), else the plug-in (libcachet_torch.so through CUDAPluggableAllocator) and
+    says once on stderr why; "c10" or "plugin" insist on one (an error says what is missing).
+    backend() tells which was used. `path` names the plug-in library (the plug-in path only).
 
-    cudagraph_trees=False sets torch._inductor.config.triton.cudagraph_trees = False, so that
-    torch.compile(mode="reduce-overhead") captures plain CUDA graphs through cachet's private
-    pools; PyTorch 2.11's CUDA graph trees cannot work with any plug-in allocator. It says so once
-    on stderr; without the option install() says once that reduce-overhead needs it."""
-    if _allocator is None:
-        _install(path, record_history)
-    if cudagraph_trees:
+    Raises ValueError with the parser's message if the configuration is refused (before anything
+    is allocated), RuntimeError if PyTorch's allocator is already in use or the c10 backend was
+    built for another torch. record_history=True records the allocator trace from the first
+    allocation on (for snapshot()/dump_snapshot() and `cachet replay`).
+
+    cudagraph_trees=False sets torch._inductor.config.triton.cudagraph_trees = False (either
+    backend). The plug-in path needs it for torch.compile(mode="reduce-overhead"): PyTorch 2.11's
+    CUDA graph trees cannot work with any plug-in allocator; there install() says so once on
+    stderr. The c10 backend works with graph trees on."""
+    global _backend
+    if backend not in ("auto", "c10", "plugin"):
+        raise ValueError(f"cachet_torch.install(backend={backend!r}): use 'auto', 'c10' or 'plugin'")
+    if _backend is None:
+        _backend = _install_any(path, record_history, backend)
+    elif backend != "auto" and backend != _backend:
+        raise RuntimeError(f"cachet_torch.install(backend={backend!r}): cachet is already installed "
+                           f"through the {_backend} backend in this process")
+    if not cudagraph_trees:
+        import torch._inductor.config as inductor_config  # noqa: PLC0415
+        inductor_config.triton.cudagraph_trees = False
+        if _backend == "plugin":
+            _announce(_TREES_OFF)
+    elif _backend == "plugin":
         inductor = sys.modules.get("torch._inductor.config")
         if inductor is None or inductor.triton.cudagraph_trees:
             _announce(_TREES_NOTE)
+
+
+def _install_any(path: Optional[str], record_history: bool, backend: str) -> str:
+    if backend == "plugin":
+        _install(path, record_history)
+        return "plugin"
+    import torch  # noqa: PLC0415 (lazy on purpose)
+    running = _torch_minor(torch.__version__)
+    why = None
+    c10 = c10_library_path()
+    if c10 is None:
+        why = (f"no {_C10_LIB_NAME} was found (set CACHET_C10_LIB, or build the target cachet_c10 "
+               f"on a machine with torch {running} and `cmake --install` it)")
     else:
-        import torch._inductor.config as inductor_config  # noqa: PLC0415
-        inductor_config.triton.cudagraph_trees = False
-        _announce(_TREES_OFF)
+        lib = ctypes.CDLL(os.path.realpath(c10))  # after torch: its libc10 is the one resolved
+        _declare(lib)
+        built = lib.cachet_c10_torch_version().decode()
+        if built != running:
+            why = (f"{c10} was built for torch {built}, this is torch {torch.__version__} "
+                   f"({running}); rebuild cachet against this torch")
+    if why is not None:
+        if backend == "c10":
+            raise RuntimeError(f"cachet_torch.install(backend='c10'): {why}")
+        _announce("cachet_torch: installed through CUDAPluggableAllocator (the plug-in path: "
+                  "PyTorch refuses its memory_stats, snapshots, history, OOM observers, MemPool() "
+                  f"and CUDA graph trees for plug-in allocators), because {why}")
+        _install(path, record_history)
+        return "plugin"
+    _install_c10(lib, os.path.realpath(c10), record_history, torch.__version__)
+    return "c10"
+
+
+def _install_c10(lib: ctypes.CDLL, path: str, record_history: bool, version: str) -> None:
+    global _lib, _lib_path
+    if lib.cachet_torch_init() != 0:
+        raise ValueError(lib.cachet_torch_config_error().decode("utf-8", "replace"))
+    _lib, _lib_path = lib, path  # this module's functions now read the backend's allocators
+    if lib.cachet_c10_install(version.encode()) != 0:
+        raise RuntimeError(f"cachet_torch.install(): the c10 backend refused: {last_error()}")
+    if record_history:
+        lib.cachet_torch_record_history(1)
 
 
 def _install(path: Optional[str], record_history: bool) -> None:
@@ -227,9 +337,14 @@ def _install(path: Optional[str], record_history: bool) -> None:
 
 
 def record_memory_history(enabled: bool = True) -> None:
-    """The plug-in's torch.cuda.memory._record_memory_history(enabled="all"/None), without stack
-    frames. Recording from the start (install(record_history=True)) is what `cachet replay`
-    needs."""
+    """torch.cuda.memory._record_memory_history(enabled="all"/None). Through the c10 backend this
+    is PyTorch's own (with Python and C++ stack frames); through the plug-in, cachet's trace
+    without frames. Recording from the start (install(record_history=True)) is what `cachet
+    replay` needs."""
+    if _backend == "c10":
+        import torch  # noqa: PLC0415
+        torch.cuda.memory._record_memory_history("all" if enabled else None)
+        return
     load().cachet_torch_record_history(1 if enabled else 0)
 
 
@@ -345,10 +460,13 @@ def _trace_entry(e: dict) -> dict:
 
 
 def snapshot() -> dict:
-    """torch.cuda.memory._snapshot() for cachet: {"segments", "device_traces",
+    """torch.cuda.memory._snapshot() for cachet (through the c10 backend, that very call): {"segments", "device_traces",
     "allocator_settings", "external_annotations"}, PyTorch's keys and layout (no stack frames:
     "frames" lists are empty). Like PyTorch's, it adds a "snapshot" event to each recorded
     trace."""
+    if _backend == "c10":
+        import torch  # noqa: PLC0415
+        return torch.cuda.memory._snapshot()
     lib = load()
     n = lib.cachet_torch_device_count()
     torch = sys.modules.get("torch")

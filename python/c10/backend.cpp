@@ -53,6 +53,7 @@
 #include <c10/util/Exception.h>
 #include <torch/headeronly/version.h>
 
+#include "c10/process_memory.h"
 #include "cachet/errors.h"
 #include "cachet/gpu/allocator.h"
 #include "cachet/gpu/cuda_backend.h"
@@ -67,6 +68,8 @@
 #define CACHET_C10_STR2(x) #x
 #define CACHET_C10_STR(x) CACHET_C10_STR2(x)
 #define CACHET_C10_TORCH_VERSION CACHET_C10_STR(TORCH_VERSION_MAJOR) "." CACHET_C10_STR(TORCH_VERSION_MINOR)
+
+using cachet::c10_backend::with_process_memory_info;
 
 namespace {
 
@@ -887,7 +890,8 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
       const size_t allowed = fraction < 1.0 ? static_cast<size_t>(fraction * static_cast<double>(total)) : total;
       for (const auto& obs : observers) obs(device, size, allowed, free);
     }
-    TORCH_CHECK_WITH(OutOfMemoryError, false, message);
+    // Native's text also names each process's memory on the device (NVML), which gpu/ cannot know.
+    TORCH_CHECK_WITH(OutOfMemoryError, false, with_process_memory_info(message, device));
   }
 
   static void* uncached_alloc(size_t size) {

@@ -54,6 +54,7 @@
 #include <torch/headeronly/version.h>
 
 #include "c10/process_memory.h"
+#include "cachet/config.h"
 #include "cachet/errors.h"
 #include "cachet/gpu/allocator.h"
 #include "cachet/gpu/cuda_backend.h"
@@ -1087,6 +1088,56 @@ std::string major_minor(const char* v) {
 
 }  // namespace
 
+// ---- torch.cuda.memory._set_allocator_settings ----------------------------------------------
+//
+// PyTorch applies a settings string at run time (c10::CachingAllocator::setAllocatorSettings):
+// its generic parse, then the one device hook AcceleratorAllocatorConfig keeps (CUDA's). cachet
+// follows by chaining onto that hook: the previous hook first (PyTorch's own parse, which refuses
+// what PyTorch refuses), then the string parsed over cachet's configuration for the allocators
+// created later and applied to each existing one (CachingAllocator::configure); cachet's refusal
+// (it is stricter) raises in Python as RuntimeError. The hook is a function-local static of an
+// inline function: libc10 exports it (a unique symbol), found by name in the loaded libc10.
+namespace {
+
+void apply_allocator_settings(const std::string& env) {
+  tc::State& s = tc::state();
+  std::lock_guard<std::mutex> lock(s.create_mu);
+  try {
+    cachet::ParseResult r = cachet::parse_config(env, cachet::ConfigSource::PyTorch, s.config);
+    for (auto& slot : s.allocators)
+      if (auto* a = slot.load(std::memory_order_acquire)) (void)a->configure(env);
+    s.config = r.config;
+    s.text = env;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "cachet: _set_allocator_settings(\"", env, "\"): ", e.what());
+  }
+}
+
+// Chains apply_allocator_settings onto PyTorch's settings hook, once. False when this libc10
+// has no such hook (then runtime settings do not reach cachet).
+bool follow_allocator_settings() {
+  static const bool done = [] {
+    using Hook = std::function<void(const std::string&)>;
+    void* h = dlopen("libc10.so", RTLD_NOW | RTLD_NOLOAD);
+    if (!h) return false;
+    auto* hook = static_cast<Hook*>(
+        dlsym(h, "_ZZN3c1016CachingAllocator26AcceleratorAllocatorConfig19getConfigParserHookB5cxx11EvE4hook"));
+    auto* guard = static_cast<const char*>(
+        dlsym(h, "_ZGVZN3c1016CachingAllocator26AcceleratorAllocatorConfig19getConfigParserHookB5cxx11EvE4hook"));
+    dlclose(h);
+    if (!hook || !guard || *guard == 0) return false;  // absent, or not constructed yet
+    Hook previous = *hook;
+    *hook = [previous](const std::string& env) {
+      if (previous) previous(env);
+      apply_allocator_settings(env);
+    };
+    return true;
+  }();
+  return done;
+}
+
+}  // namespace
+
 // ---- C entry points for python/cachet_torch.py -----------------------------------------------
 
 // The torch major.minor this library was built against, e.g. "2.11".
@@ -1131,6 +1182,7 @@ CACHET_TORCH_API int cachet_c10_install(const char* running_torch_version) {
     }
     c10::cuda::CUDACachingAllocator::allocator.store(ours);
     c10::SetAllocator(c10::DeviceType::CUDA, ours);
+    (void)follow_allocator_settings();
     return 0;
   } catch (const std::exception& e) {
     tc::set_error(std::string("install: ") + e.what(), false);

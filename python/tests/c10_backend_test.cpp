@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <c10/core/Allocator.h>
+#include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/util/Exception.h>
 #include <torch/headeronly/version.h>
@@ -284,6 +285,19 @@ TEST(C10Backend, InstallIsTheDoorNativeUses) {
   EXPECT_EQ(cachet_c10_installed(), 1);
   EXPECT_EQ(cc::get(), &A());
   EXPECT_EQ(c10::GetAllocator(c10::DeviceType::CUDA), static_cast<c10::Allocator*>(&A()));
+}
+
+// torch.cuda.memory._set_allocator_settings reaches cachet once it is installed: PyTorch's parse,
+// then cachet's, applied to the allocators and to those created later.
+TEST(C10Backend, RuntimeSettingsReachCachet) {
+  ASSERT_EQ(cachet_c10_installed(), 1);
+  c10::CachingAllocator::setAllocatorSettings("max_split_size_mb:64");
+  EXPECT_EQ(device0().a->config().max_split_size, 64 * MiB);
+  EXPECT_EQ(cachet::torch_common::state().config.max_split_size, 64 * MiB);
+  EXPECT_EQ(A().snapshot({0, 0}, false).config_metadata.last_allocator_settings, "max_split_size_mb:64");
+  c10::CachingAllocator::setAllocatorSettings("max_split_size_mb:128,garbage_collection_threshold:0.5");
+  EXPECT_EQ(device0().a->config().max_split_size, 128 * MiB);
+  EXPECT_EQ(device0().a->config().garbage_collection_threshold, 0.5);
 }
 
 }  // namespace

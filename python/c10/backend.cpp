@@ -38,6 +38,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -230,6 +231,24 @@ class AllocatorSource final : public cachet::gpu::SegmentSource {
   std::shared_ptr<cc::CUDAAllocator> a_;
 };
 #endif
+
+// The segment size an out-of-memory message says was asked of the device ("Tried to allocate
+// X."), read back where its text is exact: segment sizes are whole MiB, so "N.00 MiB" (up to
+// 1 GiB) gives the size exactly; "x.xx GiB" does not (nullopt: the caller then reports the
+// requested size).
+std::optional<size_t> segment_size_from_message(const std::string& m) {
+  static const std::string kStart = "CUDA out of memory. Tried to allocate ";
+  if (m.rfind(kStart, 0) != 0) return std::nullopt;
+  const size_t end = m.find(". ", kStart.size());
+  const std::string text = m.substr(kStart.size(), end == std::string::npos ? std::string::npos : end - kStart.size());
+  unsigned long long whole = 0;
+  unsigned cents = 0;
+  char unit[8] = {};
+  if (std::sscanf(text.c_str(), "%llu.%2u %7s", &whole, &cents, unit) != 3) return std::nullopt;
+  const std::string u = unit;
+  if (u == "MiB" && cents == 0) return static_cast<size_t>(whole) << 20;
+  return std::nullopt;
+}
 
 void raw_delete_fn(void* ptr);      // the deleter of every DataPtr cachet hands out
 void uncached_delete_fn(void* ptr);  // enable(false): cudaFree, as native's uncached_delete
@@ -855,8 +874,9 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   }
 
   // cachet refused: its message is PyTorch's, word for word. Observers are called with no lock
-  // held, as native calls them after unlocking: (device, bytes asked for, the memory allowed
-  // (the cap set by a fraction, else the device's total), the device's free memory).
+  // held, as native calls them after unlocking: (device, the segment size asked of the device,
+  // the memory allowed (the cap set by a fraction, else the device's total), the device's free
+  // memory).
   [[noreturn]] void out_of_memory(c10::DeviceIndex device, size_t size, Ctx ctx, bool tracing,
                                   const std::string& message) {
     if (tracing) {
@@ -889,7 +909,8 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
       } catch (...) {
       }
       const size_t allowed = fraction < 1.0 ? static_cast<size_t>(fraction * static_cast<double>(total)) : total;
-      for (const auto& obs : observers) obs(device, size, allowed, free);
+      const size_t asked = segment_size_from_message(message).value_or(size);
+      for (const auto& obs : observers) obs(device, asked, allowed, free);
     }
     // Native's text also names each process's memory on the device (NVML), which gpu/ cannot know.
     TORCH_CHECK_WITH(OutOfMemoryError, false, with_process_memory_info(message, device));

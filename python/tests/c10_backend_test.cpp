@@ -246,8 +246,13 @@ TEST(C10Backend, OutOfMemoryIsOutOfMemoryErrorWithCachetsTextAndObserversOnce) {
   } catch (const c10::OutOfMemoryError& e) {
     EXPECT_EQ(e.msg(), cachet_text);
   }
+  // "Tried to allocate 4.00 GiB" is not exact: the observer gets the requested size
   EXPECT_EQ(calls, (std::vector<std::int64_t>{0, static_cast<std::int64_t>(4096 * MiB)}));
   EXPECT_EQ(A().getDeviceStats(0).num_ooms, 2);
+  // "Tried to allocate 600.00 MiB" is: the observer gets the segment size asked, as native's
+  calls.clear();
+  EXPECT_THROW(cachet::c10_testing::malloc(0, 600 * MiB - 100, kStream), c10::OutOfMemoryError);
+  EXPECT_EQ(calls, (std::vector<std::int64_t>{0, static_cast<std::int64_t>(600 * MiB)}));
 }
 
 TEST(C10Backend, PrivatePools) {

@@ -150,5 +150,158 @@ TEST(BaseAllocation, PolicyCachetRefusesClearly) {
   h.a->free(x);
 }
 
+// ----------------------------------------------------------------- a MemPool's own allocator (§15.1)
+
+// A MemPool's allocator as a test sees it: bump addresses from 0x500000000000 (never reused),
+// every call logged, nullptr once `capacity` would be exceeded.
+struct TestSource : gpu::SegmentSource {
+  struct Call {
+    bool allocate;
+    std::uint64_t ptr;
+    Bytes size;
+    DeviceIndex device;
+    StreamId stream;
+    bool operator==(const Call&) const = default;
+  };
+  explicit TestSource(Bytes cap = 1 * GiB) : capacity(cap) {}
+  void* allocate(Bytes size, DeviceIndex device, StreamId stream) override {
+    if (used + size > capacity) {
+      calls.push_back({true, 0, size, device, stream});
+      return nullptr;
+    }
+    const std::uint64_t p = next;
+    next += size;
+    used += size;
+    calls.push_back({true, p, size, device, stream});
+    return at(p);
+  }
+  void release(void* ptr, Bytes size, DeviceIndex device, StreamId stream) override {
+    used -= size;
+    calls.push_back({false, addr(ptr), size, device, stream});
+  }
+  Bytes capacity;
+  Bytes used = 0;
+  std::uint64_t next = 0x500000000000;
+  std::vector<Call> calls;
+};
+constexpr std::uint64_t kSrc = 0x500000000000;
+
+// test_mempool_with_allocator: 1 MiB allocations in a pool with its own allocator: one 2 MiB
+// segment holds two, the third makes a second; they go back to the allocator with the pool.
+TEST(PoolSource, SegmentsComeFromTheSourceAndGoBackToIt) {
+  auto h = host_alloc();
+  CachingAllocator& a = *h.a;
+  auto src = std::make_shared<TestSource>();
+  a.create_or_incref_pool(kPool1, src);
+  EXPECT_EQ(a.pool_use_count(kPool1), 1);
+  a.begin_allocate_to_pool(kPool1, this_thread());
+  void* x = a.allocate(1 * MiB, 3);
+  void* y = a.allocate(1 * MiB, 3);
+  EXPECT_EQ(a.snapshot().size(), 1u);
+  void* z = a.allocate(1 * MiB, 3);
+  a.end_allocate_to_pool(kPool1);
+  EXPECT_EQ(addr(x), kSrc);
+  EXPECT_EQ(addr(y), kSrc + 1 * MiB);
+  EXPECT_EQ(addr(z), kSrc + 2 * MiB);
+  EXPECT_EQ(a.snapshot().size(), 2u);
+  EXPECT_EQ(src->calls, (std::vector<TestSource::Call>{{true, kSrc, 2 * MiB, 0, 3}, {true, kSrc + 2 * MiB, 2 * MiB, 0, 3}}));
+  EXPECT_EQ(h.sim->used(), 0u);  // nothing from the device
+  const DeviceStats st = a.stats();
+  EXPECT_EQ(cur(st.segment), 2);
+  EXPECT_EQ(cur(st.reserved_bytes), static_cast<std::int64_t>(4 * MiB));
+  EXPECT_EQ(st.num_device_alloc, 2);
+  a.free(x);
+  a.free(y);
+  a.free(z);
+  a.release_pool(kPool1);
+  a.release_pool(kPool1);
+  EXPECT_EQ(src->calls.size(), 2u);  // kept while the pool has users, and until emptied
+  a.empty_cache(kPool1);             // the MemPool's destructor
+  EXPECT_EQ(src->calls, (std::vector<TestSource::Call>{{true, kSrc, 2 * MiB, 0, 3},
+                                                        {true, kSrc + 2 * MiB, 2 * MiB, 0, 3},
+                                                        {false, kSrc, 2 * MiB, 0, 3},
+                                                        {false, kSrc + 2 * MiB, 2 * MiB, 0, 3}}));
+  EXPECT_EQ(src->used, 0u);
+  EXPECT_EQ(cur(a.stats().reserved_bytes), 0);
+  EXPECT_EQ(a.stats().num_device_free, 2);
+  EXPECT_THROW(a.pool_use_count(kPool1), UsageError);  // forgotten: no segment left
+}
+
+// Expandable segments never apply to a pool with its own allocator: a 19.5 MiB request takes a
+// 20 MiB segment from the source, unsplit (the large pool keeps remainders over 1 MiB only).
+TEST(PoolSource, ExpandableSegmentsDoNotApplyToIt) {
+  auto h = host_alloc("expandable_segments:True");
+  CachingAllocator& a = *h.a;
+  auto src = std::make_shared<TestSource>();
+  a.create_or_incref_pool(kPool1, src);
+  a.begin_allocate_to_pool(kPool1, this_thread());
+  void* x = a.allocate(19 * MiB + 512 * KiB, 0);
+  a.end_allocate_to_pool(kPool1);
+  EXPECT_EQ(addr(x), kSrc);
+  EXPECT_EQ(src->calls, (std::vector<TestSource::Call>{{true, kSrc, 20 * MiB, 0, 0}}));
+  EXPECT_EQ(cur(a.stats().allocated_bytes), static_cast<std::int64_t>(20 * MiB));
+  EXPECT_FALSE(a.snapshot().at(0).is_expandable);
+  Bytes size = 0;
+  EXPECT_EQ(a.base_allocation(x, &size), at(kSrc));  // a cudaMalloc-like segment: shareable
+  EXPECT_EQ(size, 20 * MiB);
+  // The default pool keeps expandable segments: the same request maps 20 MiB and splits.
+  void* y = a.allocate(19 * MiB + 512 * KiB, 0);
+  EXPECT_EQ(cur(a.stats().allocated_bytes), static_cast<std::int64_t>(40 * MiB - 512 * KiB));
+  EXPECT_EQ(h.sim->used(), 20 * MiB);
+  a.free(x);
+  a.free(y);
+}
+
+TEST(PoolSource, NoMemoryFromTheSourceIsAnOutOfMemory) {
+  auto h = host_alloc();
+  CachingAllocator& a = *h.a;
+  auto src = std::make_shared<TestSource>(16 * MiB);
+  a.create_or_incref_pool(kPool1, src);
+  a.begin_allocate_to_pool(kPool1, this_thread());
+  EXPECT_THROW(a.allocate(3 * MiB, 0), OutOfMemory);  // a 20 MiB segment: more than the source has
+  a.end_allocate_to_pool(kPool1);
+  EXPECT_EQ(a.stats().num_ooms, 1);
+  EXPECT_EQ(cur(a.stats().reserved_bytes), 0);
+  EXPECT_EQ(h.sim->used(), 0u);
+  // allocate, then the two retries of malloc's path (§3.1), all asking the source.
+  ASSERT_FALSE(src->calls.empty());
+  for (const auto& c : src->calls) EXPECT_EQ(c, (TestSource::Call{true, 0, 20 * MiB, 0, 0}));
+}
+
+TEST(PoolSource, OnlyANewPoolTakesASource) {
+  auto h = host_alloc();
+  CachingAllocator& a = *h.a;
+  auto src = std::make_shared<TestSource>();
+  a.create_or_incref_pool(kPool1);
+  EXPECT_TRUE(contains(message_of<PyTorchFailsHere>([&] { a.create_or_incref_pool(kPool1, src); }),
+                       "!allocator INTERNAL ASSERT FAILED"));
+  EXPECT_EQ(a.pool_use_count(kPool1), 1);
+  EXPECT_THROW(a.create_or_incref_pool(PoolId{}, src), UsageError);
+  a.create_or_incref_pool(kPool1, nullptr);  // no source: one more user
+  EXPECT_EQ(a.pool_use_count(kPool1), 2);
+}
+
+TEST(PoolSource, TheAllocatorsDestructorGivesItsSegmentsBack) {
+  auto src = std::make_shared<TestSource>();
+  {
+    auto h = host_alloc();
+    h.a->create_or_incref_pool(kPool1, src);
+    h.a->begin_allocate_to_pool(kPool1, this_thread());
+    (void)h.a->allocate(3 * MiB, 0);
+    h.a->end_allocate_to_pool(kPool1);
+  }
+  EXPECT_EQ(src->calls.back(), (TestSource::Call{false, kSrc, 20 * MiB, 0, 0}));
+  EXPECT_EQ(src->used, 0u);
+}
+
+TEST(PoolSource, PolicyCachetRefusesClearly) {
+  auto h = cachet_alloc();
+  auto src = std::make_shared<TestSource>();
+  EXPECT_TRUE(contains(message_of<UsageError>([&] { h.a->create_or_incref_pool(kPool1, src); }), "policy:pytorch"));
+  EXPECT_THROW(h.a->pool_use_count(kPool1), UsageError);  // nothing created
+  h.a->create_or_incref_pool(kPool1, nullptr);
+  EXPECT_EQ(h.a->pool_use_count(kPool1), 1);
+}
+
 }  // namespace
 }  // namespace cachet::test

@@ -303,5 +303,200 @@ TEST(PoolSource, PolicyCachetRefusesClearly) {
   EXPECT_EQ(h.a->pool_use_count(kPool1), 1);
 }
 
+// ----------------------------------------------------------------- graph trees' checkpoints (§15.3)
+
+struct Ev {
+  TraceAction action;
+  std::uint64_t addr;
+  Bytes size;
+  bool operator==(const Ev&) const = default;
+};
+std::vector<Ev> events(const CachingAllocator& a) {
+  std::vector<Ev> out;
+  for (const TraceEvent& e : a.trace()) out.push_back({e.action, e.addr, e.size});
+  return out;
+}
+
+// A graph's pool: [a 4 MiB][free 6][c 2][free 8] in one 20 MiB segment at S.
+struct GraphPool {
+  HostAlloc h;
+  void* a = nullptr;
+  void* c = nullptr;
+  explicit GraphPool(const std::string& conf = "") : h(host_alloc(conf)) {
+    CachingAllocator& al = *h.a;
+    al.set_trace(true);
+    al.create_or_incref_pool(kGraph);
+    al.begin_allocate_to_pool(kGraph, this_thread());
+    a = al.allocate(4 * MiB - 100, 0);  // requested 4,194,204 B, a 4 MiB block
+    void* b = al.allocate(6 * MiB, 0);
+    c = al.allocate(2 * MiB, 0);
+    al.free(b);
+    al.end_allocate_to_pool(kGraph);
+  }
+};
+
+TEST(Checkpoint, HoldsThePoolsSegmentsAndBlocks) {
+  GraphPool g;
+  auto cp = g.h.a->checkpoint_pool(kGraph);
+  EXPECT_EQ(cp->id, kGraph);
+  ASSERT_EQ(cp->segments.size(), 1u);
+  const auto& s = cp->segments[0];
+  EXPECT_FALSE(s.is_small);
+  EXPECT_FALSE(s.expandable);
+  using B = PoolCheckpoint::BlockState;
+  auto same = [](const B& x, const B& y) {
+    return x.ptr == y.ptr && x.size == y.size && x.allocated == y.allocated && x.mapped == y.mapped;
+  };
+  const std::vector<B> want{{at(kBase), 4 * MiB, true, true},
+                            {at(kBase + 4 * MiB), 6 * MiB, false, true},
+                            {at(kBase + 10 * MiB), 2 * MiB, true, true},
+                            {at(kBase + 12 * MiB), 8 * MiB, false, true}};
+  ASSERT_EQ(s.blocks.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(same(s.blocks[i], want[i])) << i;
+  EXPECT_THROW(g.h.a->checkpoint_pool(kPool2), UsageError);
+}
+
+// After the checkpoint, a dies and d (8 MiB) takes the last free block; then the tree goes back
+// to the checkpoint with d stale: every allocation of the pool is freed, the checkpoint's blocks
+// allocated again (requested size = block size), its free blocks freed.
+TEST(Checkpoint, RestoreMakesThePoolMatchTheCheckpoint) {
+  GraphPool g;
+  CachingAllocator& a = *g.h.a;
+  auto cp = a.checkpoint_pool(kGraph);
+  a.free(g.a);  // [free 10][c 2][free 8]
+  a.begin_allocate_to_pool(kGraph, this_thread());
+  void* d = a.allocate(8 * MiB, 0);
+  a.end_allocate_to_pool(kGraph);
+  EXPECT_EQ(addr(d), kBase + 12 * MiB);
+  EXPECT_TRUE(a.pool_live_allocations_are(kGraph, {g.c, d}));
+  a.clear_trace();
+
+  const CheckpointDelta delta = a.restore_pool(*cp, {d});
+  EXPECT_EQ(delta.freed, (std::vector<void*>{d, g.c}));
+  EXPECT_EQ(delta.allocated, (std::vector<std::pair<void*, Bytes>>{{at(kBase), 4 * MiB}, {at(kBase + 10 * MiB), 2 * MiB}}));
+  using A = TraceAction;
+  const std::uint64_t S = kBase;
+  EXPECT_EQ(events(a), (std::vector<Ev>{{A::FreeRequested, S + 12 * MiB, 8 * MiB},
+                                        {A::FreeCompleted, S + 12 * MiB, 8 * MiB},
+                                        {A::FreeRequested, S + 10 * MiB, 2 * MiB},
+                                        {A::FreeCompleted, S + 10 * MiB, 2 * MiB},
+                                        {A::Alloc, S, 4 * MiB},
+                                        {A::Alloc, S + 4 * MiB, 6 * MiB},
+                                        {A::Alloc, S + 10 * MiB, 2 * MiB},
+                                        {A::Alloc, S + 12 * MiB, 8 * MiB},
+                                        {A::FreeRequested, S + 4 * MiB, 6 * MiB},
+                                        {A::FreeCompleted, S + 4 * MiB, 6 * MiB},
+                                        {A::FreeRequested, S + 12 * MiB, 8 * MiB},
+                                        {A::FreeCompleted, S + 12 * MiB, 8 * MiB}}));
+  const DeviceStats st = a.stats();
+  EXPECT_EQ(cur(st.allocation), 2);
+  EXPECT_EQ(cur(st.allocated_bytes), static_cast<std::int64_t>(6 * MiB));
+  EXPECT_EQ(cur(st.requested_bytes), static_cast<std::int64_t>(6 * MiB));  // 4 MiB - 100 before
+  EXPECT_EQ(cur(st.active_bytes), static_cast<std::int64_t>(6 * MiB));
+  EXPECT_EQ(cur(st.inactive_split), 2);
+  EXPECT_EQ(cur(st.inactive_split_bytes), static_cast<std::int64_t>(14 * MiB));
+  EXPECT_EQ(cur(st.segment), 1);
+  EXPECT_EQ(cur(st.reserved_bytes), static_cast<std::int64_t>(20 * MiB));
+  EXPECT_EQ(st.num_device_alloc, 1);
+  // checkPoolLiveAllocations: exactly the checkpoint's allocations, as a set.
+  EXPECT_TRUE(a.pool_live_allocations_are(kGraph, {at(S), at(S + 10 * MiB)}));
+  EXPECT_TRUE(a.pool_live_allocations_are(kGraph, {at(S + 10 * MiB), at(S), at(S)}));
+  EXPECT_FALSE(a.pool_live_allocations_are(kGraph, {at(S)}));
+  EXPECT_FALSE(a.pool_live_allocations_are(kGraph, {at(S), at(S + 10 * MiB), d}));
+  EXPECT_THROW((void)a.pool_live_allocations_are(kPool2, {}), UsageError);
+  // The restored allocations are ordinary ones.
+  a.free(at(S));
+  a.free(at(S + 10 * MiB));
+  EXPECT_TRUE(a.pool_live_allocations_are(kGraph, {}));
+}
+
+TEST(Checkpoint, RestoreOfAnExpandableSegment) {
+  GraphPool g("expandable_segments:True");  // [a 4][free 6][c 2][free 8][unmapped rest]
+  CachingAllocator& a = *g.h.a;
+  const std::uint64_t S = addr(g.a);
+  auto cp = a.checkpoint_pool(kGraph);
+  ASSERT_EQ(cp->segments.size(), 1u);
+  ASSERT_EQ(cp->segments[0].blocks.size(), 5u);
+  EXPECT_TRUE(cp->segments[0].expandable);
+  EXPECT_FALSE(cp->segments[0].blocks[4].mapped);
+  a.free(g.a);
+  a.free(g.c);  // the pool's mapped 20 MiB are one free block again
+  const CheckpointDelta delta = a.restore_pool(*cp, {});
+  EXPECT_TRUE(delta.freed.empty());
+  EXPECT_EQ(delta.allocated, (std::vector<std::pair<void*, Bytes>>{{at(S), 4 * MiB}, {at(S + 10 * MiB), 2 * MiB}}));
+  EXPECT_EQ(cur(a.stats().allocated_bytes), static_cast<std::int64_t>(6 * MiB));
+  EXPECT_EQ(cur(a.stats().reserved_bytes), static_cast<std::int64_t>(20 * MiB));
+  // Grown since the checkpoint: PyTorch's walk would fail.
+  a.begin_allocate_to_pool(kGraph, this_thread());
+  void* e = a.allocate(30 * MiB, 0);
+  a.end_allocate_to_pool(kGraph);
+  a.free(e);
+  EXPECT_TRUE(contains(message_of<PyTorchFailsHere>([&] { a.restore_pool(*cp, {}); }), "mapped bytes"));
+}
+
+TEST(Checkpoint, RefusalsChangeNothing) {
+  GraphPool g;
+  CachingAllocator& a = *g.h.a;
+  auto cp = a.checkpoint_pool(kGraph);
+  void* outside = a.allocate(3 * MiB, 0);  // the default pool
+  const auto stats_before = a.stats();
+  const auto trace_before = a.trace().size();
+  auto unchanged = [&] {
+    EXPECT_EQ(a.stats().allocated_bytes, stats_before.allocated_bytes);
+    EXPECT_EQ(a.stats().allocation, stats_before.allocation);
+    EXPECT_EQ(a.trace().size(), trace_before);
+    EXPECT_TRUE(a.pool_live_allocations_are(kGraph, {g.a, g.c}));
+  };
+  EXPECT_TRUE(contains(message_of<UsageError>([&] { a.restore_pool(*cp, {outside}); }), "not an allocation of this pool"));
+  unchanged();
+  PoolCheckpoint moved = *cp;
+  for (auto& b : moved.segments[0].blocks) b.ptr = at(addr(b.ptr) + 64 * MiB);
+  EXPECT_TRUE(contains(message_of<PyTorchFailsHere>([&] { a.restore_pool(moved, {}); }), "could not find"));
+  unchanged();
+  PoolCheckpoint other = *cp;
+  other.id = kPool2;
+  EXPECT_THROW(a.restore_pool(other, {}), UsageError);
+  unchanged();
+  // An allocation of the pool used on another stream: PyTorch's free would leave it waiting.
+  a.record_stream(g.c, 9);
+  EXPECT_TRUE(contains(message_of<PyTorchFailsHere>([&] { a.restore_pool(*cp, {}); }), "used on other streams"));
+  unchanged();
+  // Freed after that use: it waits for events; neither a checkpoint nor a restore may see it.
+  a.free(g.c);
+  EXPECT_TRUE(contains(message_of<PyTorchFailsHere>([&] { a.checkpoint_pool(kGraph); }),
+                       "Events should have synchronized when checkpointing block"));
+  EXPECT_TRUE(contains(message_of<PyTorchFailsHere>([&] { a.restore_pool(*cp, {}); }), "waits for stream-use events"));
+  g.h.sim->complete_all_events();
+  a.free(outside);  // malloc or empty_cache would process the events; a free does not
+  EXPECT_THROW(a.restore_pool(*cp, {}), PyTorchFailsHere);
+  void* again = a.allocate(512, 0);  // processes the events: c is free
+  a.free(again);
+  // Every user released the pool: PyTorch refuses a freeable pool.
+  a.release_pool(kGraph);
+  a.release_pool(kGraph);
+  EXPECT_TRUE(contains(message_of<PyTorchFailsHere>([&] { a.restore_pool(*cp, {}); }), "freeable"));
+  (void)a.checkpoint_pool(kGraph);  // PyTorch checkpoints a freeable pool that is still known
+}
+
+TEST(Checkpoint, PolicyCachetChecksLiveAllocationsAndRefusesCheckpoints) {
+  auto h = cachet_alloc();
+  CachingAllocator& a = *h.a;
+  a.create_or_incref_pool(kGraph);
+  a.begin_allocate_to_pool(kGraph, this_thread());
+  void* x = a.allocate(3 * MiB, 0);
+  void* y = a.allocate(1000, 0);
+  a.end_allocate_to_pool(kGraph);
+  void* z = a.allocate(3 * MiB, 0);  // the default pool
+  EXPECT_TRUE(a.pool_live_allocations_are(kGraph, {x, y}));
+  EXPECT_FALSE(a.pool_live_allocations_are(kGraph, {x, y, z}));
+  EXPECT_FALSE(a.pool_live_allocations_are(kGraph, {x}));
+  a.free(y);
+  EXPECT_TRUE(a.pool_live_allocations_are(kGraph, {x}));
+  EXPECT_THROW((void)a.pool_live_allocations_are(kPool2, {}), UsageError);
+  EXPECT_TRUE(contains(message_of<UsageError>([&] { a.checkpoint_pool(kGraph); }), "policy:pytorch"));
+  a.free(x);
+  a.free(z);
+}
+
 }  // namespace
 }  // namespace cachet::test

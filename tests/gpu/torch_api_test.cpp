@@ -498,5 +498,145 @@ TEST(Checkpoint, PolicyCachetChecksLiveAllocationsAndRefusesCheckpoints) {
   a.free(z);
 }
 
+// ----------------------------------------------------------------- setUseOnOOM, setNoSplit (§15.2)
+
+// test_mempool_limited_memory_with_allocator: the device is full; the default pool finds no block
+// and no segment, and takes the free block of the pool marked use_on_oom (b's address) before
+// any retry.
+TEST(UseOnOom, TheDefaultPoolTakesAFreeBlockOfAMarkedPool) {
+  auto h = host_alloc("", 40 * MiB);
+  CachingAllocator& a = *h.a;
+  a.create_or_incref_pool(kPool1);
+  a.set_use_on_oom(kPool1, true);
+  a.begin_allocate_to_pool(kPool1, this_thread());
+  void* b = a.allocate(20 * MiB, 0);
+  a.end_allocate_to_pool(kPool1);
+  a.release_pool(kPool1);  // use_mem_pool's user
+  a.free(b);
+  void* x = a.allocate(20 * MiB, 0);  // the device's last 20 MiB
+  EXPECT_EQ(addr(x), kBase + 20 * MiB);
+  void* c = a.allocate(20 * MiB, 0);
+  EXPECT_EQ(c, b);
+  DeviceStats st = a.stats();
+  EXPECT_EQ(st.num_alloc_retries, 0);
+  EXPECT_EQ(st.num_ooms, 0);
+  EXPECT_EQ(cur(st.allocated_bytes), static_cast<std::int64_t>(40 * MiB));
+  EXPECT_EQ(a.pool_use_count(kPool1), 1);
+  // The block stays the pool's: a live allocation of the pool, and back to the pool when freed.
+  EXPECT_TRUE(a.pool_live_allocations_are(kPool1, {c}));
+  EXPECT_EQ(a.snapshot().at(0).pool_id, kPool1);
+  a.free(c);
+  EXPECT_TRUE(a.pool_live_allocations_are(kPool1, {}));
+  a.set_use_on_oom(kPool1, false);
+  EXPECT_THROW(a.allocate(20 * MiB, 0), OutOfMemory);  // unmarked: the pool keeps its block
+  st = a.stats();
+  EXPECT_EQ(st.num_alloc_retries, 1);
+  EXPECT_EQ(st.num_ooms, 1);
+  a.free(x);
+}
+
+// PyTorch walks its use_on_oom_pools hash set: ids {0, 1} and {0, 2} sit in slots 2 and 0 of
+// its 4 buckets, so {0, 2} lends first.
+TEST(UseOnOom, PoolsAreTriedInPyTorchsOrder) {
+  auto h = host_alloc("", 60 * MiB);
+  CachingAllocator& a = *h.a;
+  std::vector<void*> blocks;
+  for (PoolId id : {kPool1, kPool2}) {
+    a.create_or_incref_pool(id);
+    a.set_use_on_oom(id, true);
+    a.begin_allocate_to_pool(id, this_thread());
+    blocks.push_back(a.allocate(20 * MiB, 0));
+    a.end_allocate_to_pool(id);
+    a.free(blocks.back());
+  }
+  void* x = a.allocate(20 * MiB, 0);
+  void* c = a.allocate(20 * MiB, 0);
+  EXPECT_EQ(addr(blocks[1]), kBase + 20 * MiB);
+  EXPECT_EQ(c, blocks[1]);
+  void* d = a.allocate(20 * MiB, 0);
+  EXPECT_EQ(d, blocks[0]);
+  a.free(c);
+  a.free(d);
+  a.free(x);
+}
+
+// Inside a private pool there is no fallback; and the fallback is tried after a failed segment
+// only: a default-pool allocation that fits in the device gets its own segment.
+TEST(UseOnOom, OnlyForTheDefaultPoolsAndOnlyWhenTheDeviceRefuses) {
+  auto h = host_alloc("", 40 * MiB);
+  CachingAllocator& a = *h.a;
+  a.create_or_incref_pool(kPool1);
+  a.set_use_on_oom(kPool1, true);
+  a.begin_allocate_to_pool(kPool1, this_thread());
+  void* b = a.allocate(20 * MiB, 0);
+  a.end_allocate_to_pool(kPool1);
+  a.free(b);
+  void* x = a.allocate(20 * MiB, 0);
+  EXPECT_EQ(addr(x), kBase + 20 * MiB);  // a new segment, not b's block
+  a.create_or_incref_pool(kPool2);
+  a.begin_allocate_to_pool(kPool2, this_thread());
+  EXPECT_THROW(a.allocate(20 * MiB, 0), OutOfMemory);
+  a.end_allocate_to_pool(kPool2);
+  a.free(x);
+}
+
+TEST(UseOnOom, AMarkedPoolThatIsActiveFailsInPyTorch) {
+  auto h = host_alloc("", 20 * MiB);
+  CachingAllocator& a = *h.a;
+  a.create_or_incref_pool(kPool1);
+  a.set_use_on_oom(kPool1, true);
+  a.begin_allocate_to_pool(kPool1, PoolRoute{PoolRoute::Kind::CaptureStream, 7});
+  void* x = a.allocate(20 * MiB, 0);  // stream 0: the default pool
+  EXPECT_TRUE(contains(message_of<PyTorchFailsHere>([&] { a.allocate(20 * MiB, 0); }), "already recording to mempool_id"));
+  EXPECT_EQ(a.pool_use_count(kPool1), 2);
+  a.end_allocate_to_pool(kPool1);
+  a.free(x);
+  EXPECT_THROW(a.set_use_on_oom(PoolId{}, true), UsageError);
+}
+
+// test_mempool_no_split: every segment of the pool holds exactly one block.
+TEST(NoSplit, BlocksOfThePoolAreNeverSplit) {
+  auto h = host_alloc();
+  CachingAllocator& a = *h.a;
+  a.create_or_incref_pool(kPool1);
+  a.set_no_split(kPool1);
+  a.begin_allocate_to_pool(kPool1, this_thread());
+  void* x = a.allocate(1 * MiB, 0);  // a 2 MiB small segment, taken whole
+  void* y = a.allocate(1 * MiB, 0);  // another
+  void* z = a.allocate(3 * MiB, 0);  // a 20 MiB segment, taken whole
+  a.end_allocate_to_pool(kPool1);
+  EXPECT_EQ(addr(x), kBase);
+  EXPECT_EQ(addr(y), kBase + 2 * MiB);
+  EXPECT_EQ(addr(z), kBase + 4 * MiB);
+  const Snapshot snap = a.snapshot();
+  ASSERT_EQ(snap.size(), 3u);
+  for (const auto& seg : snap) EXPECT_EQ(seg.blocks.size(), 1u);
+  DeviceStats st = a.stats();
+  EXPECT_EQ(cur(st.allocated_bytes), static_cast<std::int64_t>(24 * MiB));
+  EXPECT_EQ(cur(st.requested_bytes), static_cast<std::int64_t>(5 * MiB));
+  EXPECT_EQ(cur(st.inactive_split), 0);
+  // The default pool still splits.
+  void* w = a.allocate(1 * MiB, 0);
+  EXPECT_EQ(cur(a.stats().allocated_bytes), static_cast<std::int64_t>(25 * MiB));
+  EXPECT_EQ(a.snapshot().back().blocks.size(), 2u);
+  // A freed block of the pool is reused whole by a smaller request.
+  a.free(x);
+  a.begin_allocate_to_pool(kPool1, this_thread());
+  void* v = a.allocate(4096, 0);
+  a.end_allocate_to_pool(kPool1);
+  EXPECT_EQ(v, x);
+  EXPECT_EQ(cur(a.stats().allocated_bytes), static_cast<std::int64_t>(25 * MiB));
+  for (void* p : {v, y, z, w}) a.free(p);
+  EXPECT_THROW(a.set_no_split(PoolId{}), UsageError);
+}
+
+TEST(UseOnOomAndNoSplit, PolicyCachetRefusesClearly) {
+  auto h = cachet_alloc();
+  h.a->create_or_incref_pool(kPool1);
+  EXPECT_TRUE(contains(message_of<UsageError>([&] { h.a->set_use_on_oom(kPool1, true); }), "policy:pytorch"));
+  h.a->set_use_on_oom(kPool1, false);  // a MemPool's destructor unmarks: nothing to do
+  EXPECT_TRUE(contains(message_of<UsageError>([&] { h.a->set_no_split(kPool1); }), "policy:pytorch"));
+}
+
 }  // namespace
 }  // namespace cachet::test

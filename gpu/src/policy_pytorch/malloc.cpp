@@ -208,9 +208,7 @@ bool PytorchPolicy::get_free_block(AllocParams& p) {
 
 bool PytorchPolicy::should_split(const Block* b, Bytes size, bool expandable_active) const {
   // A pool marked no_split never splits (§15.2).
-  if (!no_split_pools_.empty() && b->segment->pool->owner != nullptr &&
-      std::find(no_split_pools_.begin(), no_split_pools_.end(), b->segment->pool->owner->id) != no_split_pools_.end())
-    return false;
+  if (no_split(*b->segment->pool)) return false;
   const Bytes remaining = b->size - size;
   if (b->is_small || expandable_active) return remaining >= kMinBlockSize;  // §2.3
   if constexpr (mutant(kMutantSplitBelowLimit)) return size < config_.max_split_size && remaining >= kMinBlockSize;

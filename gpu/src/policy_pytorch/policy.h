@@ -16,6 +16,7 @@
 
 #include <boost/container/small_vector.hpp>
 #include <boost/intrusive/set.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -259,6 +260,11 @@ class PytorchPolicy : public Shell {
   void garbage_collect_cached_blocks();
   bool should_split(const Block* b, Bytes size, bool expandable_active) const;
   bool try_mempool_fallback(AllocParams& p);  // §15.2 (private_pool.cpp)
+  // The pool is a half of a private pool marked no_split (§15.2).
+  bool no_split(const BlockPool& pool) const {
+    return !no_split_pools_.empty() && pool.owner != nullptr &&
+           std::find(no_split_pools_.begin(), no_split_pools_.end(), pool.owner->id) != no_split_pools_.end();
+  }
   Block* alloc_found_block(AllocParams& p, Bytes orig_size, bool split);
   [[noreturn]] void throw_oom(const AllocParams& p);
 

@@ -378,7 +378,7 @@ TEST(BadInput, StatsFileGivenAsTheTraceSaysPassTheTrace) {
 // plot replayed a device of 0 bytes; a total_memory of 0 beside a trace was taken as is.
 TEST(BadInput, DeviceMemoryOfZeroIsRefused) {
   const std::string trace = kData + "snapshots/mlp_train.pickle.gz";
-  // One message for every command that takes a size (tools/trace_input.h, size_option).
+  // One message for every command that takes a size (tools/commands/trace_input.h, size_option).
   const std::string zero =
       ": --device-memory: not a positive size: '0' (bytes, or with a suffix K, M, G or T, powers of 1024: '13.5G', "
       "'80GiB')\n";

@@ -25,13 +25,13 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <cmath>
 #include <exception>
 #include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "hot_path.h"
 #include "peers.h"
 
 namespace cachet::bench {
@@ -91,38 +91,9 @@ void run_pairs(benchmark::State& state, PeerFn get, std::size_t size) {
 
 // --- random windows -------------------------------------------------------------------------
 
-std::uint64_t splitmix64(std::uint64_t& s) {
-  std::uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-struct WindowSeq {
-  std::vector<std::size_t> sizes;     // kLen sizes
-  std::vector<std::uint32_t> victims;  // kLen slot indices < live
-};
-
-constexpr std::size_t kSeqLen = std::size_t{1} << 16;
-
-// Log-uniform sizes in [lo, hi] and uniform victims in [0, live); same for every peer.
-WindowSeq make_window_seq(std::size_t lo, std::size_t hi, std::uint32_t live) {
-  WindowSeq w;
-  w.sizes.reserve(kSeqLen);
-  w.victims.reserve(kSeqLen);
-  std::uint64_t s = 0x5eed;
-  const double llo = std::log(static_cast<double>(lo));
-  const double lhi = std::log(static_cast<double>(hi) + 1.0);
-  for (std::size_t i = 0; i < kSeqLen; ++i) {
-    const double u = static_cast<double>(splitmix64(s) >> 11) * 0x1.0p-53;  // [0, 1)
-    auto n = static_cast<std::size_t>(std::exp(llo + u * (lhi - llo)));
-    if (n < lo) n = lo;
-    if (n > hi) n = hi;
-    w.sizes.push_back(n);
-    w.victims.push_back(static_cast<std::uint32_t>(splitmix64(s) % live));
-  }
-  return w;
-}
+using hot_path::kSeqLen;
+using hot_path::make_window_seq;  // the sequence (bench/hot_path.h), shared with the A/B tools
+using hot_path::WindowSeq;
 
 void run_window(benchmark::State& state, PeerFn get, const WindowSeq& seq, std::uint32_t live) {
   Peer* p = peer_or_skip(state, get);

@@ -8,10 +8,11 @@
 // /window/1B-1MiB/64live | /window/512B-256MiB/128live, Peer = Host (host backend,
 // policy:pytorch, default Config), HostCachetPolicy (host backend, policy:cachet) or Cachet
 // (CUDA runtime backend, device 0, default Config; needs a CUDA build and a device).
-// The sizes, the window sequence (splitmix64, seed 0x5eed, 2^16 entries) and the warm-up
-// (a pair: one allocate + free before the loop; a window: its live blocks allocated before the
-// loop) are bench_main.cpp's, copied: keep the two in step. One iteration = one allocate + one
-// free (pair) or one free + one allocate (window), on stream 0.
+// The window sequence (make_window_seq: splitmix64, seed 0x5eed, 2^16 entries) is the one
+// bench_main.cpp uses too (it includes this header); the sizes and the warm-up (a pair: one
+// allocate + free before the loop; a window: its live blocks allocated before the loop) are
+// bench_main.cpp's. One iteration = one allocate + one free (pair) or one free + one allocate
+// (window), on stream 0.
 #pragma once
 
 #include <cmath>
@@ -35,6 +36,32 @@ inline std::uint64_t splitmix64(std::uint64_t& s) {
 }
 
 inline constexpr std::size_t kSeqLen = std::size_t{1} << 16;
+
+// A random window's sequence: what each step allocates and which live block it frees first.
+struct WindowSeq {
+  std::vector<std::size_t> sizes;      // kSeqLen sizes
+  std::vector<std::uint32_t> victims;  // kSeqLen slot indices < live
+};
+
+// Log-uniform sizes in [lo, hi] and uniform victims in [0, live), from splitmix64 seeded 0x5eed:
+// the same for every peer and every build.
+inline WindowSeq make_window_seq(std::size_t lo, std::size_t hi, std::uint32_t live) {
+  WindowSeq w;
+  w.sizes.reserve(kSeqLen);
+  w.victims.reserve(kSeqLen);
+  std::uint64_t s = 0x5eed;
+  const double llo = std::log(static_cast<double>(lo));
+  const double lhi = std::log(static_cast<double>(hi) + 1.0);
+  for (std::size_t i = 0; i < kSeqLen; ++i) {
+    const double u = static_cast<double>(splitmix64(s) >> 11) * 0x1.0p-53;  // [0, 1)
+    auto n = static_cast<std::size_t>(std::exp(llo + u * (lhi - llo)));
+    if (n < lo) n = lo;
+    if (n > hi) n = hi;
+    w.sizes.push_back(n);
+    w.victims.push_back(static_cast<std::uint32_t>(splitmix64(s) % live));
+  }
+  return w;
+}
 
 inline const char* kUsage =
     "PATTERN: Host/, HostCachetPolicy/ or Cachet/ followed by pair/512B, pair/1MiB, pair/64MiB, "
@@ -71,19 +98,9 @@ class Run {
       a_->free(a_->allocate(pair_, 0));  // warm: the segment exists before the loop
       return;
     }
-    std::uint64_t s = 0x5eed;
-    const double llo = std::log(static_cast<double>(lo));
-    const double lhi = std::log(static_cast<double>(hi) + 1.0);
-    for (std::size_t i = 0; i < kSeqLen; ++i) {
-      const double u = static_cast<double>(splitmix64(s) >> 11) * 0x1.0p-53;  // [0, 1)
-      auto n = static_cast<std::size_t>(std::exp(llo + u * (lhi - llo)));
-      if (n < lo) n = lo;
-      if (n > hi) n = hi;
-      sizes_.push_back(n);
-      victims_.push_back(static_cast<std::uint32_t>(splitmix64(s) % live_));
-    }
+    seq_ = make_window_seq(lo, hi, live_);
     slots_.assign(live_, nullptr);
-    for (std::uint32_t i = 0; i < live_; ++i) slots_[i] = a_->allocate(sizes_[k_++], 0);
+    for (std::uint32_t i = 0; i < live_; ++i) slots_[i] = a_->allocate(seq_.sizes[k_++], 0);
   }
   Run(const Run&) = delete;
   Run& operator=(const Run&) = delete;
@@ -104,9 +121,9 @@ class Run {
     }
     for (long i = 0; i < n; ++i, ++k_) {
       const std::size_t j = k_ & (kSeqLen - 1);
-      void*& slot = slots_[victims_[j]];
+      void*& slot = slots_[seq_.victims[j]];
       a.free(slot);
-      slot = a.allocate(sizes_[j], 0);
+      slot = a.allocate(seq_.sizes[j], 0);
     }
   }
 
@@ -114,8 +131,7 @@ class Run {
   std::unique_ptr<CachingAllocator> a_;
   std::size_t pair_ = 0;
   std::uint32_t live_ = 0;
-  std::vector<std::size_t> sizes_;
-  std::vector<std::uint32_t> victims_;
+  WindowSeq seq_;
   std::vector<void*> slots_;
   std::size_t k_ = 0;
 };

@@ -180,7 +180,7 @@ def replay_check(cachet_bin, snap, want_peak):
         return "MISSING", f"the cachet command was not found (CACHET_BIN={cachet_bin!r})"
     h = subprocess.run([cachet_bin, "--help"], capture_output=True, text=True, timeout=60)
     if "replay" not in (h.stdout + h.stderr):
-        return "MISSING", "this cachet command has no `replay` subcommand (tools/cmd_replay.cpp not built yet)"
+        return "MISSING", "this cachet command has no `replay` subcommand (tools/commands/cmd_replay.cpp not built yet)"
     r = subprocess.run([cachet_bin, "replay", snap, "--json"], capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         return "FAIL", f"cachet replay exited {r.returncode}: {(r.stderr or r.stdout).strip()[-600:]}"

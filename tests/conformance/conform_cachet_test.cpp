@@ -3,32 +3,19 @@
 // invariants after every op, and the refusals of bad options. Data: tests/data/oracle-h100
 // (README.md there).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
 #include <string>
+
+#include "cachet/test/cli_run.h"
 
 namespace {
 
 const std::string kResults = std::string(CACHET_TEST_DATA) + "/oracle-h100/results/";
 
-struct CliRun {
-  int rc = -1;
-  std::string out;
-};
+using cachet::test::CliRun;
 
-CliRun cachet(const std::string& args) {
-  CliRun r;
-  const std::string cmd = std::string(CACHET_BIN) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  while (std::fgets(buf.data(), buf.size(), p) != nullptr) r.out += buf.data();
-  const int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+// `cachet ARGS`, stdout and stderr in one text, in the order written.
+CliRun cachet(const std::string& args) { return cachet::test::run_cachet(args, cachet::test::Stderr::merged); }
 
 bool has(const std::string& out, const std::string& line) { return out.find(line + "\n") != std::string::npos; }
 

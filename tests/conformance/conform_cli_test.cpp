@@ -1,37 +1,23 @@
 // `cachet conform` on altered and malformed input: the exit code (0 ok, 1 mismatch, 2 bad
 // input) and the message naming what was wrong. Data: tests/data/oracle (ORACLE_README.md).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "cachet/io/file.h"
+#include "cachet/test/cli_run.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 const std::string kOracle = std::string(CACHET_TEST_DATA) + "/oracle";
 
-struct CliRun {
-  int rc = -1;
-  std::string out;
-};
+using cachet::test::CliRun;
 
-CliRun cachet(const std::string& args) {
-  CliRun r;
-  const std::string cmd = std::string(CACHET_BIN) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf{};
-  while (std::fgets(buf.data(), buf.size(), p) != nullptr) r.out += buf.data();
-  const int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+// `cachet ARGS`, stdout and stderr in one text, in the order written.
+CliRun cachet(const std::string& args) { return cachet::test::run_cachet(args, cachet::test::Stderr::merged); }
 
 // A scratch results/ + ops/ layout with plain (gunzipped) copies.
 class ConformCli : public ::testing::Test {

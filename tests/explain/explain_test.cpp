@@ -14,6 +14,7 @@
 
 #include "cachet/io/frames.h"
 #include "cachet/replay/explain.h"
+#include "cachet/test/cli_run.h"
 
 namespace {
 
@@ -23,40 +24,13 @@ using namespace cachet::replay;
 
 const std::string kOom = std::string(CACHET_TEST_DATA) + "/oracle/snapshots/gpt2_train_oom_cap12g.pickle.gz";
 
-fs::path tmp_dir() {
-  fs::path d = fs::temp_directory_path() / ("cachet_explain_test_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-struct Out {
-  int rc = -1;
-  std::string out, err;
-};
-
-Out run(const std::string& args) {
-  const fs::path d = tmp_dir();
-  const std::string cmd = std::string(CACHET_EXE) + " " + args + " >" + (d / "out").string() + " 2>" + (d / "err").string();
-  Out o;
-  const int st = std::system(cmd.c_str());
-  o.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  o.out = slurp(d / "out");
-  o.err = slurp(d / "err");
-  return o;
-}
+using namespace cachet::test;
 
 constexpr std::uint64_t MiB_ = 1024 * 1024;
 
 // A JSON snapshot with the given events ("action addr size stream" rows) and configuration.
 fs::path write_trace(const std::string& name, const std::string& conf, const std::vector<std::string>& rows) {
-  const fs::path p = tmp_dir() / name;
+  const fs::path p = scratch_dir() / name;
   std::ofstream f(p);
   f << R"({"segments": [], "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ")" << conf << R"("}, "device_traces": [[)";
   for (std::size_t i = 0; i < rows.size(); ++i) {
@@ -259,7 +233,7 @@ TEST(Explain, RealOomPickle) {
 }
 
 TEST(ExplainCli, RealOomTextAndJson) {
-  Out o = run("explain " + kOom + " --cap 12G --device-memory 85017493504");
+  CliRun o = run_cachet("explain " + kOom + " --cap 12G --device-memory 85017493504");
   ASSERT_EQ(o.rc, 0) << o.err;
   for (const char* s : {"The first out-of-memory, at trace event 5754: a request of 1.53 GiB",
                         "cross_entropy /opt/torch/.venv/lib/python3.12/site-packages/torch/nn/functional.py:3504",
@@ -267,7 +241,7 @@ TEST(ExplainCli, RealOomTextAndJson) {
                         "With PyTorch's own allocator", "The recorded configuration needs a cap of at least"})
     EXPECT_NE(o.out.find(s), std::string::npos) << s << "\n" << o.out;
   EXPECT_EQ(o.out.find("assumed"), std::string::npos) << o.out;  // --device-memory was given
-  o = run("explain " + kOom + " --cap 12G --device-memory 85017493504 --json");
+  o = run_cachet("explain " + kOom + " --cap 12G --device-memory 85017493504 --json");
   ASSERT_EQ(o.rc, 0) << o.err;
   for (const char* s : {"\"kind\": \"oom\"", "\"reserved\": 12750684160", "\"allocated\": 11169649152",
                         "{\"key\": \"too_small\", \"bytes\": 1579794944, \"blocks\": 45", "\"rounding\": 20211452"})
@@ -275,14 +249,14 @@ TEST(ExplainCli, RealOomTextAndJson) {
 }
 
 TEST(ExplainCli, UncappedOomAsksForTheCap) {
-  Out o = run("explain " + kOom + " --device-memory 85017493504");
+  CliRun o = run_cachet("explain " + kOom + " --device-memory 85017493504");
   EXPECT_EQ(o.rc, 2);
   EXPECT_NE(o.err.find("--cap"), std::string::npos) << o.err;
   EXPECT_NE(o.err.find("66.55 GiB free"), std::string::npos) << o.err;
-  o = run("explain " + kOom + " --cap lots");
+  o = run_cachet("explain " + kOom + " --cap lots");
   EXPECT_EQ(o.rc, 2);
   EXPECT_NE(o.err.find("--cap: not a size: 'lots'"), std::string::npos) << o.err;
-  o = run("explain /nonexistent/trace.pickle");
+  o = run_cachet("explain /nonexistent/trace.pickle");
   EXPECT_EQ(o.rc, 2);
   EXPECT_NE(o.err.find("/nonexistent/trace.pickle"), std::string::npos) << o.err;
 }

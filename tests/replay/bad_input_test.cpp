@@ -12,43 +12,16 @@
 #include <vector>
 
 #include "cachet/io/file.h"
+#include "cachet/test/cli_run.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 const std::string kData = std::string(CACHET_TEST_DATA) + "/oracle/";
 
-struct Out {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-fs::path tmp_dir() {
-  fs::path d = fs::temp_directory_path() / ("cachet_bad_input_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
+using namespace cachet::test;
 
 void write(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
-
-Out run(const std::string& args) {
-  const fs::path d = tmp_dir();
-  const std::string cmd =
-      std::string(CACHET_EXE) + " " + args + " >" + (d / "stdout").string() + " 2>" + (d / "stderr").string();
-  Out o;
-  const int st = std::system(cmd.c_str());
-  o.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  o.out = slurp(d / "stdout");
-  o.err = slurp(d / "stderr");
-  return o;
-}
 
 const std::string kFormats =
     "cachet reads a PyTorch memory snapshot (a pickle from torch.cuda.memory._dump_snapshot(), or the same dict as "
@@ -57,56 +30,56 @@ const std::string kFormats =
 
 // Was: "<dir>: empty file".
 TEST(BadInput, DirectoryAsTraceSaysDirectoryAndWhatToPass) {
-  const fs::path dir = tmp_dir() / "traces";
+  const fs::path dir = scratch_dir() / "traces";
   fs::create_directories(dir / "sub");
   write(dir / "run1.pickle", "x");
   write(dir / "run2.json.gz", "x");
   for (const char* cmd : {"replay", "trace-info", "summary", "tune"}) {
-    const Out o = run(std::string(cmd) + " " + dir.string());
+    const CliRun o = run_cachet(std::string(cmd) + " " + dir.string());
     EXPECT_EQ(o.rc, 2) << cmd;
     EXPECT_EQ(o.err, "cachet " + std::string(cmd) + ": " + dir.string() +
                          ": is a directory, not a file; pass one file (in it: run1.pickle, run2.json.gz). " + kFormats +
                          "\n")
         << cmd;
   }
-  const fs::path empty = tmp_dir() / "nothing_here";
+  const fs::path empty = scratch_dir() / "nothing_here";
   fs::create_directories(empty);
-  Out o = run("plot " + empty.string() + " -o " + (tmp_dir() / "p.svg").string());
+  CliRun o = run_cachet("plot " + empty.string() + " -o " + (scratch_dir() / "p.svg").string());
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet plot: " + empty.string() + ": is a directory, not a file; pass one file (it holds no files). " +
                        kFormats + "\n");
-  o = run("conform " + empty.string());
+  o = run_cachet("conform " + empty.string());
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet conform: " + empty.string() + ": is a directory, not a file; pass one file (it holds no files)\n");
 }
 
 // Was: "unrecognised format (first byte 0x5b)".
 TEST(BadInput, JsonArraySaysWhatItIs) {
-  const fs::path list = tmp_dir() / "list.json";
+  const fs::path list = scratch_dir() / "list.json";
   write(list, "  [1, 2, 3]\n");
-  Out o = run("replay " + list.string());
+  CliRun o = run_cachet("replay " + list.string());
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet replay: " + list.string() + ": a JSON array (a list), not a trace: " + kFormats + "\n");
   // torch.cuda.memory_snapshot() written as JSON: segments, no trace.
-  const fs::path segs = tmp_dir() / "segments.json";
+  const fs::path segs = scratch_dir() / "segments.json";
   write(segs, R"([{"device": 0, "address": 0, "total_size": 2097152, "stream": 0, "segment_type": "small", "blocks": []}])");
-  o = run("trace-info " + segs.string());
+  o = run_cachet("trace-info " + segs.string());
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet trace-info: " + segs.string() +
                        ": a JSON array of segments (torch.cuda.memory_snapshot()): segments only, no trace events to "
                        "replay; save torch.cuda.memory._snapshot() (a dict with \"device_traces\") instead: " +
                        kFormats + "\n");
   // An oracle op list handed to replay.
-  o = run("replay " + kData + "ops/ops_small.json.gz");
+  o = run_cachet("replay " + kData + "ops/ops_small.json.gz");
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet replay: " + kData +
                        "ops/ops_small.json.gz: a JSON array of ops, a cachet op list (ops_*.json), which `cachet "
                        "conform OPS RESULT` reads, not a trace: " +
                        kFormats + "\n");
   // torch.save() output (a zip archive).
-  const fs::path zip = tmp_dir() / "model.pt";
+  const fs::path zip = scratch_dir() / "model.pt";
   write(zip, std::string("PK\x03\x04", 4) + "archive/data.pkl");
-  o = run("summary " + zip.string());
+  o = run_cachet("summary " + zip.string());
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet summary: " + zip.string() +
                        ": a zip archive (torch.save() writes these: a model or tensors, not a memory trace): " +
@@ -118,9 +91,9 @@ TEST(BadInput, TruncatedJsonSaysWhereItEnds) {
   const std::string head =
       R"({"segments": [], "device_traces": [[{"action": "segment_alloc", "addr": 139901982998528, "size": 155189248, )"
       R"("stream": 0, "time_us": 1}, {"action": "alloc", "addr": 139901982998528, "size": 15438)";
-  const fs::path cut = tmp_dir() / "cut.json";
+  const fs::path cut = scratch_dir() / "cut.json";
   write(cut, head);
-  Out o = run("trace-info " + cut.string());
+  CliRun o = run_cachet("trace-info " + cut.string());
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet trace-info: " + cut.string() + ": device_traces[0][1].size: truncated JSON: the text ends at byte " +
                        std::to_string(head.size()) +
@@ -128,7 +101,7 @@ TEST(BadInput, TruncatedJsonSaysWhereItEnds) {
                        "save or copy it again\n");
   // Cut inside a string.
   write(cut, head.substr(0, 49));  // ...[[{"action": "s
-  o = run("replay " + cut.string());
+  o = run_cachet("replay " + cut.string());
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet replay: " + cut.string() +
                        ": device_traces[0][0].action: truncated JSON: the text ends at byte 49 inside a string, with 4 "
@@ -136,14 +109,14 @@ TEST(BadInput, TruncatedJsonSaysWhereItEnds) {
                        "copy it again\n");
   // A bracket that does not match is not a truncation.
   write(cut, R"({"device_traces": [[{"action": "alloc"]]]})");
-  o = run("replay " + cut.string());
+  o = run_cachet("replay " + cut.string());
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet replay: " + cut.string() +
                        ": device_traces[0][0].action: malformed JSON: the ']' at byte 38 does not close the '{' opened "
                        "at byte 20\n");
   // A recording cut short, given to conform.
   write(cut, R"({"conf": "", "cap": 0, "total_memory": 100, "steps": [[null, 1, 2)");
-  o = run("conform " + kData + "ops/ops_small.json.gz " + cut.string());
+  o = run_cachet("conform " + kData + "ops/ops_small.json.gz " + cut.string());
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet conform: " + cut.string() +
                        ": steps[0][2]: truncated JSON: the text ends at byte 65, with 3 objects or arrays left open; the "
@@ -155,14 +128,14 @@ TEST(BadInput, ConformSaysASnapshotIsNotARecording) {
   const std::string readers =
       "`cachet conform` compares an oracle recording with its op list; a snapshot is read by `cachet replay` (and "
       "summary, plot, trace-info, tune)\n";
-  Out o = run("conform " + kData + "snapshots/mlp_train.pickle.gz");
+  CliRun o = run_cachet("conform " + kData + "snapshots/mlp_train.pickle.gz");
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet conform: " + kData +
                        "snapshots/mlp_train.pickle.gz: a PyTorch memory snapshot (pickle from "
                        "torch.cuda.memory._dump_snapshot()), not an oracle recording "
                        "(results/res_<regime>_<config>.json.gz); " +
                        readers);
-  o = run("conform " + kData + "workloads/gpt2_train.trace.json.gz");
+  o = run_cachet("conform " + kData + "workloads/gpt2_train.trace.json.gz");
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet conform: " + kData +
                        "workloads/gpt2_train.trace.json.gz: a PyTorch memory snapshot as JSON (its dict has "
@@ -170,14 +143,14 @@ TEST(BadInput, ConformSaysASnapshotIsNotARecording) {
                        "(results/res_<regime>_<config>.json.gz); " +
                        readers);
   // A snapshot in the OPS place.
-  o = run("conform " + kData + "snapshots/mlp_train.pickle.gz " + kData + "results/res_small_default.json.gz");
+  o = run_cachet("conform " + kData + "snapshots/mlp_train.pickle.gz " + kData + "results/res_small_default.json.gz");
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet conform: " + kData +
                        "snapshots/mlp_train.pickle.gz: a PyTorch memory snapshot (pickle from "
                        "torch.cuda.memory._dump_snapshot()), not an op list (ops/ops_<regime>.json.gz); " +
                        readers);
   // OPS and RESULT swapped.
-  o = run("conform " + kData + "results/res_small_default.json.gz " + kData + "ops/ops_small.json.gz");
+  o = run_cachet("conform " + kData + "results/res_small_default.json.gz " + kData + "ops/ops_small.json.gz");
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet conform: " + kData +
                        "ops/ops_small.json.gz: an op list (ops_*.json), not an oracle recording "
@@ -188,7 +161,7 @@ TEST(BadInput, ConformSaysASnapshotIsNotARecording) {
 // commands may join it), the suggestion exactly.
 TEST(BadInput, UnknownCommandIsNamedWithTheNearest) {
   auto check = [](const std::string& args, const std::string& head) {
-    const Out o = run(args);
+    const CliRun o = run_cachet(args);
     EXPECT_EQ(o.rc, 2) << args;
     EXPECT_EQ(o.out, "") << args;
     ASSERT_EQ(o.err.substr(0, head.size()), head) << o.err;
@@ -215,13 +188,13 @@ TEST(BadInput, ConfigurationErrorSaysItsColumnOnce) {
       "--conf 'max_split_size_mb:12x': max_split_size_mb: unexpected text 'x' after the number ('12x' at column 21). "
       "Accepted: a whole number of MiB >= large_segment_size_mb (20 by default), e.g. max_split_size_mb:128\n";
   const std::string trace = kData + "snapshots/mlp_train.pickle.gz";
-  Out o = run("replay " + trace + " --conf 'max_split_size_mb:12x'");
+  CliRun o = run_cachet("replay " + trace + " --conf 'max_split_size_mb:12x'");
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet replay: " + msg);
-  o = run("summary " + trace + " --conf 'max_split_size_mb:12x'");
+  o = run_cachet("summary " + trace + " --conf 'max_split_size_mb:12x'");
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet summary: " + msg);
-  o = run("plot " + trace + " --conf 'max_split_size_mb:12x' -o " + (tmp_dir() / "c.svg").string());
+  o = run_cachet("plot " + trace + " --conf 'max_split_size_mb:12x' -o " + (scratch_dir() / "c.svg").string());
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet plot: " + msg);
 }
@@ -229,24 +202,24 @@ TEST(BadInput, ConfigurationErrorSaysItsColumnOnce) {
 // Was: "cachet plot: cannot write DIR/x.svg", no reason.
 TEST(BadInput, PlotIntoAMissingFolderNamesTheFolderAndTheReason) {
   const std::string trace = kData + "snapshots/mlp_train.pickle.gz";
-  const fs::path missing = tmp_dir() / "no_such_folder";
-  Out o = run("plot " + trace + " -o " + (missing / "mem.svg").string());
+  const fs::path missing = scratch_dir() / "no_such_folder";
+  CliRun o = run_cachet("plot " + trace + " -o " + (missing / "mem.svg").string());
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet plot: -o " + (missing / "mem.svg").string() + ": cannot write there: the folder " +
                        missing.string() + " does not exist (No such file or directory); create it first\n");
   EXPECT_FALSE(fs::exists(missing));
   // A file where the folder should be.
-  const fs::path file = tmp_dir() / "a_file";
+  const fs::path file = scratch_dir() / "a_file";
   write(file, "x");
-  o = run("plot " + trace + " -o " + (file / "mem.svg").string());
+  o = run_cachet("plot " + trace + " -o " + (file / "mem.svg").string());
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet plot: -o " + (file / "mem.svg").string() + ": cannot write there: " + file.string() +
                        " is not a folder (Not a directory)\n");
   // A folder given as the file.
-  o = run("plot " + trace + " -o " + tmp_dir().string());
+  o = run_cachet("plot " + trace + " -o " + scratch_dir().string());
   EXPECT_EQ(o.rc, 2);
-  EXPECT_EQ(o.err, "cachet plot: -o " + tmp_dir().string() + ": cannot write there: " + tmp_dir().string() +
-                       " is a folder; give a file name, for example " + tmp_dir().string() + "/memory.svg\n");
+  EXPECT_EQ(o.err, "cachet plot: -o " + scratch_dir().string() + ": cannot write there: " + scratch_dir().string() +
+                       " is a folder; give a file name, for example " + scratch_dir().string() + "/memory.svg\n");
 }
 
 // Was: 1596 mismatches listed for ops of another sequence with as many ops as the recording.
@@ -257,7 +230,7 @@ TEST(BadInput, ConformDetectsAnOpListOfAnotherSequence) {
   // mixed and mixed_empty both have 3000 ops.
   const std::string ops = kData + "ops/ops_mixed.json.gz";
   const std::string res = kData + "results/res_mixed_empty_default.json.gz";
-  Out o = run("conform " + ops + " " + res);
+  CliRun o = run_cachet("conform " + ops + " " + res);
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.out, "");
   EXPECT_EQ(o.err, "cachet conform: the op list and the recording do not belong together: op 4 of " + ops +
@@ -268,10 +241,10 @@ TEST(BadInput, ConformDetectsAnOpListOfAnotherSequence) {
   const std::string head = R"([["a", 0, 89, 0], ["f", 0], )";
   ASSERT_EQ(text.substr(0, head.size()), head);
   text.replace(0, head.size(), R"([["f", 0], ["a", 0, 89, 0], )");
-  const fs::path swapped = tmp_dir() / "ops_small_swapped.json";
+  const fs::path swapped = scratch_dir() / "ops_small_swapped.json";
   write(swapped, text);
   const std::string small = kData + "results/res_small_default.json.gz";
-  o = run("conform " + swapped.string() + " " + small);
+  o = run_cachet("conform " + swapped.string() + " " + small);
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet conform: the op list and the recording do not belong together: op 0 of " + swapped.string() +
                        " is a free, but step 0 of " + small + " returned a pointer (2 of 3000" + tail);
@@ -281,7 +254,7 @@ TEST(BadInput, ConformDetectsAnOpListOfAnotherSequence) {
 // memory_stats() beside the trace says 154 segments (segment.all.current) and 3 blocks
 // (active.all.current) at the end.
 TEST(BadInput, TraceInfoSaysTheSegmentListIsMissingNotEmpty) {
-  const Out o = run("trace-info " + kData + "workloads/gpt2_train.trace.json.gz");
+  const CliRun o = run_cachet("trace-info " + kData + "workloads/gpt2_train.trace.json.gz");
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_NE(o.out.find("\n  segments at end: not in the file (its \"segments\" list is empty, yet the trace ends with "
                        "3 blocks live and 154 segments not freed); the replay does not need them\n  trace: 18685 events"),
@@ -290,7 +263,7 @@ TEST(BadInput, TraceInfoSaysTheSegmentListIsMissingNotEmpty) {
   EXPECT_EQ(o.out.find("segments at end: 0"), std::string::npos) << o.out;
   EXPECT_EQ(o.out.find("note: the trace has no segment"), std::string::npos) << o.out;
   // A snapshot with its segment list keeps the count.
-  const Out p = run("trace-info " + kData + "snapshots/mlp_train.pickle.gz");
+  const CliRun p = run_cachet("trace-info " + kData + "snapshots/mlp_train.pickle.gz");
   ASSERT_EQ(p.rc, 0) << p.err;
   EXPECT_NE(p.out.find("\n  segments at end: 15 (52 blocks, "), std::string::npos) << p.out;
   // Was: "207618048 (0.19 GiB) reserved" beside "live at end: 39 blocks (143728640 bytes)": one unit
@@ -302,7 +275,7 @@ TEST(BadInput, TraceInfoSaysTheSegmentListIsMissingNotEmpty) {
 
 // Was: "malloc needs address #1 but the recording has only 0" (in the replay's note).
 TEST(BadInput, TraceWithoutSegmentEventsSaysWhatItMeans) {
-  const fs::path p = tmp_dir() / "no_segment_events.json";
+  const fs::path p = scratch_dir() / "no_segment_events.json";
   write(p, R"({"segments": [], "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""}, "device_traces": [[)"
            R"({"action": "alloc", "addr": 140000002097152, "size": 1024, "stream": 0, "time_us": 1},)"
            R"({"action": "alloc", "addr": 140000002098176, "size": 1024, "stream": 0, "time_us": 2},)"
@@ -314,34 +287,34 @@ TEST(BadInput, TraceWithoutSegmentEventsSaysWhatItMeans) {
       "torch.cuda.memory._record_memory_history() was called, or the max_entries ring buffer dropped those events, so "
       "PyTorch's segment addresses are unknown and the replay uses its own (as with --addresses synthetic); to record "
       "them, call _record_memory_history() before the first CUDA allocation";
-  Out o = run("trace-info " + p.string());
+  CliRun o = run_cachet("trace-info " + p.string());
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_NE(o.out.find("\n  segments at end: not in the file (its \"segments\" list is empty, yet the trace ends with "
                        "1 blocks live); the replay does not need them\n"),
             std::string::npos)
       << o.out;
   EXPECT_NE(o.out.find("\n  note: " + why + "\n"), std::string::npos) << o.out;
-  o = run("replay " + p.string());
+  o = run_cachet("replay " + p.string());
   ASSERT_EQ(o.rc, 0) << o.err;
   // replay wraps its lines to 100 columns (continuations indented by two): undo that.
   for (std::size_t at; (at = o.out.find("\n  ")) != std::string::npos;) o.out.replace(at, 3, " ");
   EXPECT_NE(o.out.find("\nnote ((default)): " + why + "\n"), std::string::npos) << o.out;
   EXPECT_EQ(o.out.find("needs address"), std::string::npos) << o.out;
-  o = run("replay " + p.string() + " --json");
+  o = run_cachet("replay " + p.string() + " --json");
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_NE(o.out.find("\"addresses\": \"synthetic\""), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("\"note\": \"" + why + "\""), std::string::npos) << o.out;
-  o = run("summary " + p.string());
+  o = run_cachet("summary " + p.string());
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_NE(o.out.find("\nnote: " + why + "\n"), std::string::npos) << o.out;
-  o = run("plot " + p.string() + " -o " + (tmp_dir() / "noseg.svg").string());
+  o = run_cachet("plot " + p.string() + " -o " + (scratch_dir() / "noseg.svg").string());
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_EQ(o.err, "note: " + why + "\n");
 }
 
 // Was: replayed as all zeros, exit 0 (replay, summary, plot, tune).
 TEST(BadInput, TraceWithNothingToReplayIsRefused) {
-  const fs::path p = tmp_dir() / "segments_only.json";
+  const fs::path p = scratch_dir() / "segments_only.json";
   write(p, R"({"segments": [{"device": 0, "address": 1048576, "total_size": 2097152, "stream": 0, )"
            R"("segment_type": "small", "blocks": [{"address": 1048576, "size": 2097152, "state": "inactive"}]}], )"
            R"("device_traces": []})");
@@ -350,24 +323,24 @@ TEST(BadInput, TraceWithNothingToReplayIsRefused) {
       "was taken without torch.cuda.memory._record_memory_history() (or after it was turned off): call "
       "_record_memory_history(max_entries=1000000) before the code to study, then _dump_snapshot()\n";
   for (const char* cmd : {"replay", "summary", "tune"}) {
-    const Out o = run(std::string(cmd) + " " + p.string());
+    const CliRun o = run_cachet(std::string(cmd) + " " + p.string());
     EXPECT_EQ(o.rc, 2) << cmd;
     EXPECT_EQ(o.out, "") << cmd;
     EXPECT_EQ(o.err, "cachet " + std::string(cmd) + ": " + p.string() + why) << cmd;
   }
-  const Out o = run("plot " + p.string() + " -o " + (tmp_dir() / "none.svg").string());
+  const CliRun o = run_cachet("plot " + p.string() + " -o " + (scratch_dir() / "none.svg").string());
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet plot: " + p.string() + why);
-  EXPECT_FALSE(fs::exists(tmp_dir() / "none.svg"));
+  EXPECT_FALSE(fs::exists(scratch_dir() / "none.svg"));
   // trace-info still describes it.
-  const Out i = run("trace-info " + p.string());
+  const CliRun i = run_cachet("trace-info " + p.string());
   EXPECT_EQ(i.rc, 0) << i.err;
 }
 
 // Was: "not a PyTorch memory snapshot or oracle recording: no 'device_traces', ... key".
 TEST(BadInput, StatsFileGivenAsTheTraceSaysPassTheTrace) {
   const std::string stats = kData + "workloads/gpt2_train.stats.json";
-  const Out o = run("replay " + stats);
+  const CliRun o = run_cachet("replay " + stats);
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet replay: " + stats +
                        ": <root>: a stats file (\"final_stats\": memory_stats() at the end), not a trace; cachet reads "
@@ -378,24 +351,24 @@ TEST(BadInput, StatsFileGivenAsTheTraceSaysPassTheTrace) {
 // plot replayed a device of 0 bytes; a total_memory of 0 beside a trace was taken as is.
 TEST(BadInput, DeviceMemoryOfZeroIsRefused) {
   const std::string trace = kData + "snapshots/mlp_train.pickle.gz";
-  // One message for every command that takes a size (tools/trace_input.h, size_option).
+  // One message for every command that takes a size (tools/commands/trace_input.h, size_option).
   const std::string zero =
       ": --device-memory: not a positive size: '0' (bytes, or with a suffix K, M, G or T, powers of 1024: '13.5G', "
       "'80GiB')\n";
-  Out o = run("tune " + trace + " --device-memory 0");
+  CliRun o = run_cachet("tune " + trace + " --device-memory 0");
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet tune" + zero);
-  o = run("summary " + trace + " --device-memory 0");
+  o = run_cachet("summary " + trace + " --device-memory 0");
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet summary" + zero);
-  o = run("plot " + trace + " --device-memory 0 -o " + (tmp_dir() / "zero.svg").string());
+  o = run_cachet("plot " + trace + " --device-memory 0 -o " + (scratch_dir() / "zero.svg").string());
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet plot" + zero);
-  const fs::path dir = tmp_dir() / "zero_memory";
+  const fs::path dir = scratch_dir() / "zero_memory";
   fs::create_directories(dir);
   fs::copy_file(trace, dir / "mlp.pickle.gz", fs::copy_options::overwrite_existing);
   write(dir / "mlp.stats.json", R"({"total_memory": 0})");
-  o = run("replay " + (dir / "mlp.pickle.gz").string());
+  o = run_cachet("replay " + (dir / "mlp.pickle.gz").string());
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet replay: " + (dir / "mlp.stats.json").string() + ": sidecar.total_memory: absurd total_memory 0\n");
 }
@@ -404,11 +377,11 @@ TEST(BadInput, DeviceMemoryOfZeroIsRefused) {
 TEST(BadInput, ConflictingOrEmptyArguments) {
   const std::string small = kData + "ops/ops_small.json.gz";
   const std::string mixed = kData + "ops/ops_mixed.json.gz";
-  Out o = run("conform " + small + " " + kData + "results/res_small_default.json.gz --ops " + mixed);
+  CliRun o = run_cachet("conform " + small + " " + kData + "results/res_small_default.json.gz --ops " + mixed);
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet conform: the op list is given twice, as OPS (" + small + ") and as --ops (" + mixed +
                        "): give it once\n");
-  o = run("plot " + kData + "snapshots/mlp_train.pickle.gz -o ''");
+  o = run_cachet("plot " + kData + "snapshots/mlp_train.pickle.gz -o ''");
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet plot: -o: an empty file name; give the SVG file to write, for example -o memory.svg\n");
 }
@@ -416,7 +389,7 @@ TEST(BadInput, ConflictingOrEmptyArguments) {
 // Was: summary, plot and tune replayed the default configuration in place of a recorded one
 // they could not read, without a word (replay said it); trace-info printed it as valid.
 TEST(BadInput, RecordedConfigurationNotUnderstoodIsSaid) {
-  const fs::path p = tmp_dir() / "bad_recorded_conf.json";
+  const fs::path p = scratch_dir() / "bad_recorded_conf.json";
   write(p, R"({"segments": [], "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128;garbage_interval:5"}, )"
            R"("device_traces": [[{"action": "segment_alloc", "addr": 140000002097152, "size": 2097152, "stream": 0},)"
            R"({"action": "alloc", "addr": 140000002097152, "size": 1024, "stream": 0}]]})");
@@ -425,18 +398,18 @@ TEST(BadInput, RecordedConfigurationNotUnderstoodIsSaid) {
       "'garbage_collection_threshold'?) ('128;garbage_interval' at column 22)";
   const std::string note = ": recorded configuration not understood (" + why + "); using the default\n";
   for (const char* cmd : {"replay", "summary", "tune"}) {
-    const Out o = run(std::string(cmd) + " " + p.string());
+    const CliRun o = run_cachet(std::string(cmd) + " " + p.string());
     EXPECT_EQ(o.rc, 0) << cmd << o.err;
     EXPECT_EQ(o.err, "cachet " + std::string(cmd) + note) << cmd;
   }
-  Out o = run("plot " + p.string() + " -o " + (tmp_dir() / "bc.svg").string());
+  CliRun o = run_cachet("plot " + p.string() + " -o " + (scratch_dir() / "bc.svg").string());
   EXPECT_EQ(o.rc, 0) << o.err;
   EXPECT_EQ(o.err, "cachet plot" + note);
   // With --conf the recorded configuration is not used: nothing to say.
-  o = run("summary " + p.string() + " --conf ''");
+  o = run_cachet("summary " + p.string() + " --conf ''");
   EXPECT_EQ(o.rc, 0) << o.err;
   EXPECT_EQ(o.err, "");
-  o = run("trace-info " + p.string());
+  o = run_cachet("trace-info " + p.string());
   EXPECT_EQ(o.rc, 0) << o.err;
   EXPECT_NE(o.out.find("alloc conf:    \"max_split_size_mb:128;garbage_interval:5\"\n               not understood: " +
                        why + "; replay uses the default\n"),
@@ -446,7 +419,7 @@ TEST(BadInput, RecordedConfigurationNotUnderstoodIsSaid) {
 
 // Was: device 0 replayed and device 1 ignored, without a word.
 TEST(BadInput, SeveralDevicesSayWhichIsReplayed) {
-  const fs::path p = tmp_dir() / "two_devices.json";
+  const fs::path p = scratch_dir() / "two_devices.json";
   write(p, R"({"segments": [], "device_traces": [[)"
            R"({"action": "segment_alloc", "addr": 140000002097152, "size": 2097152, "stream": 0},)"
            R"({"action": "alloc", "addr": 140000002097152, "size": 1024, "stream": 0}], [)"
@@ -455,11 +428,11 @@ TEST(BadInput, SeveralDevicesSayWhichIsReplayed) {
   const std::string note =
       ": the file has trace events for 2 devices (0, 1); device 0 is replayed (the first), the others are not\n";
   for (const char* cmd : {"replay", "summary", "tune"}) {
-    const Out o = run(std::string(cmd) + " " + p.string());
+    const CliRun o = run_cachet(std::string(cmd) + " " + p.string());
     EXPECT_EQ(o.rc, 0) << cmd << o.err;
     EXPECT_EQ(o.err, "cachet " + std::string(cmd) + note) << cmd;
   }
-  const Out o = run("plot " + p.string() + " -o " + (tmp_dir() / "two.svg").string());
+  const CliRun o = run_cachet("plot " + p.string() + " -o " + (scratch_dir() / "two.svg").string());
   EXPECT_EQ(o.rc, 0) << o.err;
   EXPECT_EQ(o.err, "cachet plot" + note);
 }
@@ -468,15 +441,15 @@ TEST(BadInput, SeveralDevicesSayWhichIsReplayed) {
 // (set_per_process_memory_fraction accepts a fraction in (0, 1] only).
 TEST(BadInput, TuneCapOfZeroOrAboveTheDeviceIsRefused) {
   const std::string mlp = kData + "snapshots/mlp_train.pickle.gz";
-  Out o = run("tune " + mlp + " --cap 0");
+  CliRun o = run_cachet("tune " + mlp + " --cap 0");
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet tune: --cap 0: a cap of 0 bytes; leave --cap out for no cap\n");
-  o = run("tune " + mlp + " --cap 200G --device-memory 100G");
+  o = run_cachet("tune " + mlp + " --cap 200G --device-memory 100G");
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet tune: --cap 200G: more than the device's memory (100.00 GiB, --device-memory); give a "
                    "smaller cap, or the device's memory with --device-memory\n");
   // gpt2_train.stats.json records the H200's total_memory, 150109880320 bytes = 139.80 GiB.
-  o = run("tune " + kData + "workloads/gpt2_train.trace.json.gz --cap 200G");
+  o = run_cachet("tune " + kData + "workloads/gpt2_train.trace.json.gz --cap 200G");
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet tune: --cap 200G: more than the device's memory (139.80 GiB, recorded beside the trace); "
                    "give a smaller cap, or the device's memory with --device-memory\n");
@@ -485,29 +458,25 @@ TEST(BadInput, TuneCapOfZeroOrAboveTheDeviceIsRefused) {
 // Was: output that could not be written (here /dev/full: "No space left on device") exited 0.
 TEST(BadInput, OutputThatCannotBeWrittenIsAnError) {
   ASSERT_TRUE(fs::exists("/dev/full"));
-  const std::string cmd = std::string(CACHET_EXE) + " trace-info " + kData + "snapshots/mlp_train.pickle.gz >/dev/full 2>" +
-                          (tmp_dir() / "full_err").string();
-  const int st = std::system(cmd.c_str());
-  EXPECT_EQ(WIFEXITED(st) ? WEXITSTATUS(st) : -1, 2);
-  EXPECT_EQ(slurp(tmp_dir() / "full_err"), "cachet trace-info: cannot write the output: No space left on device\n");
+  CliRun o = run_cachet("trace-info " + kData + "snapshots/mlp_train.pickle.gz >/dev/full");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet trace-info: cannot write the output: No space left on device\n");
   // A larger output fails in an earlier write: the reason is then not known.
-  const std::string big = std::string(CACHET_EXE) + " replay " + kData + "workloads/gpt2_train.trace.json.gz --json >/dev/full 2>" +
-                          (tmp_dir() / "full_err").string();
-  const int st2 = std::system(big.c_str());
-  EXPECT_EQ(WIFEXITED(st2) ? WEXITSTATUS(st2) : -1, 2);
-  EXPECT_EQ(slurp(tmp_dir() / "full_err"),
+  o = run_cachet("replay " + kData + "workloads/gpt2_train.trace.json.gz --json >/dev/full");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err,
             "cachet replay: cannot write the output: a write to stdout failed (a full disk, or a closed pipe?)\n");
 }
 
 // Was: --policy cachet silently overrode --conf policy:pytorch; --max-report -1 printed every
 // mismatch (the count wrapped around).
 TEST(BadInput, ConflictingPolicyAndNegativeCountAreRefused) {
-  Out o = run("replay " + kData + "snapshots/mlp_train.pickle.gz --policy cachet --conf 'policy:pytorch,max_split_size_mb:64'");
+  CliRun o = run_cachet("replay " + kData + "snapshots/mlp_train.pickle.gz --policy cachet --conf 'policy:pytorch,max_split_size_mb:64'");
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.out, "");
   EXPECT_EQ(o.err, "cachet replay: --policy cachet and --conf 'policy:pytorch,max_split_size_mb:64' (policy:pytorch) "
                    "disagree; give one\n");
-  o = run("conform " + kData + "results/res_small_default.json.gz --max-report -1");
+  o = run_cachet("conform " + kData + "results/res_small_default.json.gz --max-report -1");
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "--max-report: a count, 0 or more, not -1\nRun with --help for more information.\n");
 }
@@ -515,12 +484,12 @@ TEST(BadInput, ConflictingPolicyAndNegativeCountAreRefused) {
 // Was: "malloc needs address #2 but the recording has only 1; the replay made more device calls
 // than PyTorch did": one segment event, and a 3 MiB request that needs a second (large) segment.
 TEST(BadInput, TooFewSegmentEventsAreSaidInTheTracesTerms) {
-  const fs::path p = tmp_dir() / "few_segments.json";
+  const fs::path p = scratch_dir() / "few_segments.json";
   write(p, R"({"segments": [], "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""}, "device_traces": [[)"
            R"({"action": "segment_alloc", "addr": 140000002097152, "size": 2097152, "stream": 0},)"
            R"({"action": "alloc", "addr": 140000002097152, "size": 1024, "stream": 0},)"
            R"({"action": "alloc", "addr": 150000000000000, "size": 3145728, "stream": 0}]]})");
-  Out o = run("replay " + p.string());
+  CliRun o = run_cachet("replay " + p.string());
   ASSERT_EQ(o.rc, 0) << o.err;
   // replay wraps its lines to 100 columns (continuations indented by two): undo that.
   for (std::size_t at; (at = o.out.find("\n  ")) != std::string::npos;) o.out.replace(at, 3, " ");
@@ -534,9 +503,9 @@ TEST(BadInput, TooFewSegmentEventsAreSaidInTheTracesTerms) {
 
 // Was: "<file>: empty file", with nothing on what was expected.
 TEST(BadInput, EmptyFileSaysWhatIsRead) {
-  const fs::path p = tmp_dir() / "empty.pickle";
+  const fs::path p = scratch_dir() / "empty.pickle";
   write(p, "");
-  const Out o = run("replay " + p.string());
+  const CliRun o = run_cachet("replay " + p.string());
   EXPECT_EQ(o.rc, 2);
   EXPECT_EQ(o.err, "cachet replay: " + p.string() + ": empty file (0 bytes; was it written completely?): " + kFormats + "\n");
 }

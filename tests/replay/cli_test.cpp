@@ -11,42 +11,17 @@
 #include <string>
 #include <vector>
 
+#include "cachet/test/cli_run.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 const std::string kData = std::string(CACHET_TEST_DATA) + "/oracle/";
 
-struct Out {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-fs::path tmp_dir() {
-  fs::path d = fs::temp_directory_path() / ("cachet_replay_cli_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
-
-Out run(const std::string& args) {
-  const fs::path d = tmp_dir();
-  const std::string cmd = std::string(CACHET_EXE) + " " + args + " >" + (d / "out").string() + " 2>" + (d / "err").string();
-  Out o;
-  const int st = std::system(cmd.c_str());
-  o.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  o.out = slurp(d / "out");
-  o.err = slurp(d / "err");
-  return o;
-}
+using namespace cachet::test;
 
 TEST(ReplayCli, JsonHasTheFields) {
-  Out o = run("replay " + kData + "workloads/gpt2_train.trace.json.gz --json --conf '' --conf expandable_segments:True");
+  CliRun o = run_cachet("replay " + kData + "workloads/gpt2_train.trace.json.gz --json --conf '' --conf expandable_segments:True");
   ASSERT_EQ(o.rc, 0) << o.err;
   ASSERT_EQ(o.out.front(), '[');
   for (const char* key : {"\"conf\"", "\"peak_allocated\"", "\"peak_reserved\"", "\"num_ooms\"", "\"num_alloc_retries\"",
@@ -57,30 +32,30 @@ TEST(ReplayCli, JsonHasTheFields) {
 }
 
 TEST(ReplayCli, TableAndRecordedPeaks) {
-  Out o = run("replay " + kData + "results/res_pressure_default.json.gz");
+  CliRun o = run_cachet("replay " + kData + "results/res_pressure_default.json.gz");
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_NE(o.out.find("peak reserved"), std::string::npos);
   EXPECT_NE(o.out.find("PyTorch recorded"), std::string::npos);
 }
 
 TEST(ReplayCli, UnreadableFilesExit2) {
-  Out o = run("replay /nonexistent/trace.json.gz");
+  CliRun o = run_cachet("replay /nonexistent/trace.json.gz");
   EXPECT_EQ(o.rc, 2);
   EXPECT_NE(o.err.find("/nonexistent/trace.json.gz"), std::string::npos) << o.err;
-  const fs::path bad = tmp_dir() / "bad.json";
+  const fs::path bad = scratch_dir() / "bad.json";
   std::ofstream(bad) << "{\"segments\": [1, 2";
-  o = run("replay " + bad.string());
+  o = run_cachet("replay " + bad.string());
   EXPECT_EQ(o.rc, 2);
   EXPECT_FALSE(o.err.empty());
-  o = run("replay " + kData + "workloads/gpt2_train.trace.json.gz --conf 'max_split_size_mb:128;garbage_interval:5'");
+  o = run_cachet("replay " + kData + "workloads/gpt2_train.trace.json.gz --conf 'max_split_size_mb:128;garbage_interval:5'");
   EXPECT_EQ(o.rc, 2);
-  o = run("replay " + kData + "workloads/gpt2_train.trace.json.gz --device-memory lots");
+  o = run_cachet("replay " + kData + "workloads/gpt2_train.trace.json.gz --device-memory lots");
   EXPECT_EQ(o.rc, 2);
 }
 
 TEST(ReplayCli, MidRunTraceIsOneLineNotFatal) {
   // The pickle snapshot's device trace, written as JSON with its first events cut off.
-  const fs::path p = tmp_dir() / "midrun.json";
+  const fs::path p = scratch_dir() / "midrun.json";
   {
     std::ofstream f(p);
     f << R"({"segments": [], "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""}, "device_traces": [[)"
@@ -92,7 +67,7 @@ TEST(ReplayCli, MidRunTraceIsOneLineNotFatal) {
       << R"({"action": "free_completed", "addr": 140000002097152, "size": 1000, "stream": 0, "time_us": 6})"
       << "]]}";
   }
-  Out o = run("replay " + p.string());
+  CliRun o = run_cachet("replay " + p.string());
   ASSERT_EQ(o.rc, 0) << o.err;
   // The note is one line, wrapped to 100 columns.
   for (std::size_t at; (at = o.out.find("\n  ")) != std::string::npos;) o.out.replace(at, 3, " ");
@@ -101,10 +76,10 @@ TEST(ReplayCli, MidRunTraceIsOneLineNotFatal) {
 }
 
 TEST(ReplayCli, PickleAndRecordingReplay) {
-  Out o = run("replay " + kData + "snapshots/mlp_train.pickle.gz --json");
+  CliRun o = run_cachet("replay " + kData + "snapshots/mlp_train.pickle.gz --json");
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_NE(o.out.find("\"peak_reserved\""), std::string::npos);
-  o = run("replay " + kData + "results/res_mixed_expandable.json.gz --addresses synthetic --device-memory 140GiB");
+  o = run_cachet("replay " + kData + "results/res_mixed_expandable.json.gz --addresses synthetic --device-memory 140GiB");
   ASSERT_EQ(o.rc, 0) << o.err;
 }
 
@@ -112,7 +87,7 @@ TEST(ReplayCli, PickleAndRecordingReplay) {
 // the replay inferred, what it cannot know, and that it ends as PyTorch did (every figure checked
 // by hand against the pickle and graphed_mlp.stats.json.gz; tests/replay/pools_test.cpp says how).
 TEST(ReplayCli, PrivatePoolsOfARealRun) {
-  const Out o = run("replay " + std::string(CACHET_TEST_DATA) + "/oracle-h100/snapshots/graphed_mlp.pickle.gz");
+  const CliRun o = run_cachet("replay " + std::string(CACHET_TEST_DATA) + "/oracle-h100/snapshots/graphed_mlp.pickle.gz");
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_EQ(o.err, "");
   const std::string pools =
@@ -148,16 +123,16 @@ TEST(ReplayCli, PrivatePoolsOfARealRun) {
             std::string::npos);
   // A snapshot without private pools says nothing of them (after the first line, which names the
   // file: a checkout's path may contain "pool").
-  const Out plain = run("replay " + kData + "snapshots/mlp_train.pickle.gz");
+  const CliRun plain = run_cachet("replay " + kData + "snapshots/mlp_train.pickle.gz");
   ASSERT_EQ(plain.rc, 0) << plain.err;
   EXPECT_EQ(plain.out.find("pool", plain.out.find('\n')), std::string::npos) << plain.out;
 }
 
 TEST(ReplayCli, TuneRecommends) {
-  Out o = run("tune " + kData + "workloads/resnet50_train.trace.json.gz");
+  CliRun o = run_cachet("tune " + kData + "workloads/resnet50_train.trace.json.gz");
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_NE(o.out.find("With PyTorch's allocator: PYTORCH_CUDA_ALLOC_CONF=\""), std::string::npos) << o.out;
-  o = run("tune " + kData + "results/res_mixed_default.json.gz --cap 16GiB --json");
+  o = run_cachet("tune " + kData + "results/res_mixed_default.json.gz --cap 16GiB --json");
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_NE(o.out.find("garbage_collection_threshold"), std::string::npos);
 }
@@ -173,7 +148,7 @@ long long json_number(const std::string& s, std::size_t from, const std::string&
 // tune considers policy:cachet once, and its row is exactly what `replay --policy cachet` gives.
 TEST(ReplayCli, TuneHasTheCachetPolicyRowEqualToReplay) {
   const std::string trace = kData + "workloads/resnet50_train.trace.json.gz";
-  Out t = run("tune " + trace + " --json");
+  CliRun t = run_cachet("tune " + trace + " --json");
   ASSERT_EQ(t.rc, 0) << t.err;
   const std::string row = "{\"conf\": \"policy:cachet\"";
   const std::size_t at = t.out.find(row);
@@ -183,7 +158,7 @@ TEST(ReplayCli, TuneHasTheCachetPolicyRowEqualToReplay) {
   ASSERT_GT(tuned, 0);
   EXPECT_EQ(json_number(t.out, at, "num_ooms"), 0);
 
-  Out r = run("replay " + trace + " --policy cachet --json");
+  CliRun r = run_cachet("replay " + trace + " --policy cachet --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   const std::size_t rat = r.out.find(row);
   ASSERT_NE(rat, std::string::npos) << r.out.substr(0, 2000);
@@ -193,12 +168,12 @@ TEST(ReplayCli, TuneHasTheCachetPolicyRowEqualToReplay) {
   EXPECT_NE(r.out.find("\"addresses\": \"synthetic\""), std::string::npos);
   EXPECT_NE(r.out.find("policy:cachet: synthetic addresses"), std::string::npos) << r.out.substr(0, 2000);
   // --conf policy:cachet is the same configuration.
-  Out c = run("replay " + trace + " --conf policy:cachet --json");
+  CliRun c = run_cachet("replay " + trace + " --conf policy:cachet --json");
   ASSERT_EQ(c.rc, 0) << c.err;
   EXPECT_EQ(json_number(c.out, c.out.find(row), "peak_reserved"), tuned);
 
   // The table shows the row (in the ranking, or after it) with its conf text.
-  Out tt = run("tune " + trace + " --top 1");
+  CliRun tt = run_cachet("tune " + trace + " --top 1");
   ASSERT_EQ(tt.rc, 0) << tt.err;
   EXPECT_NE(tt.out.find("policy:cachet"), std::string::npos) << tt.out;
 }
@@ -227,7 +202,7 @@ std::string result_at(const std::string& s, long long n) {
 // configuration PyTorch accepts that fails none, expandable_segments:True.
 TEST(ReplayCli, TuneUnderACapRecommendsWhatDoesNotFail) {
   const std::string trace = kData + "workloads/gpt2_train.trace.json.gz --cap 13.5G";
-  Out o = run("tune " + trace);
+  CliRun o = run_cachet("tune " + trace);
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_NE(o.out.find("With PyTorch's allocator: PYTORCH_CUDA_ALLOC_CONF=\"expandable_segments:True\"\n"
                        "  All 3 requests that ran out of memory succeed."),
@@ -242,7 +217,7 @@ TEST(ReplayCli, TuneUnderACapRecommendsWhatDoesNotFail) {
   EXPECT_TRUE(o.err.empty()) << o.err;  // no progress line when stderr is not a terminal
   fits(o.out);
 
-  o = run("tune " + trace + " --json");
+  o = run_cachet("tune " + trace + " --json");
   ASSERT_EQ(o.rc, 0) << o.err;
   const long long best = top_number(o.out, "best"), native = top_number(o.out, "best_native");
   ASSERT_GE(best, 1) << o.out.substr(0, 400);
@@ -255,7 +230,7 @@ TEST(ReplayCli, TuneUnderACapRecommendsWhatDoesNotFail) {
 }
 
 TEST(ReplayCli, TuneRefusesZeroThreads) {
-  Out o = run("tune " + kData + "workloads/gpt2_train.trace.json.gz --threads 0");
+  CliRun o = run_cachet("tune " + kData + "workloads/gpt2_train.trace.json.gz --threads 0");
   EXPECT_EQ(o.rc, 2);
   EXPECT_NE(o.err.find("--threads"), std::string::npos) << o.err;
   EXPECT_TRUE(o.out.empty()) << o.out;
@@ -268,26 +243,26 @@ TEST(ReplayCli, TuneRefusesZeroThreads) {
 TEST(ReplayCli, TheOomSnapshotNeedsItsCap) {
   const std::string trace = kData + "snapshots/gpt2_train_oom_cap12g.pickle.gz";
   for (const char* cmd : {"replay ", "tune "}) {
-    Out o = run(cmd + trace);
+    CliRun o = run_cachet(cmd + trace);
     EXPECT_EQ(o.rc, 2) << cmd;
     EXPECT_NE(o.err.find("a memory cap was in force"), std::string::npos) << o.err;
     EXPECT_NE(o.err.find("--cap"), std::string::npos) << o.err;
   }
-  Out r = run("replay " + trace + " --cap 12GiB --json");
+  CliRun r = run_cachet("replay " + trace + " --cap 12GiB --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("\"peak_reserved\": 12750684160,"), std::string::npos) << r.out.substr(0, 400);
   EXPECT_NE(r.out.find("\"num_ooms\": 1, \"num_alloc_retries\": 2,"), std::string::npos) << r.out.substr(0, 400);
-  r = run("replay " + trace + " --cap 12GiB");
+  r = run_cachet("replay " + trace + " --cap 12GiB");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("from the trace's out-of-memory entry"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("memory cap: 12.00 GiB = 12884901888 bytes"), std::string::npos) << r.out;
   fits(r.out);
-  Out t = run("tune " + trace + " --cap 11G");
+  CliRun t = run_cachet("tune " + trace + " --cap 11G");
   ASSERT_EQ(t.rc, 0) << t.err;
   EXPECT_NE(t.out.find("No configuration tried avoids running out of memory"), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("(found by replay, to 2 MiB)"), std::string::npos) << t.out;
   fits(t.out);
-  t = run("tune " + trace + " --cap 11G --json");
+  t = run_cachet("tune " + trace + " --cap 11G --json");
   ASSERT_EQ(t.rc, 0) << t.err;
   const long long need = top_number(t.out, "memory_needed");
   EXPECT_GT(need, 12LL << 30);  // PyTorch ran out of memory under 12 GiB
@@ -295,18 +270,18 @@ TEST(ReplayCli, TheOomSnapshotNeedsItsCap) {
   // The cap it names is enough: replayed under it, the best fails nothing.
   const std::string best = result_at(t.out, top_number(t.out, "best"));
   const std::string conf = best.substr(10, best.find('"', 10) - 10);
-  Out ok = run("replay " + trace + " --cap " + std::to_string(need) + " --conf '" + conf + "' --json");
+  CliRun ok = run_cachet("replay " + trace + " --cap " + std::to_string(need) + " --conf '" + conf + "' --json");
   ASSERT_EQ(ok.rc, 0) << ok.err;
   EXPECT_NE(ok.out.find("\"num_ooms\": 0,"), std::string::npos) << conf;
-  Out less = run("replay " + trace + " --cap " + std::to_string(need - (2 << 20)) + " --conf '" + conf + "' --json");
+  CliRun less = run_cachet("replay " + trace + " --cap " + std::to_string(need - (2 << 20)) + " --conf '" + conf + "' --json");
   EXPECT_EQ(less.out.find("\"num_ooms\": 0,"), std::string::npos) << conf;
-  EXPECT_EQ(run("replay " + trace + " --cap 0").rc, 2);
-  EXPECT_EQ(run("replay " + trace + " --cap lots").rc, 2);
+  EXPECT_EQ(run_cachet("replay " + trace + " --cap 0").rc, 2);
+  EXPECT_EQ(run_cachet("replay " + trace + " --cap lots").rc, 2);
 }
 
 // --policy cachet: its note once, and the keys it does not use named.
 TEST(ReplayCli, PolicyCachetNoteOnceAndIgnoredKeysNamed) {
-  Out o = run("replay " + kData + "snapshots/mlp_train.pickle.gz --policy cachet --conf max_split_size_mb:128 "
+  CliRun o = run_cachet("replay " + kData + "snapshots/mlp_train.pickle.gz --policy cachet --conf max_split_size_mb:128 "
               "--conf expandable_segments:True,roundup_power2_divisions:4");
   ASSERT_EQ(o.rc, 0) << o.err;
   const std::string note = "policy:cachet: replayed with synthetic addresses";
@@ -323,7 +298,7 @@ TEST(ReplayCli, PolicyCachetNoteOnceAndIgnoredKeysNamed) {
 }
 
 TEST(ReplayCli, SummaryAtTheEndAndAtThePeak) {
-  Out o = run("summary " + kData + "workloads/gpt2_train.trace.json.gz");
+  CliRun o = run_cachet("summary " + kData + "workloads/gpt2_train.trace.json.gz");
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_NE(o.out.find("== at the end of the trace =="), std::string::npos);
   EXPECT_NE(o.out.find("== at peak reserved"), std::string::npos);
@@ -357,8 +332,8 @@ bool well_formed(const std::string& s, std::string* why) {
 }
 
 TEST(ReplayCli, PlotWritesAWellFormedSvg) {
-  const fs::path svg = tmp_dir() / "gpt2.svg";
-  Out o = run("plot " + kData + "workloads/gpt2_train.trace.json.gz -o " + svg.string());
+  const fs::path svg = scratch_dir() / "gpt2.svg";
+  CliRun o = run_cachet("plot " + kData + "workloads/gpt2_train.trace.json.gz -o " + svg.string());
   ASSERT_EQ(o.rc, 0) << o.err;
   const std::string s = slurp(svg);
   std::string why;
@@ -374,9 +349,9 @@ TEST(ReplayCli, PlotWritesAWellFormedSvg) {
   EXPECT_EQ(s.find("http://", s.find("<svg") + 60), std::string::npos);  // only the xmlns
   EXPECT_EQ(s.find("https://"), std::string::npos);
   // The pickle too.
-  o = run("plot " + kData + "snapshots/mlp_train.pickle.gz -o " + (tmp_dir() / "mlp.svg").string());
+  o = run_cachet("plot " + kData + "snapshots/mlp_train.pickle.gz -o " + (scratch_dir() / "mlp.svg").string());
   ASSERT_EQ(o.rc, 0) << o.err;
-  EXPECT_TRUE(well_formed(slurp(tmp_dir() / "mlp.svg"), &why)) << why;
+  EXPECT_TRUE(well_formed(slurp(scratch_dir() / "mlp.svg"), &why)) << why;
 }
 
 }  // namespace

@@ -10,47 +10,23 @@
 #include <sstream>
 #include <string>
 
+#include "cachet/test/cli_run.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
 const std::string kOom = std::string(CACHET_TEST_DATA) + "/oracle/snapshots/gpt2_train_oom_cap12g.pickle.gz";
 
-fs::path tmp_dir() {
-  fs::path d = fs::temp_directory_path() / ("cachet_report_test_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-struct Out {
-  int rc = -1;
-  std::string out, err;
-};
-
-Out sh(const std::string& cmd) {
-  const fs::path d = tmp_dir();
-  Out o;
-  const int st = std::system((cmd + " >" + (d / "out").string() + " 2>" + (d / "err").string()).c_str());
-  o.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  o.out = slurp(d / "out");
-  o.err = slurp(d / "err");
-  return o;
-}
+using namespace cachet::test;
 
 // Headless Chromium on `page`, with a fresh profile; stdout is the DOM after load, stderr the log
 // (console messages are its "CONSOLE" lines).
-Out chromium(const fs::path& page) {
+CliRun chromium(const fs::path& page) {
   static int n = 0;
-  const fs::path profile = tmp_dir() / ("profile" + std::to_string(++n));
+  const fs::path profile = scratch_dir() / ("profile" + std::to_string(++n));
   fs::remove_all(profile);
-  return sh("timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
+  return run_shell("timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
             "--disable-background-networking --disable-component-update --disable-sync --disable-dev-shm-usage "
             "--user-data-dir=" +
             profile.string() + " --enable-logging=stderr --v=0 --dump-dom file://" + fs::absolute(page).string());
@@ -80,20 +56,20 @@ std::string section(const std::string& dom, const std::string& id) {
 
 // The detector works: a page with a planted SVG error logs a console line in this browser.
 TEST(Report, ChromiumStartsAndReportsConsoleErrors) {
-  const fs::path bad = tmp_dir() / "planted.html";
+  const fs::path bad = scratch_dir() / "planted.html";
   std::ofstream(bad) << "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><link rel=\"icon\" href=\"data:,\">"
                         "<title>planted</title></head><body><p id=\"x\">planted page</p>"
                         "<svg xmlns=\"http://www.w3.org/2000/svg\"><rect x=\"a\" width=\"1\" height=\"1\"/></svg>"
                         "</body></html>";
-  Out o = chromium(bad);
+  CliRun o = chromium(bad);
   ASSERT_EQ(o.rc, 0) << "headless Chromium did not run (scripts/bootstrap installs Debian's chromium):\n" << o.err;
   EXPECT_NE(o.out.find("planted page"), std::string::npos) << o.out;
   EXPECT_NE(console_lines(o.err), "") << "the planted SVG error was not logged:\n" << o.err;
 }
 
 TEST(Report, RealOomOpensCleanInChromium) {
-  const fs::path page = tmp_dir() / "report.html";
-  Out o = sh(std::string(CACHET_EXE) + " report " + kOom + " --cap 12G --device-memory 85017493504 -o " + page.string());
+  const fs::path page = scratch_dir() / "report.html";
+  CliRun o = run_shell(std::string(CACHET_EXE) + " report " + kOom + " --cap 12G --device-memory 85017493504 -o " + page.string());
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_NE(o.out.find("149 segments at the peak, 149 at the out-of-memory"), std::string::npos) << o.out;
   const std::string html = slurp(page);
@@ -131,13 +107,13 @@ TEST(Report, RealOomOpensCleanInChromium) {
 }
 
 TEST(Report, BadOutputIsExit2WithReason) {
-  Out o = sh(std::string(CACHET_EXE) + " report " + kOom + " --cap 12G -o /nonexistent/folder/report.html");
+  CliRun o = run_shell(std::string(CACHET_EXE) + " report " + kOom + " --cap 12G -o /nonexistent/folder/report.html");
   EXPECT_EQ(o.rc, 2);
   EXPECT_NE(o.err.find("cachet report: -o /nonexistent/folder/report.html: cannot write there: the folder "
                        "/nonexistent/folder does not exist"),
             std::string::npos)
       << o.err;
-  o = sh(std::string(CACHET_EXE) + " report " + kOom + " --cap 12G -o " + tmp_dir().string());
+  o = run_shell(std::string(CACHET_EXE) + " report " + kOom + " --cap 12G -o " + scratch_dir().string());
   EXPECT_EQ(o.rc, 2);
   EXPECT_NE(o.err.find("is a folder; give a file name"), std::string::npos) << o.err;
 }

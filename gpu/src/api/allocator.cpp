@@ -3,6 +3,7 @@
 // PolicyCore::with_policy (api/policy_core.h), the one place that dispatches.
 #include "cachet/gpu/allocator.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cachet/errors.h"
@@ -95,6 +96,67 @@ void CachingAllocator::create_or_incref_pool(PoolId id) {
   std::lock_guard lock(mu_);
   core_->with_policy([id](auto& p) { p.create_or_incref_pool(id); });
   validate("create_or_incref_pool");
+}
+
+gpu::SegmentSource::~SegmentSource() = default;
+
+// PyTorch's CUDAAllocator calls beyond the pools (docs/pytorch-allocator.md §15).
+void CachingAllocator::create_or_incref_pool(PoolId id, std::shared_ptr<gpu::SegmentSource> source) {
+  std::lock_guard lock(mu_);
+  core_->with_policy([&](auto& p) { p.create_or_incref_pool(id, std::move(source)); });
+  validate("create_or_incref_pool(source)");
+}
+
+void CachingAllocator::set_use_on_oom(PoolId id, bool on) {
+  std::lock_guard lock(mu_);
+  core_->with_policy([&](auto& p) { p.set_use_on_oom(id, on); });
+  validate("set_use_on_oom");
+}
+
+void CachingAllocator::set_no_split(PoolId id) {
+  std::lock_guard lock(mu_);
+  core_->with_policy([&](auto& p) { p.set_no_split(id); });
+  validate("set_no_split");
+}
+
+Bytes CachingAllocator::largest_free_block() const {
+  std::lock_guard lock(mu_);
+  return core_->with_policy([](const auto& p) { return std::max(p.device_free_memory(), p.largest_cached_block()); });
+}
+
+Bytes CachingAllocator::largest_cached_block() const {
+  std::lock_guard lock(mu_);
+  return core_->with_policy([](const auto& p) { return p.largest_cached_block(); });
+}
+
+void* CachingAllocator::base_allocation(void* ptr, Bytes* size) const {
+  std::lock_guard lock(mu_);
+  return to_host(core_->with_policy([&](const auto& p) { return p.base_allocation(to_dev(ptr), size); }));
+}
+
+std::shared_ptr<const PoolCheckpoint> CachingAllocator::checkpoint_pool(PoolId id) {
+  std::lock_guard lock(mu_);
+  auto cp = core_->with_policy([id](auto& p) { return p.checkpoint_pool(id); });
+  validate("checkpoint_pool");
+  return cp;
+}
+
+CheckpointDelta CachingAllocator::restore_pool(const PoolCheckpoint& cp, const std::vector<void*>& stale_live) {
+  std::vector<gpu::DevicePtr> stale;
+  stale.reserve(stale_live.size());
+  for (void* p : stale_live) stale.push_back(to_dev(p));
+  std::lock_guard lock(mu_);
+  auto delta = core_->with_policy([&](auto& p) { return p.restore_pool(cp, stale); });
+  validate("restore_pool");
+  return delta;
+}
+
+bool CachingAllocator::pool_live_allocations_are(PoolId id, const std::vector<void*>& expected) const {
+  std::vector<gpu::DevicePtr> want;
+  want.reserve(expected.size());
+  for (void* p : expected) want.push_back(to_dev(p));
+  std::lock_guard lock(mu_);
+  return core_->with_policy([&](const auto& p) { return p.pool_live_allocations_are(id, want); });
 }
 
 void CachingAllocator::begin_allocate_to_pool(PoolId id, PoolFilter filter, bool capture) {

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cachet/config.h"
+#include "cachet/gpu/allocator.h"
 #include "cachet/gpu/backend.h"
 #include "cachet/gpu/policy_cachet.h"
 #include "cachet/snapshot.h"
@@ -114,6 +115,15 @@ class CachetPolicy : public Shell {
   void release_pool(PoolId id);
   void empty_cache(PoolId id);
   int pool_use_count(PoolId id) const;
+  // PyTorch's CUDAAllocator calls beyond the pools (§15; policy_cachet/torch_api.cpp).
+  void create_or_incref_pool(PoolId id, std::shared_ptr<SegmentSource> source);
+  void set_use_on_oom(PoolId id, bool on);
+  void set_no_split(PoolId id);
+  Bytes largest_cached_block() const;
+  DevicePtr base_allocation(DevicePtr ptr, Bytes* size) const;
+  std::shared_ptr<const PoolCheckpoint> checkpoint_pool(PoolId id);
+  CheckpointDelta restore_pool(const PoolCheckpoint& cp, const std::vector<DevicePtr>& stale_live);
+  bool pool_live_allocations_are(PoolId id, const std::vector<DevicePtr>& expected) const;
   void set_memory_fraction(double fraction);
   Snapshot snapshot();
   void apply_config(const Config& c);

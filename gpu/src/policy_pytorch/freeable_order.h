@@ -33,6 +33,7 @@ class FreeableOrder {
   std::size_t size() const { return count_; }
   // The pools in PyTorch's iteration order (slot order).
   std::vector<PrivatePool*> in_order() const;
+  std::vector<PoolId> ids_in_order() const;
 
  private:
   struct Slot {

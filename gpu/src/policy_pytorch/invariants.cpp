@@ -65,10 +65,10 @@ std::vector<std::string> PytorchPolicy::invariants() const {
         fail("[INV-SIZE-2]", bw + ": smaller than round_size(" + std::to_string(b->requested_size) + ")");
       // Split-size limit (§2.3): a large-pool split leaves more than 1 MiB and large requests are
       // larger than 1 MiB, so no block of a cudaMalloc large-pool segment is 1 MiB or smaller;
-      // a small-pool allocation is at most 1 MiB.
+      // a small-pool allocation is at most 1 MiB, unless its pool never splits (no_split, §15.2).
       if (!seg->expandable && !seg->is_small && b->size <= kSmallSize)
         fail("[INV-SIZE-3]", bw + ": a large-pool block of 1 MiB or less (split below the limit)");
-      if (seg->is_small && b->is_allocated() && b->size > kSmallSize)
+      if (seg->is_small && b->is_allocated() && b->size > kSmallSize && !no_split(*seg->pool))
         fail("[INV-SIZE-3]", bw + ": a small-pool allocation larger than 1 MiB");
       // The state against the other fields (shell/block_state.h).
       const bool deferred = b->state() == BlockState::Deferred;

@@ -2,6 +2,7 @@
 // allocation (§2.2-2.4, §3.1, §3.2). Section numbers (§) refer to
 // docs/pytorch-allocator.md.
 #include <algorithm>
+#include <cstdint>
 #include <bit>
 #include <string>
 
@@ -31,7 +32,14 @@ PytorchPolicy::~PytorchPolicy() {
   event_pool_.destroy_all(*mem_);
   for (auto& [base, seg] : segments_) {
     if (!seg->expandable) {
-      (void)mem_->free(base);
+      if (SegmentSource* source = seg->pool->owner != nullptr ? seg->pool->owner->source.get() : nullptr) {
+        try {
+          source->release(reinterpret_cast<void*>(static_cast<std::uintptr_t>(base)), seg->size, device_, seg->stream);
+        } catch (...) {  // a destructor reports nothing
+        }
+      } else {
+        (void)mem_->free(base);
+      }
       continue;
     }
     for (Bytes i = 0; i < seg->page_mapped.size(); ++i)
@@ -121,6 +129,8 @@ DevicePtr PytorchPolicy::malloc(Bytes orig_size, StreamId stream) {
   BlockPool& pool = captures_underway_.empty() ? (size <= kSmallSize ? small_blocks_ : large_blocks_)
                                                : get_pool(size, stream);
   AllocParams p{stream, size, allocation_size(size), &pool, nullptr, Status::ok()};
+  // Expandable segments apply to every pool but one with its own source (§15.1).
+  p.expandable_active = config_.expandable_segments && (pool.owner == nullptr || pool.owner->source == nullptr);
 
   bool found = get_free_block(p);  // (no free-memory callbacks are registered: §3.1 step 4)
   if constexpr (mutant(kMutantPrivateBlockToDefault))  // planted: the default pools borrow a private pool's free block
@@ -134,6 +144,8 @@ DevicePtr PytorchPolicy::malloc(Bytes orig_size, StreamId stream) {
     refuse_giving_back_in_capture(p, gc, false);  // §14.8.2
     if (gc) garbage_collect_cached_blocks();
     found = alloc_block(p, false);
+    // The pools marked use_on_oom lend a free block before any cached memory goes back (§15.2).
+    if (!found && use_on_oom_pools_.size() != 0 && pool.owner == nullptr) found = try_mempool_fallback(p);
     if (!found) {
       refuse_giving_back_in_capture(p, false, true);  // §14.8.2
       found = release_available_cached_blocks(p) && alloc_block(p, false);
@@ -145,7 +157,7 @@ DevicePtr PytorchPolicy::malloc(Bytes orig_size, StreamId stream) {
     }
   }
   if (!found) throw_oom(p);
-  const bool split = should_split(p.block, p.size);
+  const bool split = should_split(p.block, p.size, p.expandable_active);
   Block* b = alloc_found_block(p, orig_size, split);
   return b->ptr;
 }
@@ -165,7 +177,7 @@ bool PytorchPolicy::get_free_block(AllocParams& p) {
   }
 
   if (it->expandable()) {  // §2.2 step 3
-    if (config_.expandable_segments) {
+    if (p.expandable_active) {
       auto expandable_size = [](const Block& b) {
         return b.size + (b.next && !b.next->is_mapped() ? b.next->size : 0);
       };
@@ -194,9 +206,11 @@ bool PytorchPolicy::get_free_block(AllocParams& p) {
   return true;
 }
 
-bool PytorchPolicy::should_split(const Block* b, Bytes size) const {
+bool PytorchPolicy::should_split(const Block* b, Bytes size, bool expandable_active) const {
+  // A pool marked no_split never splits (§15.2).
+  if (no_split(*b->segment->pool)) return false;
   const Bytes remaining = b->size - size;
-  if (b->is_small || config_.expandable_segments) return remaining >= kMinBlockSize;  // §2.3
+  if (b->is_small || expandable_active) return remaining >= kMinBlockSize;  // §2.3
   if constexpr (mutant(kMutantSplitBelowLimit)) return size < config_.max_split_size && remaining >= kMinBlockSize;
   return size < config_.max_split_size && remaining > kSmallSize;
 }
@@ -210,12 +224,20 @@ bool PytorchPolicy::alloc_block(AllocParams& p, bool is_retry) {
     p.err = Status::oom();
     return false;
   }
-  if (config_.expandable_segments) {
+  if (p.expandable_active) {
     p.block = try_allocate_expandable_block(p.stream, p.pool, p.size);
     if (p.block != nullptr) count_device_alloc(*p.pool);  // one per growth (§14.5)
     return p.block != nullptr;
   }
-  auto r = mem_->malloc(size);
+  Result<DevicePtr> r;
+  if (SegmentSource* source = p.pool->owner != nullptr ? p.pool->owner->source.get() : nullptr) {
+    // A MemPool's own allocator (§15.1): nullptr is its out of memory.
+    void* got = source->allocate(size, device_, p.stream);
+    r = got != nullptr ? Result<DevicePtr>{Status::ok(), static_cast<DevicePtr>(reinterpret_cast<std::uintptr_t>(got))}
+                       : Result<DevicePtr>{Status::oom("the MemPool's allocator returned no memory"), 0};
+  } else {
+    r = mem_->malloc(size);
+  }
   if (r.status.is_oom()) {
     p.err = r.status;
     return false;

@@ -16,6 +16,7 @@
 
 #include <boost/container/small_vector.hpp>
 #include <boost/intrusive/set.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "cachet/config.h"
+#include "cachet/gpu/allocator.h"
 #include "cachet/gpu/backend.h"
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
@@ -155,6 +157,9 @@ struct PrivatePool {
   int segments = 0;  // Segment objects (cudaMalloc segments and reservations) of this pool
   bool had_expandable = false;  // it ever reserved an expandable segment: [INV-PRIV-2] no longer holds
   bool orphaned = false;  // erased by PyTorch with blocks still in it (private_pool.cpp forget_pool)
+  // A MemPool's own allocator (§15.1): its segments come from it and go back to it; expandable
+  // segments never apply to this pool. Null: cudaMalloc, as every other pool.
+  std::shared_ptr<SegmentSource> source;
   BlockPool large{false, this};
   BlockPool small{true, this};
 };
@@ -215,6 +220,15 @@ class PytorchPolicy : public Shell {
   void end_allocate_to_pool(PoolId id);
   void release_pool(PoolId id);
   int pool_use_count(PoolId id) const;
+  // PyTorch's CUDAAllocator calls beyond the pools (§15; torch_api.cpp, checkpoint.cpp).
+  void create_or_incref_pool(PoolId id, std::shared_ptr<SegmentSource> source);
+  void set_use_on_oom(PoolId id, bool on);
+  void set_no_split(PoolId id);
+  Bytes largest_cached_block() const;
+  DevicePtr base_allocation(DevicePtr ptr, Bytes* size) const;
+  std::shared_ptr<const PoolCheckpoint> checkpoint_pool(PoolId id);
+  CheckpointDelta restore_pool(const PoolCheckpoint& cp, const std::vector<DevicePtr>& stale_live);
+  bool pool_live_allocations_are(PoolId id, const std::vector<DevicePtr>& expected) const;
   void set_memory_fraction(double fraction);
   Snapshot snapshot();
   void apply_config(const Config& c);  // runtime configure (§4.1)
@@ -231,6 +245,9 @@ class PytorchPolicy : public Shell {
     Block* block = nullptr;
     Status err;
     bool in_pool = false;  // block is still in pool->blocks (found by get_free_block)
+    // PyTorch's is_expandable_segments_active: expandable_segments, and the pool has no source
+    // of its own (§15.1); false in the use_on_oom fallback's search (§15.2).
+    bool expandable_active = false;
   };
 
   // --- free-block search and growth (§2.2, §3.1-3.5) ---
@@ -241,7 +258,13 @@ class PytorchPolicy : public Shell {
   void release_blocks(BlockPool& pool);
   void release_block(Block* b);
   void garbage_collect_cached_blocks();
-  bool should_split(const Block* b, Bytes size) const;
+  bool should_split(const Block* b, Bytes size, bool expandable_active) const;
+  bool try_mempool_fallback(AllocParams& p);  // §15.2 (private_pool.cpp)
+  // The pool is a half of a private pool marked no_split (§15.2).
+  bool no_split(const BlockPool& pool) const {
+    return !no_split_pools_.empty() && pool.owner != nullptr &&
+           std::find(no_split_pools_.begin(), no_split_pools_.end(), pool.owner->id) != no_split_pools_.end();
+  }
   Block* alloc_found_block(AllocParams& p, Bytes orig_size, bool split);
   [[noreturn]] void throw_oom(const AllocParams& p);
 
@@ -332,6 +355,11 @@ class PytorchPolicy : public Shell {
   std::vector<Underway> captures_underway_;
   std::vector<Block*> deferred_blocks_;
   std::vector<std::unique_ptr<PrivatePool>> orphaned_pools_;  // forget_pool (§14.8.1)
+  // setUseOnOOM's pools, in PyTorch's iteration order (a ska::flat_hash_set keyed as
+  // graph_pools_freeable); setNoSplit's pools (§15.2). Ids, as PyTorch keeps them: they outlive
+  // their pools.
+  FreeableOrder use_on_oom_pools_;
+  std::vector<PoolId> no_split_pools_;
 };
 
 }  // namespace cachet::gpu::detail

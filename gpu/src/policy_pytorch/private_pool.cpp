@@ -119,6 +119,13 @@ std::vector<PrivatePool*> FreeableOrder::in_order() const {
   return out;
 }
 
+std::vector<PoolId> FreeableOrder::ids_in_order() const {
+  std::vector<PoolId> out;
+  for (const Slot& s : slots_)
+    if (s.distance >= 0) out.push_back(s.id);
+  return out;
+}
+
 // ===================================================================== Use counts and routing (§14.2, §14.4)
 
 void PytorchPolicy::create_or_incref_pool(PoolId id) {
@@ -134,6 +141,75 @@ void PytorchPolicy::create_or_incref_pool(PoolId id) {
     throw UsageError("create_or_incref_pool(" + describe(id) +
                      "): every user has released this pool; make a new pool (§14.4)");
   ++it->second->use_count;
+}
+
+// createOrIncrefPool(device, id, allocator) (§15.1): the source is taken only by a new pool.
+void PytorchPolicy::create_or_incref_pool(PoolId id, std::shared_ptr<SegmentSource> source) {
+  if (source == nullptr) return create_or_incref_pool(id);
+  if (id.is_default())
+    throw UsageError("create_or_incref_pool: {0, 0} names the default pools, not a private pool; pass a MemPool's id");
+  if (graph_pools_.contains(id))
+    throw PyTorchFailsHere("create_or_incref_pool(" + describe(id) +
+                           ", allocator): PyTorch 2.11 fails here (\"!allocator INTERNAL ASSERT FAILED\"): the pool "
+                           "exists already and only a new pool takes an allocator; cachet refuses and changes "
+                           "nothing. Pass no allocator to add a user, or use a new pool id (docs/pytorch-allocator.md "
+                           "§15.1)");
+  auto pp = std::make_unique<PrivatePool>(id);  // use count 1 (§14.4)
+  pp->source = std::move(source);
+  graph_pools_.emplace(id, std::move(pp));
+}
+
+// setUseOnOOM, setNoSplit (§15.2): PyTorch keeps the ids, whether or not the pool exists.
+void PytorchPolicy::set_use_on_oom(PoolId id, bool on) {
+  if (id.is_default())
+    throw UsageError("set_use_on_oom: {0, 0} names the default pools, not a private pool; pass a MemPool's id");
+  if (on) use_on_oom_pools_.insert(id, nullptr);
+  else use_on_oom_pools_.erase(id);
+}
+
+void PytorchPolicy::set_no_split(PoolId id) {
+  if (id.is_default())
+    throw UsageError("set_no_split: {0, 0} names the default pools, not a private pool; pass a MemPool's id");
+  if (std::find(no_split_pools_.begin(), no_split_pools_.end(), id) == no_split_pools_.end()) no_split_pools_.push_back(id);
+}
+
+// try_mempool_fallback (§15.2): malloc outside every private pool found no cached block and no new
+// segment; each use_on_oom pool in turn, as if allocated to for a moment on this thread
+// (beginAllocateToPool, get_free_block with expandable segments off, endAllocateToPool,
+// releasePool), lends its best free block. A pool PyTorch creates on the way (an id marked with no
+// pool) is left freeable, as there.
+bool PytorchPolicy::try_mempool_fallback(AllocParams& p) {
+  for (PoolId id : use_on_oom_pools_.ids_in_order()) {
+    auto it = graph_pools_.find(id);
+    if (it != graph_pools_.end() && it->second->use_count <= 0)
+      throw PyTorchFailsHere("allocate(" + std::to_string(p.size) + " B): PyTorch 2.11 fails here (\"use_count > 0 "
+                             "INTERNAL ASSERT FAILED\"): the out-of-memory fallback would allocate to pool " +
+                             describe(id) + ", marked use_on_oom, but every user has released it; cachet refuses. "
+                             "Unmark it (set_use_on_oom(id, false)) when its MemPool goes (docs/pytorch-allocator.md "
+                             "§15.2)");
+    for (const Underway& u : captures_underway_)
+      if (u.id == id)
+        throw PyTorchFailsHere("allocate(" + std::to_string(p.size) + " B): PyTorch 2.11 fails here (\"beginAllocateToPool: "
+                               "already recording to mempool_id\"): the out-of-memory fallback would allocate to pool " +
+                               describe(id) + ", marked use_on_oom, which is active already (use_mem_pool or a capture); "
+                               "cachet refuses. Leave that pool first (docs/pytorch-allocator.md §15.2)");
+    PrivatePool* pp = nullptr;
+    const bool created = it == graph_pools_.end();
+    if (created) pp = graph_pools_.emplace(id, std::make_unique<PrivatePool>(id)).first->second.get();
+    else pp = it->second.get();
+    AllocParams q{p.stream, p.size, p.alloc_size, p.size <= kSmallSize ? &pp->small : &pp->large, nullptr, Status::ok()};
+    q.expandable_active = false;  // PyTorch's fallback searches with expandable segments off
+    const bool found = get_free_block(q);
+    if (created) {  // releasePool takes the new pool's one user: it is freeable (§14.4)
+      pp->use_count = 0;
+      graph_pools_freeable_.insert(id, pp);
+    }
+    if (found) {
+      p = q;
+      return true;
+    }
+  }
+  return false;
 }
 
 void PytorchPolicy::begin_allocate_to_pool(PoolId id, const PoolFilter& filter, bool capture) {

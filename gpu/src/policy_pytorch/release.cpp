@@ -2,6 +2,7 @@
 // settings (§3.3-3.7). Section numbers (§) refer to
 // docs/pytorch-allocator.md.
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -58,9 +59,14 @@ void PytorchPolicy::release_blocks(BlockPool& pool) {
 
 void PytorchPolicy::release_block(Block* b) {
   CACHET_ASSERT(!b->expandable() && !b->is_split() && b->is_free());
-  auto st = mem_->free(b->ptr);  // device first: a failure changes nothing
-  if (!st.is_ok()) throw DeviceError(device_error("cudaFree", b->size, device_, st));
   BlockPool& pool = pool_for(b);
+  if (SegmentSource* source = pool.owner != nullptr ? pool.owner->source.get() : nullptr) {
+    // The MemPool's own allocator takes its segment back (§15.1); first: an exception changes nothing.
+    source->release(reinterpret_cast<void*>(static_cast<std::uintptr_t>(b->ptr)), b->size, device_, b->stream);
+  } else {
+    auto st = mem_->free(b->ptr);  // device first: a failure changes nothing
+    if (!st.is_ok()) throw DeviceError(device_error("cudaFree", b->size, device_, st));
+  }
   count_device_free(pool);  // §14.5
   if (pool.owner != nullptr) --pool.owner->segments;
   accounting_.segment_freed(stat_type(pool), b->size, b->size >= config_.max_split_size);

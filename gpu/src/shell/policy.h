@@ -8,10 +8,12 @@
 
 #include <concepts>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "cachet/config.h"
+#include "cachet/gpu/allocator.h"
 #include "cachet/gpu/backend.h"
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
@@ -39,6 +41,17 @@ concept Policy = requires(P& p, const P& cp, Bytes n, StreamId s, DevicePtr ptr,
   p.release_pool(id);
   p.empty_cache(id);
   { cp.pool_use_count(id) } -> std::same_as<int>;
+  // PyTorch's CUDAAllocator beyond the pools (docs/pytorch-allocator.md §15): a MemPool's own
+  // segment source, setUseOnOOM, setNoSplit, cacheInfo's scan, getBaseAllocation, the graph
+  // trees' checkpoints and checkPoolLiveAllocations.
+  p.create_or_incref_pool(id, std::shared_ptr<SegmentSource>{});
+  p.set_use_on_oom(id, on);
+  p.set_no_split(id);
+  { cp.largest_cached_block() } -> std::same_as<Bytes>;
+  { cp.base_allocation(ptr, static_cast<Bytes*>(nullptr)) } -> std::same_as<DevicePtr>;
+  { p.checkpoint_pool(id) } -> std::same_as<std::shared_ptr<const PoolCheckpoint>>;
+  { p.restore_pool(*p.checkpoint_pool(id), std::vector<DevicePtr>{}) } -> std::same_as<CheckpointDelta>;
+  { cp.pool_live_allocations_are(id, std::vector<DevicePtr>{}) } -> std::same_as<bool>;
   // What can be read.
   { cp.stats() } -> std::same_as<const DeviceStats&>;
   p.reset_accumulated_stats();

@@ -51,6 +51,12 @@ class Shell {
   void clear_trace() { trace_.clear(); }
   const Config& config() const { return config_; }
   DeviceMemory& memory() { return *mem_; }
+  // cudaMemGetInfo's free bytes (cacheInfo's first guess, §15.4); DeviceError if it fails.
+  Bytes device_free_memory() const {
+    auto info = mem_->mem_get_info();
+    if (!info.is_ok()) throw DeviceError(device_error("cudaMemGetInfo", 0, device_, info.status));
+    return info.value.free;
+  }
   DeviceIndex device() const { return device_; }
   Bytes total_memory() const { return total_memory_; }
   double memory_fraction() const { return cap_.fraction(total_memory_); }

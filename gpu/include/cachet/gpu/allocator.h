@@ -23,6 +23,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "cachet/config.h"
@@ -42,6 +43,48 @@ using PoolFilter = std::function<bool(StreamId)>;
 namespace gpu::detail {
 class PolicyCore;  // the policy this allocator runs (policy:pytorch or policy:cachet)
 }
+
+namespace gpu {
+// Where a private pool built with its own allocator gets its segments (torch.cuda.MemPool(
+// allocator=...), PyTorch's createOrIncrefPool(device, id, allocator)): each new segment of that
+// pool comes from allocate() instead of cudaMalloc, and goes back through release() instead of
+// cudaFree (docs/pytorch-allocator.md §15.1). allocate() returns nullptr when it has no memory:
+// the allocator then takes its out-of-memory path, as for a failing cudaMalloc. An exception
+// from either passes through the allocator, which has changed nothing at that point.
+struct SegmentSource {
+  virtual ~SegmentSource();
+  virtual void* allocate(Bytes size, DeviceIndex device, StreamId stream) = 0;
+  virtual void release(void* ptr, Bytes size, DeviceIndex device, StreamId stream) = 0;
+};
+}  // namespace gpu
+
+// A private pool's segments and blocks as checkpoint_pool found them (PyTorch's PrivatePoolState,
+// docs/pytorch-allocator.md §15.3): for each segment of the pool, its blocks in address order with
+// their size and whether they were allocated. Like PyTorch's, it holds neither the use count nor
+// the device allocation count (a restore changes neither). Read-only; restore_pool takes it back.
+struct PoolCheckpoint {
+  struct BlockState {
+    void* ptr = nullptr;
+    Bytes size = 0;
+    bool allocated = false;
+    bool mapped = true;  // false: the unmapped rest of an expandable segment
+  };
+  struct SegmentState {
+    bool is_small = false;
+    bool expandable = false;
+    std::vector<BlockState> blocks;
+  };
+  PoolId id;
+  std::vector<SegmentState> segments;  // by segment base address
+};
+
+// What restore_pool changed (PyTorch's CheckpointDelta): the allocations it freed (every block of
+// the pool that was allocated before the restore) and the blocks the checkpoint has allocated,
+// allocated again, with their sizes (the caller wraps them in DataPtrs).
+struct CheckpointDelta {
+  std::vector<void*> freed;
+  std::vector<std::pair<void*, Bytes>> allocated;
+};
 
 // invariants() found a violation in validate mode: an allocator bug, not bad input.
 class InvariantViolation : public std::logic_error {
@@ -85,6 +128,17 @@ class CachingAllocator {
   // use count already 0.
   // createOrIncrefPool: a new pool with use count 1, or one more user of a live one (§14.4).
   void create_or_incref_pool(PoolId id);
+  // createOrIncrefPool(device, id, allocator): a new pool whose segments come from `source`
+  // (§15.1); expandable segments never apply to it. A null source is create_or_incref_pool(id).
+  // UsageError for a source given to a pool that exists (PyTorch asserts), and under
+  // policy:cachet (its blocks all live in its one address reservation).
+  void create_or_incref_pool(PoolId id, std::shared_ptr<gpu::SegmentSource> source);
+  // setUseOnOOM (§15.2): when an allocation outside every private pool finds no cached block and
+  // the device refuses a new segment, it takes a free block of a pool marked here before any
+  // cached memory is given back. Pools are tried in PyTorch's order (its hash set's).
+  void set_use_on_oom(PoolId id, bool on);
+  // setNoSplit (§15.2): blocks of pool `id` are never split; an allocation takes a whole block.
+  void set_no_split(PoolId id);
   // beginAllocateToPool: one more user, then allocations whose stream `filter` takes go to pool
   // `id` (newest active pool first) until end_allocate_to_pool (§14.2). `capture`: a CUDA graph
   // capture (true) or use_mem_pool (false); it only changes what is refused while it is under
@@ -99,6 +153,30 @@ class CachingAllocator {
   // released it (§14.6); the default id is empty_cache().
   void empty_cache(PoolId id);
   int pool_use_count(PoolId id) const;  // getPoolUseCount
+  // CUDA graph trees (§15.3). getCheckpointState: the pool's segments and blocks now (first
+  // giving the frees deferred by a capture their events, as PyTorch does). UsageError for an
+  // unknown or freeable pool, or a pool with a block still waiting for events.
+  std::shared_ptr<const PoolCheckpoint> checkpoint_pool(PoolId id);
+  // setCheckpointPoolState: frees every allocation of the pool (`stale_live` first: allocations
+  // of the pool the caller knows are dead; each must be one), then allocates and frees blocks so
+  // that the pool's checkpointed segments hold exactly the checkpoint's blocks, allocated where
+  // it says so (requested size = block size, as PyTorch). Checked before anything changes:
+  // UsageError (PyTorchFailsHere where PyTorch itself fails) and nothing changed.
+  CheckpointDelta restore_pool(const PoolCheckpoint& cp, const std::vector<void*>& stale_live);
+  // checkPoolLiveAllocations: the pool's allocated blocks are exactly `expected` (as a set).
+  bool pool_live_allocations_are(PoolId id, const std::vector<void*>& expected) const;
+  // cacheInfo(device, &largest) with largest = 0, as cuDNN calls it: the device's free memory
+  // (cudaMemGetInfo) or the largest cached free block of any pool (default and private, small
+  // and large), whichever is larger (§15.4). DeviceError if the device cannot report.
+  Bytes largest_free_block() const;
+  // The largest cached free block of any pool, 0 if none: cacheInfo with a nonzero *largest
+  // reports max(*largest, largest_cached_block()).
+  Bytes largest_cached_block() const;
+  // getBaseAllocation (§15.4): the base of the segment holding the allocation `ptr` (as allocate
+  // returned it) and, if `size` is not null, the segment's size (the sum of its blocks).
+  // UsageError for an unknown pointer ("invalid device pointer"), for a block of an expandable
+  // segment and under policy:cachet (their memory cannot be shared between processes).
+  void* base_allocation(void* ptr, Bytes* size) const;
   // torch.cuda.set_per_process_memory_fraction: [0, 1]; 1 = no cap.
   void set_memory_fraction(double fraction);
   double memory_fraction() const;

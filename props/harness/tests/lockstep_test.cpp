@@ -220,6 +220,47 @@ TEST(Lockstep, APyTorchFailureEndsTheCase) {
   EXPECT_EQ(ls.last_sut().kind, Outcome::Kind::Ended);
 }
 
+// graph_capture_record_stream_reuse:True (§14.10.1): a block allocated in graph 0's capture on
+// stream 1 and used on stream 2, which captures graph 1, is freed: record_free_markers asserts.
+TEST(Lockstep, RecordStreamReuseAcrossTwoCapturesIsAPyTorchFailure) {
+  Options o;
+  o.config = parse_config("graph_capture_record_stream_reuse:True").config;
+  PytorchLockstep ls(o);
+  ASSERT_EQ(ls.run(parse_ops("capture_begin g0 s1 pool new\ncapture_begin g1 s2 pool new\n"
+                             "alloc 1000 s1\nrecord h0 s2\n")),
+            std::nullopt);
+  EXPECT_EQ(ls.apply(Free{0}), std::nullopt);
+  EXPECT_EQ(ls.last_model().kind, Outcome::Kind::PyTorchFailure);
+  EXPECT_NE(ls.last_model().message.find("All streams in the same capture should agree on the graph"),
+            std::string::npos) << ls.last_model().message;
+  EXPECT_EQ(ls.last_sut().kind, Outcome::Kind::UsageError);
+  EXPECT_NE(ls.last_sut().message.find("§14.10.1"), std::string::npos) << ls.last_sut().message;
+  EXPECT_TRUE(ls.ended());
+}
+
+// The same free waits for the end of the captures (§14.7) without the option, and with it when
+// one of the block's streams is outside every capture (stream 3 here: PyTorch's walk may stop
+// there first, and cachet takes it so).
+TEST(Lockstep, RecordStreamReuseWithoutAssertionDefersTheFree) {
+  const char* ops = "capture_begin g0 s1 pool new\ncapture_begin g1 s2 pool new\nalloc 1000 s1\nrecord h0 s2\n";
+  for (const char* conf : {"graph_capture_record_stream_reuse:False", "graph_capture_record_stream_reuse:True"}) {
+    Options o;
+    o.config = parse_config(conf).config;
+    PytorchLockstep ls(o);
+    ASSERT_EQ(ls.run(parse_ops(ops)), std::nullopt);
+    if (std::string(conf).ends_with("True")) {
+      ASSERT_EQ(ls.apply(RecordStream{0, 3}), std::nullopt);
+    }
+    EXPECT_EQ(ls.apply(Free{0}), std::nullopt) << conf;
+    EXPECT_EQ(ls.last_model().kind, Outcome::Kind::Ok) << conf;
+    EXPECT_FALSE(ls.ended()) << conf;
+    // Deferred: no longer allocated, still active (1024 B of the block, 1024 B of the generator).
+    EXPECT_EQ(ls.sut().stats().allocated_bytes[0].current, 1024) << conf;
+    EXPECT_EQ(ls.sut().stats().active_bytes[0].current, 2048) << conf;
+    EXPECT_EQ(ls.run(parse_ops("capture_end g0\ncapture_end g1\nalloc 1 s0\n")), std::nullopt) << conf;
+  }
+}
+
 // The sut must refuse where PyTorch fails: here only the model has another pool entered
 // (behind the runner's back), so only the model fails.
 TEST(Lockstep, ReportsASutThatDoesNotRefuseWherePyTorchFails) {

@@ -142,6 +142,9 @@ class Allocator {
   void count_device_alloc(BlockPool& pool);
   void count_device_free(BlockPool& pool, const char* where);
   void refuse_device_free_in_capture(const char* what) const;
+  // graph_capture_record_stream_reuse: a free during a capture whose block's streams capture
+  // into different graphs trips record_free_markers' assertion (§14.8 case 4, §14.10.1).
+  void refuse_free_markers_across_graphs(const Block& block) const;
   Bytes private_pool_free_bytes() const;
   // The default and the known private pools (what PyTorch can reach), and with `orphaned` the
   // orphaned pools too (every block the model holds).

@@ -276,7 +276,6 @@ TEST(C10Backend, PrivatePools) {
   A().setUseOnOOM(0, id, false);  // what ~MemPool calls: never refused
 }
 
-#ifdef CACHET_C10_GPU_POOL_API
 // cuDNN's benchmark: cacheInfo is gpu/'s largest_free_block (largest = 0 on entry) or the larger
 // of the caller's figure and largest_cached_block.
 TEST(C10Backend, CacheInfoIsGpusLargestBlock) {
@@ -346,7 +345,6 @@ TEST(C10Backend, CheckpointAndRestore) {
   A().setUseOnOOM(0, id, false);
   device0().a->release_pool({id.first, id.second});  // releasePool asks CUDA for the current stream
 }
-#endif
 
 TEST(C10Backend, FreeOfAnUnknownPointerIsAnError) {
   (void)device0();

@@ -12,14 +12,18 @@
 //              unchanged in the snapshot's blocks and trace entries (History below).
 //   observers  out-of-memory observers and trace trackers, called with no lock of cachet's held.
 //   IPC        the handles other processes sent (getIpcDevPtr), as native caches them.
-
+//   settings   torch.cuda.memory._set_allocator_settings, followed through PyTorch's settings
+//              hook (follow_allocator_settings below).
+//
+// Device calls cachet makes inside allocate, emptyCache and releasePool follow the capture
+// status of PyTorch's current stream (cachet::gpu::CurrentStream), as native's do.
 //
 // Errors: out of memory is c10::OutOfMemoryError (torch.OutOfMemoryError) with PyTorch's own
 // text (cachet::OutOfMemory carries it); any other refusal of cachet's (a freed pointer, a bad
 // pool call, a failing device) is c10::Error (RuntimeError) with cachet's message.
 //
-// The torch version is a build-time fact (CACHET_C10_TORCH_MAJOR/MINOR from the torch headers
-// this was compiled against): cachet_c10_install refuses another minor version.
+// The torch version is a build-time fact (TORCH_VERSION_MAJOR/MINOR of the torch headers this
+// was compiled against): cachet_c10_install refuses another minor version.
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 

@@ -158,12 +158,13 @@ std::vector<Op> parse_ops(std::string_view text) {
 }
 
 std::string show_case(const Case& c) {
-  return "# config: " + c.config + "\n# capacity: " + std::to_string(c.capacity) + "\n" + show(c.ops);
+  return "# config: " + c.config + "\n# capacity: " + std::to_string(c.capacity) + "\n" +
+         (c.events_when_recorded ? "# events: when-recorded\n" : "") + show(c.ops);
 }
 
 Case parse_case(std::string_view text) {
   Case c;
-  constexpr std::string_view kConfig = "# config:", kCapacity = "# capacity:";
+  constexpr std::string_view kConfig = "# config:", kCapacity = "# capacity:", kEvents = "# events:";
   for (std::string_view rest = text; !rest.empty();) {
     const std::size_t nl = rest.find('\n');
     std::string_view line = rest.substr(0, nl);
@@ -180,6 +181,13 @@ Case parse_case(std::string_view text) {
         throw std::invalid_argument("bad capacity line: '" + std::string(line) +
                                     "' (expected '# capacity: <bytes>', a whole number)");
       c.capacity = v;
+    } else if (line.starts_with(kEvents)) {
+      const auto w = words(line.substr(kEvents.size()));
+      if (w.size() != 1 || w[0] != "when-recorded")
+        throw std::invalid_argument("bad events line: '" + std::string(line) +
+                                    "' (expected '# events: when-recorded', or no events line: events then "
+                                    "complete only at complete ops)");
+      c.events_when_recorded = true;
     }
   }
   c.ops = parse_ops(text);

@@ -292,7 +292,7 @@ std::string run_case(const Case& c) {
 }
 
 // The case-file form is the lockstep harness's (cachet/lockstep.h show_case / parse_case).
-std::string to_ops_file(const Case& c) { return lockstep::show_case({c.config, c.capacity, c.ops}); }
+std::string to_ops_file(const Case& c) { return lockstep::show_case({c.config, c.capacity, c.ops, false}); }
 
 Case parse_ops_file(const std::string& text) {
   lockstep::Case l = lockstep::parse_case(text);

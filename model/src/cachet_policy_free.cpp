@@ -56,7 +56,7 @@ void CachetPolicy::free(std::uint64_t ptr) {
     return;
   }
   b.set_state(BlockState::AwaitingEvents);
-  for (StreamId s : b.uses) events_[ptr].emplace_back(s, recorded_[s]++);
+  for (StreamId s : b.uses) record_event(ptr, s);
   b.uses.clear();
 }
 
@@ -66,7 +66,7 @@ void CachetPolicy::record_deferred_events() {
   for (std::uint64_t ptr : deferred_) {
     Block& b = blocks_.at(ptr);
     b.set_state(BlockState::AwaitingEvents);  // Deferred -> AwaitingEvents
-    for (StreamId s : b.uses) events_[ptr].emplace_back(s, recorded_[s]++);
+    for (StreamId s : b.uses) record_event(ptr, s);
     b.uses.clear();
   }
   deferred_.clear();
@@ -92,6 +92,12 @@ void CachetPolicy::record_stream(std::uint64_t ptr, StreamId stream) {
   if (b.state() != BlockState::Allocated)
     throw UsageError("record_stream(" + hex(ptr) + "): the block was already freed");
   if (stream != b.stream) b.uses.insert(stream);
+}
+
+// One event on `s` for the block at ptr (R8); complete at once on a device running no kernels.
+void CachetPolicy::record_event(std::uint64_t ptr, StreamId s) {
+  events_[ptr].emplace_back(s, recorded_[s]++);
+  if (events_when_recorded_) completed_[s] = recorded_[s];
 }
 
 void CachetPolicy::complete_events(StreamId stream) {

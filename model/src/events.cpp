@@ -16,6 +16,7 @@ void Allocator::insert_events(Block* block) {
   for (StreamId s : streams) {
     ++block->event_count;
     cuda_events_[s].push_back(Event{next_event_seq_++, block});
+    if (events_when_recorded_) completed_upto_[s] = next_event_seq_;
   }
   block->set_state(BlockState::AwaitingEvents);
 }

@@ -48,6 +48,9 @@ void Allocator::free(std::uint64_t ptr) {
   record(TraceAction::FreeRequested, block->ptr, block->requested_size, block->stream);
   if (block->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
   if (!block->stream_uses.empty() && !captures_underway_.empty()) {
+    // graph_capture_record_stream_reuse: record_free_markers first (§14.10.1); PyTorch's state at
+    // its assertion is this one (the free requested, nothing deferred).
+    if (config_.graph_capture_record_stream_reuse) refuse_free_markers_across_graphs(*block);
     // No event may be recorded during a capture: the free waits for its end (§14.7).
     block->set_state(BlockState::Deferred);  // Allocated -> Deferred
     deferred_blocks_.push_back(block);

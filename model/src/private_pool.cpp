@@ -2,6 +2,7 @@
 // allocations while a pool is active (§14.2), the device allocation count (§14.5), the deferred
 // frees of a capture (§14.7), and the order PyTorch releases freeable pools in (§14.5).
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "cachet/errors.h"
@@ -13,6 +14,11 @@ namespace cachet::model {
 namespace {
 std::string describe(PoolId id) {
   return "{" + std::to_string(id.first) + ", " + std::to_string(id.second) + "}";
+}
+std::string hex_address(std::uint64_t p) {
+  char b[32];
+  std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(p));
+  return b;
 }
 int log2_floor(std::size_t n) {
   int r = 0;
@@ -233,6 +239,35 @@ void Allocator::refuse_device_free_in_capture(const char* what) const {
                            "invalidates the capture; garbage collection, release_available_cached_blocks "
                            "and empty_cache give memory back even during a capture "
                            "(docs/pytorch-allocator.md §14.8)");
+}
+
+// record_free_markers (graph_capture_record_stream_reuse:True): the block's allocation stream,
+// then each stream it was used on, is asked which capture it belongs to; the first stream not
+// capturing ends the walk (the free waits for the capture's end, §14.7), and two streams capturing
+// into different graphs trip the assertion. The walk's order over the uses is a hash set's, so the
+// model reports the failure only where every use stream captures: then one of them captures
+// another graph than the allocation stream (one capture per stream, §14.10.1), whatever the order.
+void Allocator::refuse_free_markers_across_graphs(const Block& block) const {
+  auto graph_of = [&](StreamId s) -> const PoolId* {
+    for (auto it = captures_underway_.rbegin(); it != captures_underway_.rend(); ++it)
+      if (it->second.is_capture() && it->second.takes(s)) return &it->first;
+    return nullptr;
+  };
+  const PoolId* own = graph_of(block.stream);
+  if (own == nullptr) return;
+  const PoolId* other = nullptr;
+  for (StreamId s : block.stream_uses) {
+    const PoolId* g = graph_of(s);
+    if (g == nullptr) return;  // not capturing: the walk stops here or at another such stream
+    if (*g != *own) other = g;
+  }
+  if (other == nullptr) return;
+  throw PyTorchFailure(
+      "PyTorch 2.11 fails here: free(" + hex_address(block.ptr) + ") during the capture into pool " + describe(*own) +
+      " with graph_capture_record_stream_reuse:True: the block was used on a stream capturing into pool " +
+      describe(*other) + ", and record_free_markers asserts that all its streams capture one graph "
+      "(\"All streams in the same capture should agree on the graph\" INTERNAL ASSERT FAILED) "
+      "(docs/pytorch-allocator.md §14.8, §14.10.1)");
 }
 
 Bytes Allocator::private_pool_free_bytes() const {

@@ -179,14 +179,22 @@ struct PendingBlock {
 
 class PSut {
  public:
-  explicit PSut(const Config& c, Bytes capacity = 8 * GiB) : config_(c), capacity_(capacity) { reset(); }
+  // events_when_recorded: every event completes when recorded (a case file's "# events:
+  // when-recorded", what a real device does; always so in props_gpu_test).
+  explicit PSut(const Config& c, Bytes capacity = 8 * GiB, bool events_when_recorded = false)
+      : config_(c), capacity_(capacity), events_when_recorded_(events_when_recorded) {
+#ifdef CACHET_PROPS_CUDA
+    events_when_recorded_ = true;
+#endif
+    reset();
+  }
 
   void reset() {
     lockstep::Options o;
     o.config = config_;
     o.capacity = capacity_;
+    o.events_complete_immediately = events_when_recorded_;
 #ifdef CACHET_PROPS_CUDA
-    o.events_complete_immediately = true;
     std::unique_ptr<gpu::DeviceMemory> mem =
         config_.expandable_segments ? gpu::make_device_memory<gpu::CudaVmmBackend>(0)
                                     : gpu::make_device_memory<gpu::CudaRuntimeBackend>(0);
@@ -258,7 +266,7 @@ class PSut {
 
   // The ops applied so far as a case file (props/regressions/*.ops).
   std::string case_file() const {
-    return lockstep::show_case({to_string(config_), capacity_, applied_});
+    return lockstep::show_case({to_string(config_), capacity_, applied_, events_when_recorded_});
   }
 
   [[noreturn]] void fail(const std::string& check, const std::string& detail) const {
@@ -279,6 +287,7 @@ class PSut {
 
   Config config_;
   Bytes capacity_;
+  bool events_when_recorded_;
   std::unique_ptr<Lockstep> ls_;
   std::vector<StreamId> streams_;
   std::vector<std::optional<Handle>> slot_handle_;

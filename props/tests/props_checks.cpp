@@ -95,9 +95,7 @@ void PSut::step(const Op& op, std::optional<std::size_t> new_slot) {
     for (auto& p : pending_) p.streams.erase(c->stream);
     std::erase_if(pending_, [](const PendingBlock& p) { return p.streams.empty(); });
   }
-#ifdef CACHET_PROPS_CUDA
-  pending_.clear();  // real events complete at once
-#endif
+  if (events_when_recorded_) pending_.clear();  // events complete when recorded (a real device)
   if (std::holds_alternative<lockstep::EmptyCache>(op)) pending_.clear();
 
   // Coverage.

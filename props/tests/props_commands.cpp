@@ -149,6 +149,9 @@ rc::Gen<Config> gen_config() {
     if (*rc::gen::inRange(0, 4) == 0)
       parts.push_back("max_non_split_rounding_mb:" +
                       std::to_string(large_seg_mb + *rc::gen::element<std::uint64_t>(0, 2, 44, 492)));
+    // Frees during captures ask record_free_markers (docs/pytorch-allocator.md §14.10.1): a block
+    // on two captures' streams fails.
+    if (*rc::gen::inRange(0, 4) == 0) parts.push_back("graph_capture_record_stream_reuse:True");
     std::string text;
     for (const auto& p : parts) text += (text.empty() ? "" : ",") + p;
     try {

@@ -137,7 +137,7 @@ int replay_files(const std::vector<std::string>& args) {
       const lockstep::Case c = lockstep::parse_case(text);
       if (c.ops.empty()) throw std::runtime_error("no ops");
       n = c.ops.size();
-      PSut sut(parse_config(c.config).config, c.capacity);
+      PSut sut(parse_config(c.config).config, c.capacity, c.events_when_recorded);
       for (const Op& op : c.ops) sut.step(op);
     } catch (const ReplayFailure& e) {
       error = e.message;

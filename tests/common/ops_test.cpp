@@ -92,6 +92,30 @@ TEST(Ops, CaseFileRoundTrip) {
   EXPECT_EQ(parse_case("alloc 1 s0\n").capacity, 8 * GiB);  // defaults
   EXPECT_EQ(parse_case("alloc 1 s0\n").config, "");
   EXPECT_THROW((void)parse_case("# capacity: lots\n"), std::invalid_argument);
+  EXPECT_FALSE(back.events_when_recorded);
+}
+
+// "# events: when-recorded": every event completes when recorded (props_gpu_test's cases).
+TEST(Ops, CaseFileEventsWhenRecorded) {
+  Case c;
+  c.config = "expandable_segments:True";
+  c.ops = {Allocate{1073741824, 1, {}}, RecordStream{0, 0}};
+  c.events_when_recorded = true;
+  const std::string text = show_case(c);
+  EXPECT_EQ(text,
+            "# config: expandable_segments:True\n# capacity: 8589934592\n# events: when-recorded\n"
+            "alloc 1073741824 s1\nrecord h0 s0\n");
+  const Case back = parse_case(text);
+  EXPECT_TRUE(back.events_when_recorded);
+  EXPECT_EQ(back.ops, c.ops);
+  try {
+    (void)parse_case("# events: sometimes\n");
+    ADD_FAILURE() << "a bad events line was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "bad events line: '# events: sometimes' (expected '# events: when-recorded', or no events line: "
+              "events then complete only at complete ops)");
+  }
 }
 
 }  // namespace

@@ -46,6 +46,10 @@
 // Case file (.ops; show_case / parse_case):
 //   # config: <CACHET_ALLOC_CONF string>     (absent: the defaults; "policy:cachet" picks it)
 //   # capacity: <bytes>                      (absent: 8 GiB)
+//   # events: when-recorded                  (absent: events complete only at complete ops)
+//                                            every event completes as soon as it is recorded,
+//                                            as on a real device running no kernels
+//                                            (props_gpu_test's cases; docs/pytorch-allocator.md §6)
 //   <one op per line>                        blank lines and other '#' lines are comments
 #pragma once
 
@@ -148,8 +152,12 @@ struct Case {
   std::string config;  // CACHET_ALLOC_CONF form ("" = the defaults)
   Bytes capacity = 8 * GiB;
   std::vector<Op> ops;
+  // Every event completes as soon as it is recorded (a real device running no kernels: what
+  // cudaEventQuery then reports, even within the call that recorded it); false: events complete
+  // only at CompleteEvents / CompleteAllEvents (the host simulation).
+  bool events_when_recorded = false;
 };
-// "# config: ...\n# capacity: ...\n" then show(ops).
+// "# config: ...\n# capacity: ...\n" ("# events: when-recorded\n" when set) then show(ops).
 std::string show_case(const Case& c);
 // The inverse of show_case(); throws std::invalid_argument on a bad op line or capacity.
 Case parse_case(std::string_view text);

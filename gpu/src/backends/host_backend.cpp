@@ -112,7 +112,7 @@ Status HostSim::event_record(EventHandle e, StreamId s) {
   std::lock_guard lock(mu_);
   auto it = events_.find(e);
   if (it == events_.end()) return Status::error("host backend: record of unknown event " + std::to_string(e));
-  it->second = Event{s, true, false};
+  it->second = Event{s, true, opts_.events_complete_when_recorded};
   return Status::ok();
 }
 

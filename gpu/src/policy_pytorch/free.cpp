@@ -35,6 +35,9 @@ void PytorchPolicy::free(DevicePtr ptr) {
 
   const bool wait_for_uses = !b->stream_uses.empty() && !mutant(kMutantIgnorePendingEvent);
   if (wait_for_uses && capture_underway()) {
+    // graph_capture_record_stream_reuse: where PyTorch's record_free_markers would assert, refuse
+    // before anything changes (§14.8, §14.10.1).
+    if (config_.graph_capture_record_stream_reuse) refuse_free_markers_across_graphs(b);
     // No event may be recorded during a capture: the free waits for its end (§14.7).
     accounting_.free_requested(stat_type(pool_for(b)), b->size, b->size >= config_.max_split_size);
     record(TraceAction::FreeRequested, b->ptr, b->requested_size, b->stream);

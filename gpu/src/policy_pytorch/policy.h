@@ -293,6 +293,7 @@ class PytorchPolicy : public Shell {
   // §14.8, checked before anything changes: each throws PyTorchFailsHere where PyTorch fails.
   void refuse_release_where_pytorch_fails(PoolId id) const;
   void refuse_giving_back_in_capture(const AllocParams& p, bool gc, bool releasing);
+  void refuse_free_markers_across_graphs(const Block* b) const;  // §14.8 case 4, §14.10.1
   int device_frees_to_release(const PrivatePool& pp, bool synced) const;
   bool gc_would_release() const;
   bool release_available_would_release(const AllocParams& p) const;

@@ -422,6 +422,36 @@ void PytorchPolicy::refuse_release_where_pytorch_fails(PoolId id) const {
   }
 }
 
+// PyTorch's record_free_markers asks each of the block's streams (its own first, then its uses in a
+// hash set's order) which capture it belongs to and asserts that they agree. Which capture a
+// stream belongs to is the capture whose filter takes it (a capture's filter is its stream's
+// capture id). Refused only where the assertion trips in every order: every use stream captures,
+// one of them into another graph than the block's stream; a use stream outside any capture may
+// end PyTorch's walk first, and then the free waits for the end of the capture (§14.10.1).
+void PytorchPolicy::refuse_free_markers_across_graphs(const Block* b) const {
+  auto capture_of = [&](StreamId s) -> const Underway* {
+    for (auto it = captures_underway_.rbegin(); it != captures_underway_.rend(); ++it)
+      if (it->capture && it->filter(s)) return &*it;
+    return nullptr;
+  };
+  const Underway* own = capture_of(b->stream);
+  if (own == nullptr) return;
+  const Underway* other = nullptr;
+  for (StreamId s : b->stream_uses) {
+    const Underway* u = capture_of(s);
+    if (u == nullptr) return;
+    if (u->id != own->id) other = u;
+  }
+  if (other == nullptr) return;
+  throw PyTorchFailsHere(
+      "free(" + hex(b->ptr) + "): PyTorch 2.11 fails here (\"All streams in the same capture should agree on the "
+      "graph\" INTERNAL ASSERT FAILED): with graph_capture_record_stream_reuse:True a free during a capture asks "
+      "every stream the block was used on for its capture, and stream " + std::to_string(b->stream) +
+      " captures into pool " + describe(own->id) + " while a stream it was used on captures into pool " +
+      describe(other->id) + "; cachet refuses and changes nothing. Free the block after one of the captures "
+      "ends, or turn graph_capture_record_stream_reuse off (docs/pytorch-allocator.md §14.8, §14.10.1)");
+}
+
 // malloc during a graph capture, before garbage collection (`gc`) or
 // release_available_cached_blocks (`releasing`) would give memory back (§14.8.2). The only
 // change malloc made so far, the free-block search's tick of the GC clock, is undone first.

@@ -86,6 +86,7 @@ struct Lockstep<Model, Impl>::State {
     source = std::make_unique<MirrorSource>(log, host ? std::optional<Bytes>(opts.capacity) : std::nullopt, total,
                                             &sut->device_memory());
     model = std::make_unique<Model>(opts.config, *source);
+    model->set_events_complete_when_recorded(opts.events_complete_immediately);
     if (opts.config.per_process_memory_fraction) fraction = *opts.config.per_process_memory_fraction;
     sut_before = sut_state(*sut);
   }
@@ -176,7 +177,6 @@ struct Lockstep<Model, Impl>::State {
           }
         },
         op);
-    if (opts.events_complete_immediately) model->complete_all_events();
     last_sut = s;
     last_model = m;
     if (m.kind == Outcome::Kind::PyTorchFailure) return end_case(sut_before);
@@ -196,7 +196,6 @@ struct Lockstep<Model, Impl>::State {
     } catch (const UsageError& e) {  // the front end refused the op: no call was made
       s = m = {Outcome::Kind::UsageError, 0, e.what()};
     }
-    if (opts.events_complete_immediately) model->complete_all_events();
     last_sut = s;
     last_model = m;
     if (m.kind == Outcome::Kind::PyTorchFailure) return end_case(calls.failure()->sut_before);
@@ -381,6 +380,7 @@ Lockstep<Model, Impl>::Lockstep(Options options) : s_(std::make_unique<State>())
   s_->opts = std::move(options);
   gpu::HostOptions ho;
   ho.capacity = s_->opts.capacity;
+  ho.events_complete_when_recorded = s_->opts.events_complete_immediately;
   s_->build(gpu::make_host_memory(ho, &s_->sim), true);
 }
 

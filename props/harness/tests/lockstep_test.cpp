@@ -60,6 +60,75 @@ TEST(Lockstep, ComparesTraceEventsInOrder) {
   EXPECT_NE(d->find("sut:   free_completed addr 0x"), std::string::npos) << *d;
 }
 
+// Project issue 23: props_gpu_test's failure on an H100, replayed on the host backend. A block
+// used on stream 0 is freed during a capture (deferred, §14.7); the next malloc's process_events
+// records its event and queries it in the same call. Where events complete when recorded (a real
+// device running no kernels) the block is free before the search: the 1 MiB + 1 B request splits
+// its start. Where they wait for a complete op, a new page is mapped after it.
+constexpr const char* kDeferredCase = R"(alloc 1073741824 s1
+record h0 s0
+capture_begin g1 s1 pool new
+free h0
+capture_end g1
+alloc 1048577 s1
+)";
+
+Options deferred_case_options(bool when_recorded, const char* policy = "") {
+  Options o;
+  o.config = parse_config(std::string("expandable_segments:True,max_non_split_rounding_mb:22,"
+                                      "garbage_collection_threshold:0.3") + policy).config;
+  o.events_complete_immediately = when_recorded;
+  return o;
+}
+
+TEST(Lockstep, DeferredFreeEventsCompleteWhenRecorded) {
+  PytorchLockstep ls(deferred_case_options(true));
+  EXPECT_EQ(ls.run(parse_ops(kDeferredCase)), std::nullopt);
+  EXPECT_EQ(ls.address(0), 0x8f0000000000u);  // the expandable segment's base
+  EXPECT_EQ(ls.last_sut().ptr, 0x8f0000000000u);
+  EXPECT_EQ(ls.last_model().ptr, 0x8f0000000000u);
+  // 52 pages of 20 MiB for the 1 GiB block, none more; 2 MiB for the generator's seed and offset
+  // (512 B each, a small segment on stream 1, §14.9).
+  EXPECT_EQ(ls.sut().stats().reserved_bytes[0].current, 52 * 20971520 + 2097152);
+  EXPECT_EQ(ls.sut().stats().active_bytes[0].current, 1049088 + 1024);  // the 1 GiB block is free
+}
+
+TEST(Lockstep, DeferredFreeEventsWaitForACompleteOp) {
+  PytorchLockstep ls(deferred_case_options(false));
+  EXPECT_EQ(ls.run(parse_ops(kDeferredCase)), std::nullopt);
+  EXPECT_EQ(ls.last_sut().ptr, 0x8f0040000000u);  // 1 GiB on, in the 52nd page's free tail
+  EXPECT_EQ(ls.sut().stats().reserved_bytes[0].current, 52 * 20971520 + 2097152);
+  EXPECT_EQ(ls.sut().stats().active_bytes[0].current, 1073741824 + 1049088 + 1024);  // the block waits
+}
+
+// The bug put back: the model not told that events complete when recorded (the lockstep once
+// completed its events only after each op) disagrees with the device as on the H100.
+TEST(Lockstep, DeferredFreeEventsBugPutBack) {
+  PytorchLockstep ls(deferred_case_options(true));
+  ls.model().set_events_complete_when_recorded(false);
+  const auto d = ls.run(parse_ops(kDeferredCase));
+  ASSERT_TRUE(d.has_value());
+  EXPECT_NE(d->find("op #5 alloc 1048577 s1"), std::string::npos) << *d;
+  EXPECT_NE(d->find("model: pointer 0x8f0040000000"), std::string::npos) << *d;
+  EXPECT_NE(d->find("sut:   pointer 0x8f0000000000"), std::string::npos) << *d;
+}
+
+// policy:cachet: its deferred frees (R12) get their events at the same point.
+TEST(Lockstep, CachetDeferredFreeEventsCompleteWhenRecorded) {
+  CachetLockstep ls(deferred_case_options(true, ",policy:cachet"));
+  EXPECT_EQ(ls.run(parse_ops(kDeferredCase)), std::nullopt);
+  // The 1 GiB block is free again (active: the request and the generator's two 512 B tensors);
+  // R2's best fit takes a smaller free run in the last mapped 2 MiB page.
+  EXPECT_EQ(ls.sut().stats().active_bytes[0].current, 1049088 + 1024);
+  EXPECT_EQ(ls.last_sut().ptr, 0x8f0040000200u);
+  EXPECT_EQ(ls.sut().stats().reserved_bytes[0].current, 1073741824 + 2097152);
+  CachetLockstep bug(deferred_case_options(true, ",policy:cachet"));
+  bug.model().set_events_complete_when_recorded(false);
+  const auto d = bug.run(parse_ops(kDeferredCase));
+  ASSERT_TRUE(d.has_value());
+  EXPECT_NE(d->find("op #5 alloc 1048577 s1"), std::string::npos) << *d;
+}
+
 // Ids addressing (recordings): an id is bound only when its allocation returns memory, so a
 // free of an OOMed id is skipped and later ids still name the right blocks.
 TEST(Lockstep, IdsAddressing) {
@@ -149,6 +218,47 @@ TEST(Lockstep, APyTorchFailureEndsTheCase) {
   EXPECT_TRUE(ls.ended());
   EXPECT_EQ(ls.apply(Allocate{1000, 0, {}}), std::nullopt);
   EXPECT_EQ(ls.last_sut().kind, Outcome::Kind::Ended);
+}
+
+// graph_capture_record_stream_reuse:True (§14.10.1): a block allocated in graph 0's capture on
+// stream 1 and used on stream 2, which captures graph 1, is freed: record_free_markers asserts.
+TEST(Lockstep, RecordStreamReuseAcrossTwoCapturesIsAPyTorchFailure) {
+  Options o;
+  o.config = parse_config("graph_capture_record_stream_reuse:True").config;
+  PytorchLockstep ls(o);
+  ASSERT_EQ(ls.run(parse_ops("capture_begin g0 s1 pool new\ncapture_begin g1 s2 pool new\n"
+                             "alloc 1000 s1\nrecord h0 s2\n")),
+            std::nullopt);
+  EXPECT_EQ(ls.apply(Free{0}), std::nullopt);
+  EXPECT_EQ(ls.last_model().kind, Outcome::Kind::PyTorchFailure);
+  EXPECT_NE(ls.last_model().message.find("All streams in the same capture should agree on the graph"),
+            std::string::npos) << ls.last_model().message;
+  EXPECT_EQ(ls.last_sut().kind, Outcome::Kind::UsageError);
+  EXPECT_NE(ls.last_sut().message.find("§14.10.1"), std::string::npos) << ls.last_sut().message;
+  EXPECT_TRUE(ls.ended());
+}
+
+// The same free waits for the end of the captures (§14.7) without the option, and with it when
+// one of the block's streams is outside every capture (stream 3 here: PyTorch's walk may stop
+// there first, and cachet takes it so).
+TEST(Lockstep, RecordStreamReuseWithoutAssertionDefersTheFree) {
+  const char* ops = "capture_begin g0 s1 pool new\ncapture_begin g1 s2 pool new\nalloc 1000 s1\nrecord h0 s2\n";
+  for (const char* conf : {"graph_capture_record_stream_reuse:False", "graph_capture_record_stream_reuse:True"}) {
+    Options o;
+    o.config = parse_config(conf).config;
+    PytorchLockstep ls(o);
+    ASSERT_EQ(ls.run(parse_ops(ops)), std::nullopt);
+    if (std::string(conf).ends_with("True")) {
+      ASSERT_EQ(ls.apply(RecordStream{0, 3}), std::nullopt);
+    }
+    EXPECT_EQ(ls.apply(Free{0}), std::nullopt) << conf;
+    EXPECT_EQ(ls.last_model().kind, Outcome::Kind::Ok) << conf;
+    EXPECT_FALSE(ls.ended()) << conf;
+    // Deferred: no longer allocated, still active (1024 B of the block, 1024 B of the generator).
+    EXPECT_EQ(ls.sut().stats().allocated_bytes[0].current, 1024) << conf;
+    EXPECT_EQ(ls.sut().stats().active_bytes[0].current, 2048) << conf;
+    EXPECT_EQ(ls.run(parse_ops("capture_end g0\ncapture_end g1\nalloc 1 s0\n")), std::nullopt) << conf;
+  }
 }
 
 // The sut must refuse where PyTorch fails: here only the model has another pool entered

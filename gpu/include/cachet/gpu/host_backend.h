@@ -13,7 +13,10 @@
 // the position, so a replay that diverges says where.
 //
 // Events complete only when the test says so: complete_events(stream) or complete_all_events();
-// event_synchronize completes the one event (a device would wait for it).
+// event_synchronize completes the one event (a device would wait for it). With
+// `HostOptions::events_complete_when_recorded` every event completes as soon as it is recorded,
+// as on a real device that runs no kernels (what props_gpu_test drives): a cudaEventQuery right
+// after the cudaEventRecord, within one allocator call, already reports it complete.
 //
 // All state lives in a shared HostSim so a test keeps a handle after giving the backend to
 // the allocator; HostSim has its own mutex (test threads complete events concurrently).
@@ -38,6 +41,7 @@ struct HostOptions {
   std::optional<Bytes> total_memory;   // cudaMemGetInfo's total (default: capacity)
   std::optional<std::vector<DevicePtr>> recorded;  // recorded-address mode
   DevicePtr first_address = 0x7f0000000000;        // synthetic mode: first segment
+  bool events_complete_when_recorded = false;      // a device with no kernels queued
 };
 
 class HostSim {

@@ -53,6 +53,12 @@ class Allocator {
   // become free at the next malloc (process_events) or synchronizing call.
   void complete_events(StreamId stream);
   void complete_all_events();
+  // The device completes every event as soon as it is recorded (a real device running no
+  // kernels, as props_gpu_test drives it): an event recorded inside a call is already complete
+  // when that same call queries it, as process_events does right after
+  // insert_events_deferred_until_no_capture (§6, §14.7). Default false: events complete only at
+  // complete_events / complete_all_events.
+  void set_events_complete_when_recorded(bool on) { events_when_recorded_ = on; }
 
   // torch._C._accelerator_setAllocatorSettings(text), already parsed (§4.1): the new settings
   // apply from the next call on. memory_stats()["max_split_size"] keeps its construction value,
@@ -136,6 +142,9 @@ class Allocator {
   void count_device_alloc(BlockPool& pool);
   void count_device_free(BlockPool& pool, const char* where);
   void refuse_device_free_in_capture(const char* what) const;
+  // graph_capture_record_stream_reuse: a free during a capture whose block's streams capture
+  // into different graphs trips record_free_markers' assertion (§14.8 case 4, §14.10.1).
+  void refuse_free_markers_across_graphs(const Block& block) const;
   Bytes private_pool_free_bytes() const;
   // The default and the known private pools (what PyTorch can reach), and with `orphaned` the
   // orphaned pools too (every block the model holds).
@@ -196,6 +205,7 @@ class Allocator {
   std::map<StreamId, std::deque<Event>> cuda_events_;
   std::map<StreamId, std::uint64_t> completed_upto_;  // events with seq < this have completed
   std::uint64_t next_event_seq_ = 0;
+  bool events_when_recorded_ = false;
   Bytes total_allocated_ = 0;
   std::optional<Bytes> allowed_max_;
   std::vector<TraceEvent> trace_;

@@ -68,6 +68,10 @@ class CachetPolicy {
   // become free at the next malloc (R8) or at a synchronizing call (R7, R9).
   void complete_events(StreamId stream);
   void complete_all_events();
+  // Every event completes as soon as it is recorded (a real device running no kernels; see
+  // model::Allocator::set_events_complete_when_recorded): deferred frees whose events are
+  // recorded at a malloc's process_events are free in that same malloc.
+  void set_events_complete_when_recorded(bool on) { events_when_recorded_ = on; }
   void empty_cache();
   // Private pools (R10-R12), the members and refusals of model::Allocator (§14.2, §14.4).
   void create_or_incref_pool(PoolId id);
@@ -173,6 +177,7 @@ class CachetPolicy {
   void trim_to_budget();
   // R12: the deferred frees get their events (no pool active).
   void record_deferred_events();
+  void record_event(std::uint64_t ptr, StreamId s);
   // cachet_policy_free.cpp: free, events, empty_cache (R8, R9).
   void free_completed(Block& b);
   void process_events();
@@ -195,6 +200,7 @@ class CachetPolicy {
   // Simulated events: per stream, events recorded so far and events completed so far.
   std::map<StreamId, std::uint64_t> recorded_;
   std::map<StreamId, std::uint64_t> completed_;
+  bool events_when_recorded_ = false;
   std::map<std::uint64_t, std::vector<std::pair<StreamId, std::uint64_t>>> events_;  // by block
   std::vector<TraceEvent> trace_;
   std::map<PoolId, Pool> pools_;

@@ -112,8 +112,12 @@ struct Options {
   // The trace events each side recorded during the op (cachet/trace.h), in order: action,
   // address, size and stream of each (not the time stamp). Turns the sut's trace on.
   bool compare_trace = true;
-  // Real devices run no kernels, so a recorded event completes at once: the model is told
-  // complete_all_events() after every op. (Host backend: false; events wait for CompleteEvents.)
+  // Real devices run no kernels, so a recorded event completes at once, even within the call
+  // that recorded it (process_events queries the events it has just recorded for the frees a
+  // capture deferred, §14.7): the model is told set_events_complete_when_recorded(true), and a
+  // host backend the pair makes completes every event when recorded too (HostOptions::
+  // events_complete_when_recorded), so a case of a real device replays on the host. (False:
+  // events wait for CompleteEvents / CompleteAllEvents.)
   bool events_complete_immediately = false;
 };
 

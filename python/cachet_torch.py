@@ -275,6 +275,15 @@ def _install_any(path: Optional[str], record_history: bool, backend: str) -> str
     if backend == "plugin":
         _install(path, record_history)
         return "plugin"
+    # A refused configuration is a ValueError before torch is imported, whichever library is
+    # installed (both parse it with the same code, torch_common.cpp); the plug-in can say so
+    # before torch is loaded, the c10 backend only after. Without the plug-in the backend says it.
+    try:
+        plugin_path = path or library_path()
+    except FileNotFoundError:
+        plugin_path = None
+    if plugin_path is not None:
+        check_config(plugin_path)
     import torch  # noqa: PLC0415 (lazy on purpose)
     running = _torch_minor(torch.__version__)
     why = None

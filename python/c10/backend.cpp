@@ -12,18 +12,18 @@
 //              unchanged in the snapshot's blocks and trace entries (History below).
 //   observers  out-of-memory observers and trace trackers, called with no lock of cachet's held.
 //   IPC        the handles other processes sent (getIpcDevPtr), as native caches them.
+//   settings   torch.cuda.memory._set_allocator_settings, followed through PyTorch's settings
+//              hook (follow_allocator_settings below).
 //
-// CACHET_C10_GPU_POOL_API (set by CMake when gpu/'s allocator.h has them): cacheInfo,
-// getBaseAllocation, MemPool with its own allocator, setUseOnOOM, setNoSplit and graph trees'
-// checkpoints go through gpu/'s calls for them; without it the first two and
-// checkPoolLiveAllocations read cachet's snapshot and the others are refused, saying why.
+// Device calls cachet makes inside allocate, emptyCache and releasePool follow the capture
+// status of PyTorch's current stream (cachet::gpu::CurrentStream), as native's do.
 //
 // Errors: out of memory is c10::OutOfMemoryError (torch.OutOfMemoryError) with PyTorch's own
 // text (cachet::OutOfMemory carries it); any other refusal of cachet's (a freed pointer, a bad
 // pool call, a failing device) is c10::Error (RuntimeError) with cachet's message.
 //
-// The torch version is a build-time fact (CACHET_C10_TORCH_MAJOR/MINOR from the torch headers
-// this was compiled against): cachet_c10_install refuses another minor version.
+// The torch version is a build-time fact (TORCH_VERSION_MAJOR/MINOR of the torch headers this
+// was compiled against): cachet_c10_install refuses another minor version.
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
@@ -204,7 +204,6 @@ cda::DeviceStats to_c10(const cachet::DeviceStats& s) {
   return d;
 }
 
-#ifdef CACHET_C10_GPU_POOL_API
 // A private pool's checkpoint, as PyTorch's graph trees hold it (AllocatorState).
 struct PoolState final : cc::AllocatorState {
   c10::DeviceIndex device = 0;
@@ -230,7 +229,6 @@ class AllocatorSource final : public cachet::gpu::SegmentSource {
  private:
   std::shared_ptr<cc::CUDAAllocator> a_;
 };
-#endif
 
 // The segment size an out-of-memory message says was asked of the device ("Tried to allocate
 // X."), read back where its text is exact: segment sizes are whole MiB, so "N.00 MiB" (up to
@@ -355,7 +353,7 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   }
 
   // The expandable segments of `device`, as native lists them (stream, small pool, mapped size).
-  // TODO(gpuapi): from cachet's snapshot until gpu/ reports its expandable segments directly.
+  // From cachet's snapshot (gpu/ has no call of its own for it; rarely asked).
   std::vector<cc::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex device) override {
     std::vector<cc::StreamSegmentSize> out;
     const cachet::Snapshot snap = call("getExpandableSegmentSizes", [&] { return allocator(device)->snapshot(); });
@@ -373,27 +371,11 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   // larger of *largestBlock and the largest cached free block.
   void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override {
     cachet::CachingAllocator* a = allocator(device);
-#ifdef CACHET_C10_GPU_POOL_API
     if (*largestBlock == 0) {
       *largestBlock = call("cacheInfo", [&] { return a->largest_free_block(); });
     } else {
       *largestBlock = std::max<size_t>(*largestBlock, call("cacheInfo", [&] { return a->largest_cached_block(); }));
     }
-#else
-    // Until gpu/ has largest_free_block: from cachet's snapshot (the default pools only).
-    if (*largestBlock == 0) {
-      c10::cuda::CUDAGuard guard(device);
-      size_t free = 0, total = 0;
-      C10_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-      *largestBlock = free;
-    }
-    const cachet::Snapshot snap = call("cacheInfo", [&] { return a->snapshot(); });
-    for (const auto& seg : snap) {
-      if (!seg.pool_id.is_default()) continue;
-      for (const auto& b : seg.blocks)
-        if (b.state == cachet::BlockState::Inactive && b.size > *largestBlock) *largestBlock = b.size;
-    }
-#endif
   }
 
   // The segment that holds `ptr`: its base address and size (refused for expandable segments,
@@ -401,26 +383,10 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   void* getBaseAllocation(void* ptr, size_t* size) override {
     auto [a, device] = owner(ptr);
     (void)device;
-#ifdef CACHET_C10_GPU_POOL_API
     cachet::Bytes sz = 0;
     void* base = call("getBaseAllocation", [&] { return a->base_allocation(ptr, &sz); });
     if (size) *size = sz;
     return base;
-#else
-    // Until gpu/ has base_allocation: from cachet's snapshot.
-    const cachet::Snapshot snap = call("getBaseAllocation", [&] { return a->snapshot(); });
-    const auto p = reinterpret_cast<std::uint64_t>(ptr);
-    for (const auto& seg : snap) {
-      if (p < seg.address || p >= seg.address + seg.total_size) continue;
-      TORCH_CHECK(!seg.is_expandable,
-                  "Tensors allocated with expandable_segments:True cannot be shared between processes. "
-                  "Consider using expandable_segments:False in data loading workers via "
-                  "torch.cuda.memory._set_allocator_settings('expandable_segments:False')");
-      if (size) *size = seg.total_size;
-      return reinterpret_cast<void*>(seg.address);
-    }
-    TORCH_CHECK(false, "invalid device pointer: ", ptr);
-#endif
   }
 
   void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
@@ -513,26 +479,16 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   void createOrIncrefPool(c10::DeviceIndex device, MempoolId_t mempool_id,
                           std::shared_ptr<cc::CUDAAllocator> pool_allocator) override {
     cachet::CachingAllocator* a = allocator(device);
-#ifdef CACHET_C10_GPU_POOL_API
     // A MemPool with its own allocator: the pool's segments come from it (raw_alloc / raw_delete,
     // as native calls it) instead of cudaMalloc.
     std::shared_ptr<cachet::gpu::SegmentSource> source;
     if (pool_allocator) source = std::make_shared<AllocatorSource>(std::move(pool_allocator));
     call("createOrIncrefPool", [&] { a->create_or_incref_pool(pool_id(mempool_id), std::move(source)); });
-#else
-    // TODO(gpuapi): until gpu/ has create_or_incref_pool(PoolId, SegmentSource), a MemPool with
-    // its own allocator is refused rather than served from cachet's own segments.
-    TORCH_CHECK(!pool_allocator,
-                "cachet: a torch.cuda.MemPool with its own allocator needs gpu/'s segment sources, "
-                "not in this build of libcachet_c10.so; create the MemPool without an allocator");
-    call("createOrIncrefPool", [&] { a->create_or_incref_pool(pool_id(mempool_id)); });
-#endif
   }
   void setUseOnOOM(c10::DeviceIndex device, MempoolId_t mempool_id, bool use_on_oom) override {
     cachet::CachingAllocator* a = allocator(device);
     // Turning it off is what every MemPool's destructor does (ATen's ~MemPool): native never
     // refuses that (it erases the id from a set), and a destructor must not throw.
-#ifdef CACHET_C10_GPU_POOL_API
     if (!use_on_oom) {
       try {
         a->set_use_on_oom(pool_id(mempool_id), false);
@@ -541,24 +497,10 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
       return;
     }
     call("setUseOnOOM", [&] { a->set_use_on_oom(pool_id(mempool_id), true); });
-#else
-    // TODO(gpuapi): cachet::CachingAllocator::set_use_on_oom; until then turning it on is refused.
-    (void)a;
-    if (!use_on_oom) return;
-    TORCH_CHECK(false, "cachet: setUseOnOOM of pool (", mempool_id.first, ", ", mempool_id.second,
-                ") needs gpu/'s set_use_on_oom, not in this build of libcachet_c10.so; "
-                "create the MemPool with use_on_oom=False");
-#endif
   }
   void setNoSplit(c10::DeviceIndex device, MempoolId_t mempool_id) override {
     cachet::CachingAllocator* a = allocator(device);
-#ifdef CACHET_C10_GPU_POOL_API
     call("setNoSplit", [&] { a->set_no_split(pool_id(mempool_id)); });
-#else
-    (void)a;  // TODO(gpuapi): cachet::CachingAllocator::set_no_split.
-    TORCH_CHECK(false, "cachet: setNoSplit of pool (", mempool_id.first, ", ", mempool_id.second,
-                ") needs gpu/'s set_no_split, not in this build of libcachet_c10.so");
-#endif
   }
 
   // Graph trees: the pool's allocated blocks are exactly `expected` (native's
@@ -567,24 +509,8 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
                                 const std::unordered_set<void*>& expected) override {
     const cachet::PoolId id = pool_id(mempool_id);
     cachet::CachingAllocator* a = allocator(device);
-#ifdef CACHET_C10_GPU_POOL_API
     const std::vector<void*> want(expected.begin(), expected.end());
     return call("checkPoolLiveAllocations", [&] { return a->pool_live_allocations_are(id, want); });
-#else
-    // Until gpu/ has pool_live_allocations_are: from cachet's snapshot.
-    call("checkPoolLiveAllocations", [&] { (void)a->pool_use_count(id); });  // an unknown pool is refused
-    const cachet::Snapshot snap = call("checkPoolLiveAllocations", [&] { return a->snapshot(); });
-    size_t live = 0;
-    for (const auto& seg : snap) {
-      if (seg.pool_id != id) continue;
-      for (const auto& b : seg.blocks) {
-        if (b.state != cachet::BlockState::ActiveAllocated) continue;
-        if (!expected.count(reinterpret_cast<void*>(b.address))) return false;
-        ++live;
-      }
-    }
-    return live == expected.size();
-#endif
   }
 
   // torch.multiprocessing: native's handle format (version byte, 'c', the cudaIpcMemHandle_t of
@@ -729,22 +655,14 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   // restoration; the restored allocations come back as DataPtrs with cachet's deleter.
   std::shared_ptr<cc::AllocatorState> getCheckpointState(c10::DeviceIndex device, MempoolId_t id) override {
     cachet::CachingAllocator* a = allocator(device);
-#ifdef CACHET_C10_GPU_POOL_API
     auto st = std::make_shared<PoolState>();
     st->device = device;
     st->checkpoint = call("getCheckpointState", [&] { return a->checkpoint_pool(pool_id(id)); });
     return st;
-#else
-    (void)a;  // TODO(gpuapi): cachet::CachingAllocator::checkpoint_pool.
-    TORCH_CHECK(false, "cachet: getCheckpointState of pool (", id.first, ", ", id.second,
-                ") needs gpu/'s checkpoint_pool, not in this build of libcachet_c10.so; "
-                "set torch._inductor.config.triton.cudagraph_trees = False");
-#endif
   }
   cc::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
                                              std::shared_ptr<cc::AllocatorState> as) override {
     cachet::CachingAllocator* a = allocator(device);
-#ifdef CACHET_C10_GPU_POOL_API
     auto st = std::dynamic_pointer_cast<PoolState>(as);
     TORCH_CHECK(st && st->checkpoint, "Expected PrivatePoolState");
     const cachet::CheckpointDelta d =
@@ -761,12 +679,6 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
       for (void* p : d.freed) h.live.erase(reinterpret_cast<std::uint64_t>(p));
     }
     return out;
-#else
-    (void)a;  // TODO(gpuapi): cachet::CachingAllocator::restore_pool.
-    (void)as;
-    TORCH_CHECK(false, "cachet: setCheckpointPoolState needs gpu/'s restore_pool, not in this build of "
-                "libcachet_c10.so; set torch._inductor.config.triton.cudagraph_trees = False");
-#endif
   }
 
   std::string name() override { return "cachet"; }

@@ -276,6 +276,76 @@ TEST(C10Backend, PrivatePools) {
   A().setUseOnOOM(0, id, false);  // what ~MemPool calls: never refused
 }
 
+// cuDNN's benchmark: cacheInfo is gpu/'s largest_free_block (largest = 0 on entry) or the larger
+// of the caller's figure and largest_cached_block.
+TEST(C10Backend, CacheInfoIsGpusLargestBlock) {
+  Device& d = device0();
+  void* p = cachet::c10_testing::malloc(0, 50 * MiB, kStream);
+  A().raw_delete(p);  // a cached 50 MiB block
+  size_t largest = 0;
+  A().cacheInfo(0, &largest);
+  EXPECT_EQ(largest, d.a->largest_free_block());
+  largest = 1;
+  A().cacheInfo(0, &largest);
+  EXPECT_EQ(largest, d.a->largest_cached_block());
+  EXPECT_GE(largest, 50 * MiB);
+  largest = 1ull << 40;
+  A().cacheInfo(0, &largest);
+  EXPECT_EQ(largest, 1ull << 40);
+}
+
+// torch.multiprocessing's sender: the segment's base and size.
+TEST(C10Backend, BaseAllocationIsTheSegments) {
+  void* p = cachet::c10_testing::malloc(0, 1000, kStream);
+  void* q = cachet::c10_testing::malloc(0, 1000, kStream);
+  size_t size = 0;
+  void* base = A().getBaseAllocation(q, &size);
+  EXPECT_EQ(base, A().getBaseAllocation(p, nullptr));
+  EXPECT_EQ(size, 2 * MiB) << "a small segment";
+  EXPECT_LE(static_cast<char*>(base), static_cast<char*>(q));
+  EXPECT_LT(static_cast<char*>(q), static_cast<char*>(base) + size);
+  EXPECT_THROW(A().getBaseAllocation(reinterpret_cast<void*>(0x1234), nullptr), c10::Error);
+  A().raw_delete(p);
+  A().raw_delete(q);
+}
+
+// Graph trees: a pool's state, restored; the restored allocations come back as DataPtrs whose
+// deleter is raw_deleter() (graph trees compare them) and free through cachet.
+TEST(C10Backend, CheckpointAndRestore) {
+  const c10::MempoolId_t id{77, 0};
+  A().createOrIncrefPool(0, id, nullptr);
+  A().beginAllocateToPool(0, id, [](cudaStream_t) { return true; });
+  void* p1 = cachet::c10_testing::malloc(0, 3 * MiB, kStream);
+  void* p2 = cachet::c10_testing::malloc(0, 5 * MiB, kStream);
+  A().endAllocateToPool(0, id);
+  std::shared_ptr<cc::AllocatorState> state = A().getCheckpointState(0, id);
+  ASSERT_TRUE(state);
+  A().raw_delete(p2);
+  A().beginAllocateToPool(0, id, [](cudaStream_t) { return true; });
+  void* p3 = cachet::c10_testing::malloc(0, 1 * MiB + 1, kStream);
+  A().endAllocateToPool(0, id);
+  EXPECT_TRUE(A().checkPoolLiveAllocations(0, id, {p1, p3}));
+  cc::CheckpointDelta delta = A().setCheckpointPoolState(0, state);
+  EXPECT_EQ(std::unordered_set<void*>(delta.ptrs_freed.begin(), delta.ptrs_freed.end()),
+            (std::unordered_set<void*>{p1, p3}));
+  std::unordered_set<void*> back;
+  for (const auto& dp : delta.dataptrs_allocd) {
+    back.insert(dp.get());
+    EXPECT_EQ(dp.get_deleter(), A().raw_deleter());
+    EXPECT_EQ(dp.device(), c10::Device(c10::DeviceType::CUDA, 0));
+  }
+  EXPECT_EQ(back, (std::unordered_set<void*>{p1, p2}));
+  EXPECT_TRUE(A().checkPoolLiveAllocations(0, id, {p1, p2}));
+  delta.dataptrs_allocd.clear();  // their deleter frees them through cachet
+  EXPECT_TRUE(A().checkPoolLiveAllocations(0, id, {}));
+  struct Other : cc::AllocatorState {};
+  EXPECT_THROW(A().setCheckpointPoolState(0, std::make_shared<Other>()), c10::Error);
+  A().setNoSplit(0, id);
+  A().setUseOnOOM(0, id, true);
+  A().setUseOnOOM(0, id, false);
+  device0().a->release_pool({id.first, id.second});  // releasePool asks CUDA for the current stream
+}
+
 TEST(C10Backend, FreeOfAnUnknownPointerIsAnError) {
   (void)device0();
   EXPECT_THROW(A().raw_delete(reinterpret_cast<void*>(0x1234)), c10::Error);

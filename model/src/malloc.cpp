@@ -34,12 +34,15 @@ std::uint64_t Allocator::malloc(Bytes orig_size, StreamId stream) {
   // The default pools, or the private pool of an active capture or use_mem_pool (§14.2).
   p.pool = &get_pool(p.size, stream);
   p.alloc_size = allocation_size(config_, p.size);
+  p.expandable = config_.expandable_segments;
 
   // 3. Best fit in the pool; then the ladder of ways to get memory (§3.1 step 5).
   bool found = get_free_block(p);
   if (!found) {
     if (gc_enabled()) garbage_collect_cached_blocks();
     found = alloc_block(p, false) ||
+            // The pools marked use_on_oom lend a free block before any cached memory goes (§15.2).
+            try_mempool_fallback(p) ||
             (release_available_cached_blocks(p) && alloc_block(p, false));
     // The last retry frees the cache; never while a capture is under way (§14.7).
     if (!found && captures_underway_.empty()) {
@@ -49,7 +52,7 @@ std::uint64_t Allocator::malloc(Bytes orig_size, StreamId stream) {
   }
   if (!found) raise_oom(p);
 
-  const bool split = should_split(p.block, p.size);
+  const bool split = should_split(p.block, p.size, p.expandable);
   return alloc_found_block(p, orig_size, split)->ptr;
 }
 
@@ -65,7 +68,7 @@ bool Allocator::get_free_block(AllocParams& p) {
   if (it == pool.blocks.end() || (*it)->stream != p.stream) return false;
 
   if ((*it)->expandable != nullptr) {
-    if (config_.expandable_segments) {
+    if (p.expandable) {
       // Best fit counts an expandable block as the size it can grow to: its size plus an
       // unmapped block right after it (§2.2 step 3).
       auto expandable_size = [](const Block* b) {
@@ -126,10 +129,12 @@ bool Allocator::alloc_block(AllocParams& p, bool is_retry) {
   return true;
 }
 
-bool Allocator::should_split(const Block* b, Bytes size) const {
+bool Allocator::should_split(const Block* b, Bytes size, bool expandable) const {
+  // A MemPool made with no_split=True keeps every block whole (§15.2).
+  if (never_splits(*b->pool)) return false;
   const Bytes remaining = b->size - size;
   // Small pool and expandable segments: any remainder of 512 B or more (§2.3).
-  if (b->pool->is_small || config_.expandable_segments) return remaining >= kMinBlockSize;
+  if (b->pool->is_small || expandable) return remaining >= kMinBlockSize;
   // Large pool: only below max_split_size, and only a remainder of more than 1 MiB.
   return size < config_.max_split_size && remaining > kSmallSize;
 }

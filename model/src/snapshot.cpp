@@ -108,7 +108,7 @@ void Allocator::check_invariants() const {
     // The split-size limit (§2.3): see docs/invariants.md.
     if (b->expandable == nullptr && !b->pool->is_small && b->size <= kSmallSize)
       fail("[INV-SIZE-3]", "a large-pool block of 1 MiB or less in a cudaMalloc segment" + at);
-    if (b->pool->is_small && s == BlockState::Allocated && b->size > kSmallSize)
+    if (b->pool->is_small && s == BlockState::Allocated && b->size > kSmallSize && !never_splits(*b->pool))
       fail("[INV-SIZE-3]", "a small-pool allocation larger than 1 MiB" + at);
     if ((s == BlockState::AwaitingEvents) != (b->event_count > 0))
       fail("[INV-EVENT-1]", std::string(state_name(s)) + " with " + std::to_string(b->event_count) +

@@ -50,7 +50,9 @@ namespace gpu {
 // pool comes from allocate() instead of cudaMalloc, and goes back through release() instead of
 // cudaFree (docs/pytorch-allocator.md §15.1). allocate() returns nullptr when it has no memory:
 // the allocator then takes its out-of-memory path, as for a failing cudaMalloc. An exception
-// from either passes through the allocator, which has changed nothing at that point.
+// from either passes through the allocator, which has changed nothing at that point. Both are
+// called with the allocator's lock held (as PyTorch calls raw_alloc and raw_delete under its
+// own): they must not call back into this allocator.
 struct SegmentSource {
   virtual ~SegmentSource();
   virtual void* allocate(Bytes size, DeviceIndex device, StreamId stream) = 0;

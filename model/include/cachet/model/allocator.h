@@ -85,6 +85,12 @@ class Allocator {
   void release_pool(PoolId id);
   // getPoolUseCount; UsageError for an unknown pool.
   int pool_use_count(PoolId id) const;
+  // MemPool(use_on_oom=True), PyTorch's setUseOnOOM (§15.2): an allocation outside every private
+  // pool that finds no cached block and gets no new segment borrows a free block of a marked pool
+  // before any cached memory is released. UsageError for the default id.
+  void set_use_on_oom(PoolId id, bool on);
+  // MemPool(no_split=True), PyTorch's setNoSplit (§15.2): the pool's blocks are never split.
+  void set_no_split(PoolId id);
   // Whether the pool is still known (live, or freeable with segments left).
   bool has_pool(PoolId id) const { return graph_pools_.contains(id); }
   // Any use_mem_pool or capture active (PyTorch's captures_underway is not empty, §14.7).
@@ -114,6 +120,9 @@ class Allocator {
     Bytes alloc_size = 0;  // segment size for a new device allocation
     BlockPool* pool = nullptr;
     Block* block = nullptr;
+    // PyTorch's is_expandable_segments_active: the setting, except in the use_on_oom fallback's
+    // search, which runs with it off (§15.2).
+    bool expandable = false;
   };
   struct Event {
     std::uint64_t seq;
@@ -123,7 +132,10 @@ class Allocator {
   // malloc.cpp
   bool get_free_block(AllocParams& p);
   bool alloc_block(AllocParams& p, bool is_retry);
-  bool should_split(const Block* b, Bytes size) const;
+  bool should_split(const Block* b, Bytes size, bool expandable) const;
+  // mempool_options.cpp (§15.2)
+  bool try_mempool_fallback(AllocParams& p);
+  bool never_splits(const BlockPool& pool) const;
   Block* alloc_found_block(AllocParams& p, Bytes orig_size, bool split_remainder);
   [[noreturn]] void raise_oom(const AllocParams& p);
   // free.cpp
@@ -219,6 +231,10 @@ class Allocator {
   FreeableOrder graph_pools_freeable_;
   std::vector<std::pair<PoolId, PoolRoute>> captures_underway_;
   std::vector<Block*> deferred_blocks_;
+  // setUseOnOOM's ids, walked in PyTorch's hash-set order; setNoSplit's ids (§15.2). Kept by id,
+  // as in PyTorch: a mark outlives its pool.
+  PoolIdOrder use_on_oom_pools_;
+  std::set<PoolId> no_split_pools_;
   // No-caching mode (Config::no_caching): live raw device allocations, address -> size.
   std::map<std::uint64_t, Bytes> raw_allocations_;
 };

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "cachet/types.h"
@@ -77,6 +78,21 @@ class FreeableOrder {
   int shift_ = 63;
   int max_lookups_ = 4;
   std::size_t count_ = 0;
+};
+
+// PyTorch keeps the pools marked use_on_oom in a ska::flat_hash_set of ids with the same hash as
+// graph_pools_freeable (§15.2), so they are walked in the order FreeableOrder gives. A PoolIdOrder
+// holds one stand-in PrivatePool per id, there only to carry the id into that order.
+class PoolIdOrder {
+ public:
+  void insert(PoolId id);  // no effect when already there
+  void erase(PoolId id);   // no effect when not there
+  bool empty() const { return order_.size() == 0; }
+  std::vector<PoolId> in_order() const;
+
+ private:
+  std::vector<std::unique_ptr<PrivatePool>> stand_ins_;
+  FreeableOrder order_;
 };
 
 }  // namespace cachet::model

@@ -241,7 +241,11 @@ def w_mempool(torch, res):
         return m.value, f.value, live.value
 
     custom = torch.cuda.memory.CUDAPluggableAllocator(path, "counting_malloc", "counting_free")
-    pool = torch.cuda.MemPool(custom.allocator())
+    try:
+        pool = torch.cuda.MemPool(custom.allocator())
+    except RuntimeError as e:  # policy:cachet refuses a pool with its own allocator (gpu/README.md)
+        res["refused"] = str(e)
+        return
     before = counts()
     with torch.cuda.use_mem_pool(pool):
         x = torch.full((4 * MiB,), 7, dtype=torch.uint8, device="cuda")
@@ -409,6 +413,9 @@ def compare(scenario, n, c, tmp):
         check(c["private_pool_segments"] > 0, f"compile: graph trees allocated from a private pool "
               f"({c['private_pool_segments']} segments)")
     elif scenario == "mempool":
+        check("refused" not in c, f"mempool: cachet made the pool ({c.get('refused', '')[:200]})")
+        if "refused" in c:
+            return
         m0, f0, _ = c["counts_before"]
         m1, f1, live1 = c["counts_inside"]
         m2, f2, live2 = c["counts_after"]
@@ -481,6 +488,9 @@ def main():
                 d2 = diff_dicts(c["stats"], c["cachet_stats"])
                 check(not d2, "stats: torch.cuda.memory_stats() equals cachet_torch.memory_stats()")
                 check(c["python_frames"] > 0, "stats: the snapshot has Python frames")
+            elif scenario == "mempool" and "refused" in c:
+                check("policy:cachet" in c["refused"], "mempool: policy:cachet refuses a MemPool with "
+                      f"its own allocator and says so ({c['refused'][:200]!r})")
             elif scenario == "mempool":
                 check(c["x_in_pool"] and c["counts_after"][2] == 0,
                       "mempool: policy:cachet takes the pool's segments from the custom allocator "

@@ -221,6 +221,7 @@ class PytorchPolicy : public Shell {
   std::vector<std::string> invariants() const;
   Bytes round_size(Bytes size) const;
   Bytes allocation_size(Bytes rounded) const;
+  bool is_small_size(Bytes rounded) const;  // §1.3: the small pool takes rounded sizes up to 1 MiB
 
  private:
   struct AllocParams {
@@ -242,6 +243,8 @@ class PytorchPolicy : public Shell {
   void release_block(Block* b);
   void garbage_collect_cached_blocks();
   bool should_split(const Block* b, Bytes size) const;
+  // oversize_allocations / oversize_segments count sizes of max_split_size or more (§5.3).
+  bool is_oversize(Bytes size) const;
   Block* alloc_found_block(AllocParams& p, Bytes orig_size, bool split);
   [[noreturn]] void throw_oom(const AllocParams& p);
 

@@ -118,6 +118,8 @@ class Allocator {
   bool get_free_block(AllocParams& p);
   bool alloc_block(AllocParams& p, bool is_retry);
   bool should_split(const Block* b, Bytes size) const;
+  // oversize_allocations / oversize_segments count sizes of max_split_size or more (§5.3).
+  bool is_oversize(Bytes size) const;
   Block* alloc_found_block(AllocParams& p, Bytes orig_size, bool split_remainder);
   [[noreturn]] void raise_oom(const AllocParams& p);
   // free.cpp

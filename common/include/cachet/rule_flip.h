@@ -12,8 +12,9 @@
 //
 // This header names the flips (vocabulary); what each flip changes is written at its one place
 // in model/ and its one place in gpu/, each at a line that reads `flipped(RuleFlip::X)`. Include it
-// only from the sources of model/ and gpu/ (never from a header included by a source built both
-// ways into one binary: flipped() is defined by CACHET_RULE_FLIPS, one definition per binary).
+// only from model/ and gpu/ (gpu/src/policy_pytorch/policy.h too): a library is compiled all one
+// way, and no binary links a flip build with a production one (flipped() is defined by
+// CACHET_RULE_FLIPS: one definition per binary).
 #pragma once
 
 #include <span>

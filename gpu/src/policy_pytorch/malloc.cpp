@@ -91,10 +91,6 @@ Bytes PytorchPolicy::round_size(Bytes size) const {
   return quantum * ((size + quantum - 1) / quantum);
 }
 
-bool PytorchPolicy::is_small_size(Bytes rounded) const {
-  return flipped(RuleFlip::SmallBelow1MiB) ? rounded < kSmallSize : rounded <= kSmallSize;  // rule flip
-}
-
 Bytes PytorchPolicy::allocation_size(Bytes size) const {
   if (is_small_size(size)) return flipped(RuleFlip::SmallSegment4MiB) ? 2 * kSmallBuffer : kSmallBuffer;
   if (size < kMinLargeAlloc || (flipped(RuleFlip::MidSegmentTo10MiB) && size == kMinLargeAlloc))
@@ -230,10 +226,6 @@ bool PytorchPolicy::get_free_block(AllocParams& p) {
   p.block = &*it;
   p.in_pool = true;
   return true;
-}
-
-bool PytorchPolicy::is_oversize(Bytes size) const {
-  return flipped(RuleFlip::OversizeAboveMaxSplit) ? size > config_.max_split_size : size >= config_.max_split_size;
 }
 
 bool PytorchPolicy::should_split(const Block* b, Bytes size) const {

@@ -28,6 +28,7 @@
 
 #include "cachet/config.h"
 #include "cachet/gpu/backend.h"
+#include "cachet/rule_flip.h"
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
 #include "cachet/trace.h"
@@ -221,7 +222,11 @@ class PytorchPolicy : public Shell {
   std::vector<std::string> invariants() const;
   Bytes round_size(Bytes size) const;
   Bytes allocation_size(Bytes rounded) const;
-  bool is_small_size(Bytes rounded) const;  // §1.3: the small pool takes rounded sizes up to 1 MiB
+  // §1.3: the small pool takes rounded sizes up to 1 MiB. (Inline, with is_oversize: on the hot
+  // path; in the production build flipped() is a constant false.)
+  bool is_small_size(Bytes rounded) const {
+    return flipped(RuleFlip::SmallBelow1MiB) ? rounded < kSmallSize : rounded <= kSmallSize;  // rule flip
+  }
 
  private:
   struct AllocParams {
@@ -244,7 +249,9 @@ class PytorchPolicy : public Shell {
   void garbage_collect_cached_blocks();
   bool should_split(const Block* b, Bytes size) const;
   // oversize_allocations / oversize_segments count sizes of max_split_size or more (§5.3).
-  bool is_oversize(Bytes size) const;
+  bool is_oversize(Bytes size) const {
+    return flipped(RuleFlip::OversizeAboveMaxSplit) ? size > config_.max_split_size : size >= config_.max_split_size;
+  }
   Block* alloc_found_block(AllocParams& p, Bytes orig_size, bool split);
   [[noreturn]] void throw_oom(const AllocParams& p);
 

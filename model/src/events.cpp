@@ -6,6 +6,7 @@
 // issue #71616). synchronize_and_free_events() waits for all of them.
 #include "cachet/errors.h"
 #include "cachet/model/allocator.h"
+#include "cachet/rule_flip.h"
 
 namespace cachet::model {
 
@@ -43,8 +44,9 @@ void Allocator::process_events() {
 }
 
 void Allocator::synchronize_and_free_events(const PrivatePool* pool) {
-  // Counted on every call, even with no events (§11.5).
-  ++stats_.num_sync_all_streams;
+  // Counted on every call, even with no events (§11.5; rule flip empty_cache_sync_only_with_events).
+  if (!flipped(RuleFlip::EmptyCacheSyncOnlyWithEvents) || !cuda_events_.empty() || !deferred_blocks_.empty())
+    ++stats_.num_sync_all_streams;
   // PyTorch asserts that no capture is under way: it would synchronize inside one (§14.8).
   if (!captures_underway_.empty())
     throw PyTorchFailure(

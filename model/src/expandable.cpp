@@ -6,6 +6,7 @@
 
 #include "cachet/model/allocator.h"
 #include "cachet/model/sizes.h"
+#include "cachet/rule_flip.h"
 
 namespace cachet::model {
 
@@ -60,7 +61,8 @@ Block* Allocator::find_expandable_block(StreamId stream, BlockPool& pool, Bytes 
   }
   // A new reservation: one unmapped block spanning it.
   auto es = std::make_unique<ExpandableSegment>();
-  es->page_size = expandable_page_size(config_, pool.is_small);
+  // (rule flip expandable_small_page_large: the small pool's page is the large one too)
+  es->page_size = expandable_page_size(config_, pool.is_small && !flipped(RuleFlip::ExpandableSmallPageLarge));
   es->pages = expandable_page_count(source_.total_memory(), es->page_size);
   es->stream = stream;
   es->base = source_.reserve(es->size());

@@ -3,6 +3,7 @@
 
 #include "cachet/errors.h"
 #include "cachet/model/allocator.h"
+#include "cachet/rule_flip.h"
 
 namespace cachet::model {
 
@@ -46,7 +47,7 @@ void Allocator::free(std::uint64_t ptr) {
   DeviceStats::for_all_and(stats_.allocation, type, [](Stat& s) { s.decrease(1); });
   DeviceStats::for_all_and(stats_.allocated_bytes, type, [&](Stat& s) { s.decrease(size); });
   record(TraceAction::FreeRequested, block->ptr, block->requested_size, block->stream);
-  if (block->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
+  if (is_oversize(block->size)) stats_.oversize_allocations.decrease(1);
   if (!block->stream_uses.empty() && !captures_underway_.empty()) {
     // graph_capture_record_stream_reuse: record_free_markers first (§14.10.1); PyTorch's state at
     // its assertion is this one (the free requested, nothing deferred).
@@ -66,32 +67,47 @@ void Allocator::free_block(Block* block) {
   block->set_state(BlockState::Free);
   record(TraceAction::FreeCompleted, block->ptr, block->requested_size, block->stream);
   const auto original_size = static_cast<std::int64_t>(block->size);
-  const auto requested = static_cast<std::int64_t>(block->requested_size);
+  // Rule flip requested_bytes_rounded: requested_bytes went up by the block size.
+  const auto requested = flipped(RuleFlip::RequestedBytesRounded) ? original_size
+                                                                  : static_cast<std::int64_t>(block->requested_size);
   BlockPool& pool = *block->pool;
   active_blocks_.erase(block->ptr);  // keyed by address: before a merge moves it
   // inactive_split moves once, by the net amount (§13.2).
   std::int64_t net_blocks = 0;
   std::int64_t net_bytes = 0;
   for (Block* candidate : {block->prev, block->next}) {
+    const bool is_prev = candidate == block->prev;
+    const Bytes neighbour_requested = candidate != nullptr ? candidate->requested_size : 0;
     const Bytes subsumed = try_merge_blocks(block, candidate, pool);
     if (subsumed > 0) {
       net_blocks -= 1;
       net_bytes -= static_cast<std::int64_t>(subsumed);
+      // Rule flip merge_keeps_neighbour_requested: the previous neighbour's value, not the freed block's.
+      if (is_prev && flipped(RuleFlip::MergeKeepsNeighbourRequested)) block->requested_size = neighbour_requested;
     }
   }
   pool.insert(block);
+  std::int64_t result_blocks = 0;
+  std::int64_t result_bytes = 0;
   if (block->is_split()) {
-    net_blocks += 1;
-    net_bytes += static_cast<std::int64_t>(block->size);
+    result_blocks = 1;
+    result_bytes = static_cast<std::int64_t>(block->size);
   }
   const StatType type = stat_type(pool);
-  if (block->expandable == nullptr) {
+  if (block->expandable == nullptr || flipped(RuleFlip::InactiveSplitCountsExpandable)) {
     auto apply = [&](StatArray& a, std::int64_t n) {
       if (n > 0) DeviceStats::for_all_and(a, type, [&](Stat& s) { s.increase(n); });
       if (n < 0) DeviceStats::for_all_and(a, type, [&](Stat& s) { s.decrease(-n); });
     };
-    apply(stats_.inactive_split, net_blocks);
-    apply(stats_.inactive_split_bytes, net_bytes);
+    if (flipped(RuleFlip::InactiveSplitTwoSteps)) {  // rule flip: the merges, then the result
+      apply(stats_.inactive_split, net_blocks);
+      apply(stats_.inactive_split_bytes, net_bytes);
+      apply(stats_.inactive_split, result_blocks);
+      apply(stats_.inactive_split_bytes, result_bytes);
+    } else {
+      apply(stats_.inactive_split, net_blocks + result_blocks);
+      apply(stats_.inactive_split_bytes, net_bytes + result_bytes);
+    }
   }
   DeviceStats::for_all_and(stats_.active, type, [](Stat& s) { s.decrease(1); });
   DeviceStats::for_all_and(stats_.active_bytes, type, [&](Stat& s) { s.decrease(original_size); });

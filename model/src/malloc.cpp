@@ -1,10 +1,12 @@
 // The malloc order (docs/pytorch-allocator.md §3.1), best fit with the oversize rules (§2.2), new
 // segments (§3.2) and splitting (§2.3, §2.4). § numbers refer to docs/pytorch-allocator.md.
+#include <algorithm>
 #include <limits>
 
 #include "cachet/errors.h"
 #include "cachet/model/allocator.h"
 #include "cachet/model/sizes.h"
+#include "cachet/rule_flip.h"
 
 namespace cachet::model {
 
@@ -39,13 +41,24 @@ std::uint64_t Allocator::malloc(Bytes orig_size, StreamId stream) {
   // 3. Best fit in the pool; then the ladder of ways to get memory (§3.1 step 5).
   bool found = get_free_block(p);
   if (!found) {
-    if (gc_enabled()) garbage_collect_cached_blocks();
-    found = alloc_block(p, false) ||
-            // The pools marked use_on_oom lend a free block before any cached memory goes (§15.2).
-            try_mempool_fallback(p) ||
-            (release_available_cached_blocks(p) && alloc_block(p, false));
-    // The last retry frees the cache; never while a capture is under way (§14.7).
-    if (!found && captures_underway_.empty()) {
+    // Rule flip alloc_before_gc: a new segment is tried first.
+    if (flipped(RuleFlip::AllocBeforeGc)) found = alloc_block(p, false);
+    if (!found) {
+      if (gc_enabled()) garbage_collect_cached_blocks();
+      found = alloc_block(p, false) ||
+              // The pools marked use_on_oom lend a free block before any cached memory goes (§15.2).
+              try_mempool_fallback(p) ||
+              (!flipped(RuleFlip::NoReleaseAvailable) &&  // rule flip
+               release_available_cached_blocks(p) && alloc_block(p, false));
+    }
+    // The last retry frees the cache; never while a capture is under way (§14.7). Rule flip
+    // retry_inside_pool: only a graph capture stops it.
+    const bool retry_allowed =
+        flipped(RuleFlip::RetryInsidePool)
+            ? std::none_of(captures_underway_.begin(), captures_underway_.end(),
+                           [](const auto& c) { return c.second.is_capture(); })
+            : captures_underway_.empty();
+    if (!found && retry_allowed) {
       release_cached_blocks();
       found = alloc_block(p, true);
     }
@@ -65,10 +78,27 @@ bool Allocator::get_free_block(AllocParams& p) {
   key.size = p.size;
   key.ptr = 0;
   auto it = pool.blocks.lower_bound(&key);
-  if (it == pool.blocks.end() || (*it)->stream != p.stream) return false;
+  if (flipped(RuleFlip::BestFitAnyStream)) {
+    // Rule flip: the smallest fit (lowest address among equals) of any stream.
+    it = pool.blocks.end();
+    for (auto c = pool.blocks.begin(); c != pool.blocks.end(); ++c)
+      if ((*c)->size >= p.size && (it == pool.blocks.end() || (*c)->size < (*it)->size ||
+                                   ((*c)->size == (*it)->size && (*c)->ptr < (*it)->ptr)))
+        it = c;
+    if (it == pool.blocks.end()) return false;
+  } else if (it == pool.blocks.end() || (*it)->stream != p.stream) {
+    return false;
+  }
+  if (flipped(RuleFlip::BestFitHighestAddress))  // rule flip: the last of the equal sizes
+    for (auto next = std::next(it); next != pool.blocks.end() && (*next)->stream == (*it)->stream &&
+                                    (*next)->size == (*it)->size;
+         ++next)
+      it = next;
 
   if ((*it)->expandable != nullptr) {
-    if (p.expandable) {
+    if (p.expandable && flipped(RuleFlip::ExpandableFirstFit)) {
+      // Rule flip: the first expandable block as it is.
+    } else if (p.expandable) {
       // Best fit counts an expandable block as the size it can grow to: its size plus an
       // unmapped block right after it (§2.2 step 3).
       auto expandable_size = [](const Block* b) {
@@ -90,10 +120,14 @@ bool Allocator::get_free_block(AllocParams& p) {
   }
 
   const Bytes max_split = config_.max_split_size;
-  // A normal request never takes an oversize block (§2.2 step 4).
-  if (p.size < max_split && (*it)->size >= max_split) return false;
-  // An oversize request takes a cached block only below request + max_non_split_rounding.
-  if (p.size >= max_split && (*it)->size >= p.size + config_.max_non_split_rounding) return false;
+  // A normal request never takes an oversize block (§2.2 step 4; rule flip oversize_for_all).
+  if (!flipped(RuleFlip::OversizeForAll) && p.size < max_split && (*it)->size >= max_split) return false;
+  // An oversize request takes a cached block only below request + max_non_split_rounding (rule
+  // flips: non_split_rounding_1mib, non_split_rounding_inclusive).
+  const Bytes allowance = flipped(RuleFlip::NonSplitRounding1MiB) ? MiB : config_.max_non_split_rounding;
+  if (p.size >= max_split && (flipped(RuleFlip::NonSplitRoundingInclusive) ? (*it)->size > p.size + allowance
+                                                                            : (*it)->size >= p.size + allowance))
+    return false;
   p.block = *it;
   pool.blocks.erase(it);
   return true;
@@ -101,10 +135,14 @@ bool Allocator::get_free_block(AllocParams& p) {
 
 bool Allocator::alloc_block(AllocParams& p, bool is_retry) {
   // Counted before the attempt, even when the cap refuses it (§13.6).
-  if (is_retry) ++stats_.num_alloc_retries;
+  if (is_retry && !flipped(RuleFlip::RetryCountedIfAllowed)) ++stats_.num_alloc_retries;
   const Bytes size = p.alloc_size;
-  // The cap is inclusive (§13.4); expandable segments check the segment size too (§13.5).
-  if (allowed_max_ && total_allocated_ + size > *allowed_max_) return false;
+  // The cap is inclusive (§13.4; rule flip cap_exclusive); expandable segments check the segment
+  // size too (§13.5).
+  if (allowed_max_ && (flipped(RuleFlip::CapExclusive) ? total_allocated_ + size >= *allowed_max_
+                                                       : total_allocated_ + size > *allowed_max_))
+    return false;
+  if (is_retry && flipped(RuleFlip::RetryCountedIfAllowed)) ++stats_.num_alloc_retries;  // rule flip
   if (config_.expandable_segments) {
     p.block = try_allocate_expandable_block(p);
     if (p.block != nullptr) count_device_alloc(*p.pool);  // §14.5
@@ -122,21 +160,30 @@ bool Allocator::alloc_block(AllocParams& p, bool is_retry) {
   DeviceStats::for_all_and(stats_.segment, stat_type(*p.pool), [](Stat& s) { s.increase(1); });
   DeviceStats::for_all_and(stats_.reserved_bytes, stat_type(*p.pool),
                            [&](Stat& s) { s.increase(static_cast<std::int64_t>(size)); });
-  if (size >= config_.max_split_size) stats_.oversize_segments.increase(1);
+  if (is_oversize(size)) stats_.oversize_segments.increase(1);
   ++stats_.num_device_alloc;
   record(TraceAction::SegmentAlloc, b->ptr, size, p.stream);
   p.block = b;
   return true;
 }
 
+bool Allocator::is_oversize(Bytes size) const {
+  return flipped(RuleFlip::OversizeAboveMaxSplit) ? size > config_.max_split_size : size >= config_.max_split_size;
+}
+
 bool Allocator::should_split(const Block* b, Bytes size, bool expandable) const {
   // A MemPool made with no_split=True keeps every block whole (§15.2).
   if (never_splits(*b->pool)) return false;
   const Bytes remaining = b->size - size;
-  // Small pool and expandable segments: any remainder of 512 B or more (§2.3).
-  if (b->pool->is_small || expandable) return remaining >= kMinBlockSize;
-  // Large pool: only below max_split_size, and only a remainder of more than 1 MiB.
-  return size < config_.max_split_size && remaining > kSmallSize;
+  // Small pool and expandable segments: any remainder of 512 B or more (§2.3; rule flips
+  // small_split_rest_above_512, expandable_splits_like_large).
+  const bool like_large = flipped(RuleFlip::ExpandableSplitsLikeLarge) && !b->pool->is_small;
+  if ((b->pool->is_small || expandable) && !like_large)
+    return flipped(RuleFlip::SmallSplitRestAbove512) ? remaining > kMinBlockSize : remaining >= kMinBlockSize;
+  // Large pool: only below max_split_size, and only a remainder of more than 1 MiB (rule flips
+  // oversize_splits, large_split_rest_at_least_1mib).
+  const bool below_max = flipped(RuleFlip::OversizeSplits) || size < config_.max_split_size;
+  return below_max && (flipped(RuleFlip::LargeSplitRestAtLeast1MiB) ? remaining >= kSmallSize : remaining > kSmallSize);
 }
 
 Block* Allocator::alloc_found_block(AllocParams& p, Bytes orig_size, bool split_remainder) {
@@ -149,7 +196,7 @@ Block* Allocator::alloc_found_block(AllocParams& p, Bytes orig_size, bool split_
     // the remainder and keeps its stale requested_size (§2.4, §13.1).
     Block* remaining = block;
     block = new_block();
-    block->stream = p.stream;
+    block->stream = remaining->stream;  // the segment's stream (p.stream but under best_fit_any_stream)
     block->size = p.size;
     block->ptr = remaining->ptr;
     block->pool = &pool;
@@ -160,8 +207,11 @@ Block* Allocator::alloc_found_block(AllocParams& p, Bytes orig_size, bool split_
     remaining->prev = block;
     remaining->ptr += p.size;
     remaining->size -= p.size;
+    if (flipped(RuleFlip::SplitRestForgetsRequested)) remaining->requested_size = 0;  // rule flip
+    const std::int64_t age_base = remaining->gc_count_base;
     pool.insert(remaining);  // GC age of the remainder restarts (§13.7)
-    if (block->expandable == nullptr) {
+    if (flipped(RuleFlip::GcAgeKeptOnSplit)) remaining->gc_count_base = age_base;  // rule flip
+    if (block->expandable == nullptr || flipped(RuleFlip::InactiveSplitCountsExpandable)) {
       if (already_split) {
         // An inactive split block shrank by the allocation.
         DeviceStats::for_all_and(stats_.inactive_split_bytes, type,
@@ -174,7 +224,7 @@ Block* Allocator::alloc_found_block(AllocParams& p, Bytes orig_size, bool split_
         DeviceStats::for_all_and(stats_.inactive_split, type, [](Stat& s) { s.increase(1); });
       }
     }
-  } else if (already_split && block->expandable == nullptr) {
+  } else if (already_split && (block->expandable == nullptr || flipped(RuleFlip::InactiveSplitCountsExpandable))) {
     // A whole inactive split block becomes active.
     DeviceStats::for_all_and(stats_.inactive_split_bytes, type,
                              [&](Stat& s) { s.decrease(static_cast<std::int64_t>(block->size)); });
@@ -186,13 +236,14 @@ Block* Allocator::alloc_found_block(AllocParams& p, Bytes orig_size, bool split_
   record(TraceAction::Alloc, block->ptr, orig_size, block->stream);
   active_blocks_.emplace(block->ptr, block);
   const auto size = static_cast<std::int64_t>(block->size);
-  const auto requested = static_cast<std::int64_t>(orig_size);
+  // Rule flip requested_bytes_rounded: the block size.
+  const auto requested = static_cast<std::int64_t>(flipped(RuleFlip::RequestedBytesRounded) ? block->size : orig_size);
   DeviceStats::for_all_and(stats_.allocation, type, [](Stat& s) { s.increase(1); });
   DeviceStats::for_all_and(stats_.allocated_bytes, type, [&](Stat& s) { s.increase(size); });
   DeviceStats::for_all_and(stats_.active, type, [](Stat& s) { s.increase(1); });
   DeviceStats::for_all_and(stats_.active_bytes, type, [&](Stat& s) { s.increase(size); });
   DeviceStats::for_all_and(stats_.requested_bytes, type, [&](Stat& s) { s.increase(requested); });
-  if (block->size >= config_.max_split_size) stats_.oversize_allocations.increase(1);
+  if (is_oversize(block->size)) stats_.oversize_allocations.increase(1);
   return block;
 }
 

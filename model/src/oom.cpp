@@ -2,6 +2,7 @@
 // num_ooms), then PyTorch's message. The driver figures come from the segment source.
 #include "cachet/errors.h"
 #include "cachet/model/allocator.h"
+#include "cachet/rule_flip.h"
 #include "cachet/summary.h"
 
 namespace cachet::model {
@@ -9,7 +10,8 @@ namespace cachet::model {
 void Allocator::raise_oom(const AllocParams& p) {
   const Bytes device_free = source_.free_memory();
   // The trace row carries the device's free bytes as its address and the rounded request.
-  record(TraceAction::Oom, device_free, p.size, p.stream);
+  record(TraceAction::Oom, device_free, flipped(RuleFlip::OomTraceSegmentSize) ? p.alloc_size : p.size,
+         p.stream);  // rule flip oom_trace_segment_size
   ++stats_.num_ooms;
   OomFacts f;
   f.alloc_size = p.alloc_size;  // the segment size, not the request (§11.7)

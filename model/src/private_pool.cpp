@@ -8,6 +8,7 @@
 #include "cachet/errors.h"
 #include "cachet/model/allocator.h"
 #include "cachet/model/sizes.h"
+#include "cachet/rule_flip.h"
 
 namespace cachet::model {
 
@@ -183,11 +184,16 @@ int Allocator::pool_use_count(PoolId id) const {
 
 // get_pool: the newest active pool whose route takes the stream, else the default pools (§14.2).
 BlockPool& Allocator::get_pool(Bytes size, StreamId stream) {
-  for (auto it = captures_underway_.rbegin(); it != captures_underway_.rend(); ++it) {
-    if (it->second.takes(stream)) {
-      PrivatePool& pp = *graph_pools_.at(it->first);
-      return is_small_size(size) ? pp.small : pp.large;
-    }
+  auto take = [&](const auto& underway) -> BlockPool& {
+    PrivatePool& pp = *graph_pools_.at(underway.first);
+    return is_small_size(size) ? pp.small : pp.large;
+  };
+  if (flipped(RuleFlip::GetPoolOldest)) {  // rule flip: the oldest first
+    for (auto it = captures_underway_.begin(); it != captures_underway_.end(); ++it)
+      if (it->second.takes(stream)) return take(*it);
+  } else {
+    for (auto it = captures_underway_.rbegin(); it != captures_underway_.rend(); ++it)
+      if (it->second.takes(stream)) return take(*it);
   }
   return is_small_size(size) ? small_blocks_ : large_blocks_;
 }

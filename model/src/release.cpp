@@ -1,9 +1,11 @@
 // Giving memory back: empty_cache / the last retry (docs/pytorch-allocator.md §3.4), release of
 // oversize blocks (§3.3) and garbage collection (§3.5).
+#include <algorithm>
 #include <limits>
 #include <vector>
 
 #include "cachet/model/allocator.h"
+#include "cachet/rule_flip.h"
 
 namespace cachet::model {
 
@@ -20,11 +22,15 @@ void Allocator::empty_cache(PoolId id) {
 void Allocator::release_cached_blocks(PoolId id) {
   // The default pools only for the default id and only when no capture or use_mem_pool is
   // under way (§3.4, §14.6).
-  if (id.is_default() && captures_underway_.empty()) {
-    synchronize_and_free_events();
-    // Large pool before small pool (§13.6, visible in the trace).
-    release_blocks(large_blocks_);
-    release_blocks(small_blocks_);
+  // (Rule flip empty_cache_ignores_active_pools: the default pools also while pools are active,
+  // without the synchronization PyTorch asserts against then.)
+  const bool flip_active = flipped(RuleFlip::EmptyCacheIgnoresActivePools);
+  if (id.is_default() && (captures_underway_.empty() || flip_active)) {
+    if (captures_underway_.empty()) synchronize_and_free_events();
+    // Large pool before small pool (§13.6, visible in the trace; rule flip empty_cache_small_first).
+    const bool small_first = flipped(RuleFlip::EmptyCacheSmallFirst);
+    release_blocks(small_first ? small_blocks_ : large_blocks_);
+    release_blocks(small_first ? large_blocks_ : small_blocks_);
   }
   release_private_pools(id);
 }
@@ -33,13 +39,19 @@ void Allocator::release_cached_blocks(PoolId id) {
 // order (FreeableOrder): small pool before large; a pool with no device allocation left is
 // forgotten (§14.5, §14.6).
 void Allocator::release_private_pools(PoolId id) {
-  for (PrivatePool* pp : graph_pools_freeable_.in_order()) {
+  std::vector<PrivatePool*> order = graph_pools_freeable_.in_order();
+  if (flipped(RuleFlip::FreeableInIdOrder))  // rule flip: in id order
+    std::sort(order.begin(), order.end(), [](const PrivatePool* a, const PrivatePool* b) {
+      return std::pair(a->id.first, a->id.second) < std::pair(b->id.first, b->id.second);
+    });
+  for (PrivatePool* pp : order) {
     if (!id.is_default()) {
       if (pp->id != id) continue;
       synchronize_and_free_events(pp);
     }
-    release_blocks(pp->small);
-    release_blocks(pp->large);
+    const bool large_first = flipped(RuleFlip::PrivateReleaseLargeFirst);  // rule flip
+    release_blocks(large_first ? pp->large : pp->small);
+    release_blocks(large_first ? pp->small : pp->large);
     if (pp->device_allocs == 0) forget_pool(pp);
   }
 }
@@ -97,7 +109,7 @@ void Allocator::release_block(Block* b) {
   DeviceStats::for_all_and(stats_.segment, type, [](Stat& s) { s.decrease(1); });
   DeviceStats::for_all_and(stats_.reserved_bytes, type,
                            [&](Stat& s) { s.decrease(static_cast<std::int64_t>(b->size)); });
-  if (b->size >= config_.max_split_size) stats_.oversize_segments.decrease(1);
+  if (is_oversize(b->size)) stats_.oversize_segments.decrease(1);
   b->pool->blocks.erase(b);
   delete_block(b);
 }
@@ -109,9 +121,27 @@ bool Allocator::release_available_cached_blocks(const AllocParams& p) {
   // Search with max(request, max_split_size) (§3.3).
   Block key;
   key.stream = p.stream;
-  key.size = p.size < max_split ? max_split : p.size;
+  key.size = p.size < max_split && !flipped(RuleFlip::ReleaseAvailableSearchesRequest) ? max_split : p.size;
   key.ptr = 0;
   auto it = pool.blocks.lower_bound(&key);
+  if (flipped(RuleFlip::ReleaseAvailableSmallestFirst) &&
+      (it == pool.blocks.end() || (*it)->stream != p.stream || (*it)->expandable != nullptr)) {
+    // Rule flip: the oversize blocks of this stream from the smallest up.
+    Block low;
+    low.stream = p.stream;
+    low.size = max_split;
+    low.ptr = 0;
+    Bytes released = 0;
+    for (auto c = pool.blocks.lower_bound(&low); released < key.size && c != pool.blocks.end() &&
+                                                 (*c)->stream == p.stream;) {
+      Block* b = *c++;
+      if (b->expandable == nullptr) {
+        released += b->size;
+        release_block(b);
+      }
+    }
+    return released >= key.size;
+  }
   if (it == pool.blocks.end() || (*it)->stream != p.stream || (*it)->expandable != nullptr) {
     // No single block is large enough: release oversize blocks of this stream from the
     // largest down until enough is released. Released blocks stay released on failure.
@@ -139,7 +169,7 @@ void Allocator::garbage_collect_cached_blocks() {
   // Only with a cap (gc_enabled), only on the not-found path, never syncs (§3.5).
   const auto threshold = static_cast<Bytes>(config_.garbage_collection_threshold *
                                             static_cast<double>(*allowed_max_));
-  if (total_allocated_ <= threshold) return;
+  if (flipped(RuleFlip::GcThresholdStrict) ? total_allocated_ < threshold : total_allocated_ <= threshold) return;
   const Bytes target = total_allocated_ - threshold;
   Bytes reclaimed = 0;
   // Ages of the unsplit blocks of the large pool (the small pool is never collected).
@@ -160,7 +190,10 @@ void Allocator::garbage_collect_cached_blocks() {
     for (auto it = large_blocks_.blocks.begin(); it != large_blocks_.blocks.end();) {
       Block* b = *it++;
       const std::int64_t age = large_blocks_.gc_age(b);
-      if (!b->is_split() && b->expandable == nullptr && static_cast<double>(age) >= age_threshold) {
+      if (flipped(RuleFlip::GcStopsAtGoal) && reclaimed >= target) break;  // rule flip
+      const bool old = flipped(RuleFlip::GcOlderThanAverage) ? static_cast<double>(age) > age_threshold
+                                                             : static_cast<double>(age) >= age_threshold;
+      if (!b->is_split() && b->expandable == nullptr && old) {
         block_freed = true;
         reclaimed += b->size;
         total_age -= age;

@@ -15,6 +15,7 @@
 
 #include "cachet/config.h"
 #include "cachet/errors.h"
+#include "cachet/rule_flip.h"
 #include "cachet/io/file.h"
 #include "cachet/io/recording.h"
 #include "cachet/model/allocator.h"
@@ -436,6 +437,19 @@ int run_cachet(const io::Recording& rec, const std::vector<ops::Op>& ops, const 
 }
 
 int run(const Options& o) {
+#if defined(CACHET_RULE_FLIPS) && CACHET_RULE_FLIPS
+  // cachet-flips (tools/CMakeLists.txt): say which rule flip applies, refuse an unknown one.
+  try {
+    if (const RuleFlip flip = active_rule_flip(); flip != RuleFlip::None)
+      for (const RuleFlipInfo& f : rule_flips())
+        if (f.flip == flip)
+          std::printf("rule flip %s (docs/pytorch-allocator.md §%s): %s\n", std::string(f.name).c_str(),
+                      std::string(f.section).c_str(), std::string(f.what).c_str());
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "cachet conform: %s\n", e.what());
+    return kExitBadInput;
+  }
+#endif
   std::string ops_path;
   std::string result_path;
   if (o.files.size() == 2) {

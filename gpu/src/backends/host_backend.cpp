@@ -72,6 +72,16 @@ Result<DevicePtr> HostSim::malloc(Bytes n) {
     auto r = next_recorded("malloc", true);
     if (!r.is_ok()) return r;
     p = r.value;
+    // A replay that diverged from the recording (another size, another order) would get an
+    // address inside a live segment: refuse it, as the real driver never would.
+    auto next = segments_.lower_bound(p);
+    const bool overlaps = (next != segments_.end() && next->first < p + n) ||
+                          (next != segments_.begin() && std::prev(next)->first + std::prev(next)->second > p);
+    if (overlaps)
+      return {Status::error("host backend (recorded addresses): malloc of " + std::to_string(n) + " bytes at " +
+                            hex(p) + " (address #" + std::to_string(recorded_pos_) +
+                            ") overlaps a live segment; the replay made other device calls than PyTorch did"),
+              0};
   } else {
     p = bump_;
     bump_ = align_up(bump_ + n, kSyntheticAlign);

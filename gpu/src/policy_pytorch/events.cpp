@@ -5,6 +5,7 @@
 
 #include "cachet/errors.h"
 #include "cachet/summary.h"
+#include "cachet/rule_flip.h"
 #include "check.h"
 #include "messages.h"
 #include "policy_pytorch/policy.h"
@@ -51,7 +52,9 @@ void PytorchPolicy::process_events() {
 
 void PytorchPolicy::synchronize_and_free_events(const PrivatePool* pool) {
   // Callers make sure no capture is under way (PyTorch asserts it, §14.8.3).
-  accounting_.synchronized_all_streams();  // counted on every call, with a pool too (§14.6)
+  // Counted on every call, with a pool too (§14.6; rule flip empty_cache_sync_only_with_events).
+  if (!flipped(RuleFlip::EmptyCacheSyncOnlyWithEvents) || pending_events_ != 0 || !deferred_blocks_.empty())
+    accounting_.synchronized_all_streams();
   insert_events_deferred_until_no_capture();
   for (auto it = cuda_events_.begin(); it != cuda_events_.end();) {
     auto& q = it->second;

@@ -8,6 +8,7 @@
 #include "check.h"
 #include "messages.h"
 #include "policy_pytorch/policy.h"
+#include "cachet/rule_flip.h"
 
 namespace cachet::gpu::detail {
 
@@ -31,7 +32,9 @@ Block* PytorchPolicy::find_expandable_block(StreamId stream, BlockPool* pool, By
   }
   // A new segment: page = 2 MiB (small pool) or large_segment_size (large pool); address space
   // for 1.125 x device memory.
-  const Bytes page = pool->is_small ? kSmallBuffer : config_.large_segment_size;
+  // (rule flip expandable_small_page_large: the small pool's page is the large one too)
+  const Bytes page = pool->is_small && !flipped(RuleFlip::ExpandableSmallPageLarge) ? kSmallBuffer
+                                                                                    : config_.large_segment_size;
   const Bytes want = total_memory_ + total_memory_ / 8;
   const Bytes max_handles = (want + page - 1) / page;
   const Bytes va = page * max_handles;

@@ -8,6 +8,7 @@
 #include "check.h"
 #include "messages.h"
 #include "mutant.h"
+#include "cachet/rule_flip.h"
 #include "policy_pytorch/policy.h"
 
 namespace cachet::gpu::detail {
@@ -39,7 +40,7 @@ void PytorchPolicy::free(DevicePtr ptr) {
     // before anything changes (§14.8, §14.10.1).
     if (config_.graph_capture_record_stream_reuse) refuse_free_markers_across_graphs(b);
     // No event may be recorded during a capture: the free waits for its end (§14.7).
-    accounting_.free_requested(stat_type(pool_for(b)), b->size, b->size >= config_.max_split_size);
+    accounting_.free_requested(stat_type(pool_for(b)), b->size, is_oversize(b->size));
     record(TraceAction::FreeRequested, b->ptr, b->requested_size, b->stream);
     deferred_blocks_.push_back(b);
     b->set_state(BlockState::Deferred);
@@ -47,11 +48,11 @@ void PytorchPolicy::free(DevicePtr ptr) {
   }
   if (wait_for_uses) {
     insert_events(b, [&] {
-      accounting_.free_requested(stat_type(pool_for(b)), b->size, b->size >= config_.max_split_size);
+      accounting_.free_requested(stat_type(pool_for(b)), b->size, is_oversize(b->size));
       record(TraceAction::FreeRequested, b->ptr, b->requested_size, b->stream);
     });
   } else {
-    accounting_.free_requested(stat_type(pool_for(b)), b->size, b->size >= config_.max_split_size);
+    accounting_.free_requested(stat_type(pool_for(b)), b->size, is_oversize(b->size));
     record(TraceAction::FreeRequested, b->ptr, b->requested_size, b->stream);
     b->stream_uses.clear();
     free_block(b);
@@ -86,7 +87,8 @@ void PytorchPolicy::free_block(Block* b) {
   b->set_state(BlockState::Free);  // from Allocated, or AwaitingEvents once its last event completed
   record(TraceAction::FreeCompleted, b->ptr, b->requested_size, b->stream);
   const Bytes original_size = b->size;
-  const Bytes requested = b->requested_size;
+  // Rule flip requested_bytes_rounded: requested_bytes went up by the block size.
+  const Bytes requested = flipped(RuleFlip::RequestedBytesRounded) ? b->size : b->requested_size;
   BlockPool& pool = pool_for(b);
   active_.erase(b->ptr);  // keyed by address, which a merge with prev changes
 
@@ -101,7 +103,8 @@ void PytorchPolicy::free_block(Block* b) {
     net_blocks -= 1;
     net_bytes -= static_cast<std::int64_t>(prev->size);
     prev->size += b->size;
-    prev->requested_size = b->requested_size;
+    // Rule flip merge_keeps_neighbour_requested: the previous neighbour keeps its own value.
+    if (!flipped(RuleFlip::MergeKeepsNeighbourRequested)) prev->requested_size = b->requested_size;
     prev->capture_stream_uses = std::move(b->capture_stream_uses);  // PyTorch keeps the freed block (§14.7)
     prev->next = b->next;
     if (prev->next) prev->next->prev = prev;
@@ -142,14 +145,20 @@ void PytorchPolicy::free_block(Block* b) {
   } else {
     pool.insert_into_blocks(b);
   }
-  if (b->is_split()) {
-    net_blocks += 1;
-    net_bytes += static_cast<std::int64_t>(b->size);
-  }
+  const std::int64_t result_blocks = b->is_split() ? 1 : 0;
+  const std::int64_t result_bytes = b->is_split() ? static_cast<std::int64_t>(b->size) : 0;
 
   const StatType st = stat_type(pool);
-  // inactive_split excludes expandable segments; it moves once, by the net (§13.2).
-  if (!b->expandable()) accounting_.inactive_split_changed(st, net_blocks, net_bytes);
+  // inactive_split excludes expandable segments; it moves once, by the net (§13.2). (Rule flips
+  // inactive_split_counts_expandable, inactive_split_two_steps.)
+  if (!b->expandable() || flipped(RuleFlip::InactiveSplitCountsExpandable)) {
+    if (flipped(RuleFlip::InactiveSplitTwoSteps)) {
+      accounting_.inactive_split_changed(st, net_blocks, net_bytes);
+      accounting_.inactive_split_changed(st, result_blocks, result_bytes);
+    } else {
+      accounting_.inactive_split_changed(st, net_blocks + result_blocks, net_bytes + result_bytes);
+    }
+  }
   accounting_.free_completed(st, original_size, mutant(kMutantForgetRequested) ? 0 : requested);
 }
 

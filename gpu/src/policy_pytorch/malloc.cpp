@@ -11,6 +11,7 @@
 #include "check.h"
 #include "messages.h"
 #include "mutant.h"
+#include "cachet/rule_flip.h"
 #include "policy_pytorch/policy.h"
 
 namespace cachet::gpu::detail {
@@ -69,7 +70,8 @@ PytorchPolicy::~PytorchPolicy() {
 namespace {
 std::uint32_t roundup_divisions(const Config& c, Bytes size) {
   const int log_size = 63 - std::countl_zero(size);
-  constexpr int interval_start = 20;  // 1 MiB
+  // 1 MiB (rule flip divisions_entry_shifted: 2 MiB, one entry lower)
+  const int interval_start = flipped(RuleFlip::DivisionsEntryShifted) ? 21 : 20;
   int index = log_size > interval_start ? log_size - interval_start : 0;
   index = std::min(index, kRoundUpPowerOfTwoIntervals - 1);
   return c.roundup_power2_divisions[static_cast<std::size_t>(index)];
@@ -87,16 +89,22 @@ Bytes roundup_power2_next_division(Bytes size, std::uint32_t divisions) {
 
 Bytes PytorchPolicy::round_size(Bytes size) const {
   constexpr Bytes min_block = mutant(kMutantRound256) ? 256 : kMinBlockSize;  // §1.1
-  if (size < min_block) return min_block;
+  const Bytes quantum = flipped(RuleFlip::Round1024) ? 2 * min_block : min_block;  // rule flip round_1024
+  if (size < quantum) return quantum;
   const std::uint32_t divisions = roundup_divisions(config_, size);
-  if (divisions > 1 && size > min_block * divisions) return roundup_power2_next_division(size, divisions);
-  return min_block * ((size + min_block - 1) / min_block);
+  // Rule flips divisions_one_rounds (a value of 1 rounds too), divisions_inclusive (>=).
+  const std::uint32_t min_divisions = flipped(RuleFlip::DivisionsOneRounds) ? 1 : 2;
+  const bool above = flipped(RuleFlip::DivisionsInclusive) ? size >= min_block * divisions : size > min_block * divisions;
+  if (divisions >= min_divisions && above) return roundup_power2_next_division(size, divisions);
+  return quantum * ((size + quantum - 1) / quantum);
 }
 
 Bytes PytorchPolicy::allocation_size(Bytes size) const {
-  if (size <= kSmallSize) return kSmallBuffer;
-  if (size < kMinLargeAlloc) return config_.large_segment_size;
-  return kRoundLarge * ((size + kRoundLarge - 1) / kRoundLarge);
+  if (is_small_size(size)) return flipped(RuleFlip::SmallSegment4MiB) ? 2 * kSmallBuffer : kSmallBuffer;
+  if (size < kMinLargeAlloc || (flipped(RuleFlip::MidSegmentTo10MiB) && size == kMinLargeAlloc))
+    return config_.large_segment_size;
+  const Bytes round = flipped(RuleFlip::SegmentRound1MiB) ? kRoundLarge / 2 : kRoundLarge;  // rule flip
+  return round * ((size + round - 1) / round);
 }
 
 // ===================================================================== Allocation (§2.2-2.4, §3.1, §3.2)
@@ -126,7 +134,7 @@ DevicePtr PytorchPolicy::malloc(Bytes orig_size, StreamId stream) {
 
   const Bytes size = round_size(orig_size);
   // The default pools, or the private pool of an active capture or use_mem_pool (§14.2).
-  BlockPool& pool = captures_underway_.empty() ? (size <= kSmallSize ? small_blocks_ : large_blocks_)
+  BlockPool& pool = captures_underway_.empty() ? (is_small_size(size) ? small_blocks_ : large_blocks_)
                                                : get_pool(size, stream);
   AllocParams p{stream, size, allocation_size(size), &pool, nullptr, Status::ok()};
   // Expandable segments apply to every pool but one with its own source (§15.1).
@@ -141,17 +149,23 @@ DevicePtr PytorchPolicy::malloc(Bytes orig_size, StreamId stream) {
     }
   if (!found) {
     const bool gc = cap_.allowed() && config_.garbage_collection_threshold > 0.0;
-    refuse_giving_back_in_capture(p, gc, false);  // §14.8.2
-    if (gc) garbage_collect_cached_blocks();
-    found = alloc_block(p, false);
+    // Rule flip alloc_before_gc: a new segment is tried first.
+    if (flipped(RuleFlip::AllocBeforeGc)) found = alloc_block(p, false);
+    if (!found) {
+      refuse_giving_back_in_capture(p, gc, false);  // §14.8.2
+      if (gc) garbage_collect_cached_blocks();
+      found = alloc_block(p, false);
+    }
     // The pools marked use_on_oom lend a free block before any cached memory goes back (§15.2).
     if (!found && use_on_oom_pools_.size() != 0 && pool.owner == nullptr) found = try_mempool_fallback(p);
-    if (!found) {
+    if (!found && !flipped(RuleFlip::NoReleaseAvailable)) {  // rule flip no_release_available
       refuse_giving_back_in_capture(p, false, true);  // §14.8.2
       found = release_available_cached_blocks(p) && alloc_block(p, false);
     }
     // The last retry frees the cache; never while a capture or use_mem_pool is under way (§14.6).
-    if (!found && !capture_underway()) {
+    // Rule flip retry_inside_pool: only a graph capture stops it.
+    const bool retry_allowed = flipped(RuleFlip::RetryInsidePool) ? !graph_capture_underway() : !capture_underway();
+    if (!found && retry_allowed) {
       release_cached_blocks();
       found = alloc_block(p, true);  // counted as a retry even if the cap refuses it (§13.6)
     }
@@ -172,12 +186,26 @@ bool PytorchPolicy::get_free_block(AllocParams& p) {
       while (it != pool.blocks.end() && it->size < p.size) ++it;
     }
     if (it == pool.blocks.end()) return false;
+  } else if (flipped(RuleFlip::BestFitAnyStream)) {
+    // Rule flip: the smallest fit (lowest address among equals) of any stream.
+    it = pool.blocks.end();
+    for (auto c = pool.blocks.begin(); c != pool.blocks.end(); ++c)
+      if (c->size >= p.size &&
+          (it == pool.blocks.end() || c->size < it->size || (c->size == it->size && c->ptr < it->ptr)))
+        it = c;
+    if (it == pool.blocks.end()) return false;
   } else {
     if (it == pool.blocks.end() || it->stream != p.stream) return false;  // blocks stay on their stream
   }
+  if (flipped(RuleFlip::BestFitHighestAddress))  // rule flip: the last of the equal sizes
+    for (auto next = std::next(it); next != pool.blocks.end() && next->stream == it->stream && next->size == it->size;
+         ++next)
+      it = next;
 
   if (it->expandable()) {  // §2.2 step 3
-    if (p.expandable_active) {
+    if (p.expandable_active && flipped(RuleFlip::ExpandableFirstFit)) {
+      // Rule flip: the first expandable block as it is.
+    } else if (p.expandable_active) {
       auto expandable_size = [](const Block& b) {
         return b.size + (b.next && !b.next->is_mapped() ? b.next->size : 0);
       };
@@ -196,9 +224,15 @@ bool PytorchPolicy::get_free_block(AllocParams& p) {
 
   const Bytes max_split = config_.max_split_size;
   // §2.2 step 4: a normal request never takes an oversize block ...
-  if (!mutant(kMutantOversizeToSmall) && p.size < max_split && it->size >= max_split) return false;
-  // ... and an oversize request takes one only within the non-split rounding allowance.
-  if (p.size >= max_split && it->size >= p.size + config_.max_non_split_rounding) return false;
+  if (!mutant(kMutantOversizeToSmall) && !flipped(RuleFlip::OversizeForAll) && p.size < max_split &&
+      it->size >= max_split)
+    return false;
+  // ... and an oversize request takes one only within the non-split rounding allowance (rule
+  // flips non_split_rounding_1mib, non_split_rounding_inclusive).
+  const Bytes allowance = flipped(RuleFlip::NonSplitRounding1MiB) ? MiB : config_.max_non_split_rounding;
+  if (p.size >= max_split && (flipped(RuleFlip::NonSplitRoundingInclusive) ? it->size > p.size + allowance
+                                                                            : it->size >= p.size + allowance))
+    return false;
   // The block stays in the tree: alloc_found_block shrinks it in place when it splits (the
   // remainder keeps the node), or erases it.
   p.block = &*it;
@@ -210,20 +244,29 @@ bool PytorchPolicy::should_split(const Block* b, Bytes size, bool expandable_act
   // A pool marked no_split never splits (§15.2).
   if (no_split(*b->segment->pool)) return false;
   const Bytes remaining = b->size - size;
-  if (b->is_small || expandable_active) return remaining >= kMinBlockSize;  // §2.3
+  // §2.3 (rule flips small_split_rest_above_512, expandable_splits_like_large)
+  const bool like_large = flipped(RuleFlip::ExpandableSplitsLikeLarge) && !b->is_small;
+  if ((b->is_small || expandable_active) && !like_large)
+    return flipped(RuleFlip::SmallSplitRestAbove512) ? remaining > kMinBlockSize : remaining >= kMinBlockSize;
   if constexpr (mutant(kMutantSplitBelowLimit)) return size < config_.max_split_size && remaining >= kMinBlockSize;
-  return size < config_.max_split_size && remaining > kSmallSize;
+  // Rule flips oversize_splits, large_split_rest_at_least_1mib.
+  const bool below_max = flipped(RuleFlip::OversizeSplits) || size < config_.max_split_size;
+  return below_max && (flipped(RuleFlip::LargeSplitRestAtLeast1MiB) ? remaining >= kSmallSize : remaining > kSmallSize);
 }
 
 bool PytorchPolicy::alloc_block(AllocParams& p, bool is_retry) {
-  if (is_retry) accounting_.alloc_retried();  // §3.2: counted before the attempt
+  // §3.2: counted before the attempt (rule flip retry_counted_if_allowed: after the cap check)
+  if (is_retry && !flipped(RuleFlip::RetryCountedIfAllowed)) accounting_.alloc_retried();
   const Bytes size = p.alloc_size;
-  // The cap is inclusive (§13.4); with expandable segments it is checked against the segment
-  // size of the request, not the pages that will be mapped (§13.5).
-  if (!mutant(kMutantIgnoreCap) && cap_.allowed() && total_allocated_memory_ + size > *cap_.allowed()) {
+  // The cap is inclusive (§13.4; rule flip cap_exclusive); with expandable segments it is checked
+  // against the segment size of the request, not the pages that will be mapped (§13.5).
+  if (!mutant(kMutantIgnoreCap) && cap_.allowed() &&
+      (flipped(RuleFlip::CapExclusive) ? total_allocated_memory_ + size >= *cap_.allowed()
+                                       : total_allocated_memory_ + size > *cap_.allowed())) {
     p.err = Status::oom();
     return false;
   }
+  if (is_retry && flipped(RuleFlip::RetryCountedIfAllowed)) accounting_.alloc_retried();
   if (p.expandable_active) {
     p.block = try_allocate_expandable_block(p.stream, p.pool, p.size);
     if (p.block != nullptr) count_device_alloc(*p.pool);  // one per growth (§14.5)
@@ -262,7 +305,7 @@ bool PytorchPolicy::alloc_block(AllocParams& p, bool is_retry) {
   count_device_alloc(*p.pool);  // §14.5
 
   total_allocated_memory_ += size;
-  accounting_.segment_allocated(stat_type(*p.pool), size, size >= config_.max_split_size);
+  accounting_.segment_allocated(stat_type(*p.pool), size, is_oversize(size));
   record(TraceAction::SegmentAlloc, r.value, size, p.stream);
   p.block = b;
   return true;
@@ -307,22 +350,28 @@ Block* PytorchPolicy::alloc_found_block(AllocParams& p, Bytes orig_size, bool sp
     remaining->prev = block;
     remaining->ptr += mutant(kMutantSplitRemainderGap) ? p.size + kMinBlockSize : p.size;
     remaining->size -= p.size;
+    if (flipped(RuleFlip::SplitRestForgetsRequested)) remaining->requested_size = 0;  // rule flip
+    const std::int64_t age_base = remaining->gc_count_base;
     if (reinsert) pool.insert_into_blocks(remaining);  // resets its GC age
     else remaining->gc_count_base = pool.get_free_blocks_call_count;
-    // inactive_split excludes expandable segments (§13.2). A split block's piece became active;
-    // splitting an unsplit block leaves its remainder as a new inactive split.
-    if (already_split && !expandable) accounting_.inactive_split_changed(st, 0, -static_cast<std::int64_t>(block->size));
-    else if (!expandable) accounting_.inactive_split_changed(st, 1, static_cast<std::int64_t>(remaining->size));
+    if (flipped(RuleFlip::GcAgeKeptOnSplit)) remaining->gc_count_base = age_base;  // rule flip
+    // inactive_split excludes expandable segments (§13.2; rule flip inactive_split_counts_expandable).
+    // A split block's piece became active; splitting an unsplit block leaves its remainder as a
+    // new inactive split.
+    const bool counted = !expandable || flipped(RuleFlip::InactiveSplitCountsExpandable);
+    if (already_split && counted) accounting_.inactive_split_changed(st, 0, -static_cast<std::int64_t>(block->size));
+    else if (counted) accounting_.inactive_split_changed(st, 1, static_cast<std::int64_t>(remaining->size));
   } else {
     if (p.in_pool) pool.blocks.erase(pool.blocks.iterator_to(*block));
   }
-  if (!split && already_split && !expandable)  // a whole inactive split became active
+  if (!split && already_split && (!expandable || flipped(RuleFlip::InactiveSplitCountsExpandable)))
     accounting_.inactive_split_changed(st, -1, -static_cast<std::int64_t>(block->size));
 
   block->set_state(BlockState::Allocated);
   block->requested_size = mutant(kMutantRequestedIsSegment) ? p.alloc_size : orig_size;
   active_.insert(block->ptr, block);
-  accounting_.block_allocated(st, block->size, orig_size, block->size >= config_.max_split_size);
+  accounting_.block_allocated(st, block->size, flipped(RuleFlip::RequestedBytesRounded) ? block->size : orig_size,
+                              is_oversize(block->size));  // rule flip requested_bytes_rounded
   record(TraceAction::Alloc, block->ptr, orig_size, block->stream);
   return block;
 }

@@ -30,6 +30,7 @@
 #include "cachet/config.h"
 #include "cachet/gpu/allocator.h"
 #include "cachet/gpu/backend.h"
+#include "cachet/rule_flip.h"
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
 #include "cachet/trace.h"
@@ -235,6 +236,11 @@ class PytorchPolicy : public Shell {
   std::vector<std::string> invariants() const;
   Bytes round_size(Bytes size) const;
   Bytes allocation_size(Bytes rounded) const;
+  // §1.3: the small pool takes rounded sizes up to 1 MiB. (Inline, with is_oversize: on the hot
+  // path; in the production build flipped() is a constant false.)
+  bool is_small_size(Bytes rounded) const {
+    return flipped(RuleFlip::SmallBelow1MiB) ? rounded < kSmallSize : rounded <= kSmallSize;  // rule flip
+  }
 
  private:
   struct AllocParams {
@@ -264,6 +270,10 @@ class PytorchPolicy : public Shell {
   bool no_split(const BlockPool& pool) const {
     return !no_split_pools_.empty() && pool.owner != nullptr &&
            std::find(no_split_pools_.begin(), no_split_pools_.end(), pool.owner->id) != no_split_pools_.end();
+  }
+  // oversize_allocations / oversize_segments count sizes of max_split_size or more (§5.3).
+  bool is_oversize(Bytes size) const {
+    return flipped(RuleFlip::OversizeAboveMaxSplit) ? size > config_.max_split_size : size >= config_.max_split_size;
   }
   Block* alloc_found_block(AllocParams& p, Bytes orig_size, bool split);
   [[noreturn]] void throw_oom(const AllocParams& p);

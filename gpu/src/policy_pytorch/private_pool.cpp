@@ -9,6 +9,7 @@
 
 #include "cachet/errors.h"
 #include "cachet/gpu/allocator.h"
+#include "cachet/rule_flip.h"
 #include "check.h"
 #include "messages.h"
 #include "policy_pytorch/policy.h"
@@ -252,13 +253,18 @@ int PytorchPolicy::pool_use_count(PoolId id) const {
 
 // get_pool: the newest active pool whose filter takes the stream, else the default pools (§14.2).
 BlockPool& PytorchPolicy::get_pool(Bytes size, StreamId stream) {
-  for (auto it = captures_underway_.rbegin(); it != captures_underway_.rend(); ++it) {
-    if (it->filter(stream)) {
-      PrivatePool& pp = *graph_pools_.at(it->id);
-      return size <= kSmallSize ? pp.small : pp.large;
-    }
+  auto take = [&](const Underway& u) -> BlockPool& {
+    PrivatePool& pp = *graph_pools_.at(u.id);
+    return is_small_size(size) ? pp.small : pp.large;
+  };
+  if (flipped(RuleFlip::GetPoolOldest)) {  // rule flip: the oldest first
+    for (auto it = captures_underway_.begin(); it != captures_underway_.end(); ++it)
+      if (it->filter(stream)) return take(*it);
+  } else {
+    for (auto it = captures_underway_.rbegin(); it != captures_underway_.rend(); ++it)
+      if (it->filter(stream)) return take(*it);
   }
-  return size <= kSmallSize ? small_blocks_ : large_blocks_;
+  return is_small_size(size) ? small_blocks_ : large_blocks_;
 }
 
 bool PytorchPolicy::graph_capture_underway() const {
@@ -317,13 +323,19 @@ void PytorchPolicy::empty_cache(PoolId id) {
 // The freeable private pools (all of them for the default id, else only that one), in PyTorch's
 // order: small half before large; a pool with no device allocation left is forgotten.
 void PytorchPolicy::release_private_pools(PoolId id) {
-  for (PrivatePool* pp : graph_pools_freeable_.in_order()) {
+  std::vector<PrivatePool*> order = graph_pools_freeable_.in_order();
+  if (flipped(RuleFlip::FreeableInIdOrder))  // rule flip: in id order
+    std::sort(order.begin(), order.end(), [](const PrivatePool* a, const PrivatePool* b) {
+      return std::pair(a->id.first, a->id.second) < std::pair(b->id.first, b->id.second);
+    });
+  for (PrivatePool* pp : order) {
     if (!id.is_default()) {
       if (pp->id != id) continue;
       synchronize_and_free_events(pp);
     }
-    release_blocks(pp->small);
-    release_blocks(pp->large);
+    const bool large_first = flipped(RuleFlip::PrivateReleaseLargeFirst);  // rule flip
+    release_blocks(large_first ? pp->large : pp->small);
+    release_blocks(large_first ? pp->small : pp->large);
     if (pp->device_allocs == 0) forget_pool(pp);
   }
 }

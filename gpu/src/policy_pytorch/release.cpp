@@ -11,6 +11,7 @@
 #include "check.h"
 #include "messages.h"
 #include "mutant.h"
+#include "cachet/rule_flip.h"
 #include "policy_pytorch/policy.h"
 
 namespace cachet::gpu::detail {
@@ -35,10 +36,14 @@ void PytorchPolicy::release_cached_blocks(PoolId id) {
   }
   // The default pools only for the default id and only when no capture or use_mem_pool is under
   // way (§3.4, §14.6); then the freeable private pools (§14.5).
-  if (id.is_default() && !capture_underway()) {
-    synchronize_and_free_events();
-    release_blocks(large_blocks_);  // large pool first, then small (§3.4, §13.6)
-    release_blocks(small_blocks_);
+  // (Rule flip empty_cache_ignores_active_pools: the default pools also while pools are active,
+  // without the synchronization PyTorch asserts against then.)
+  if (id.is_default() && (!capture_underway() || flipped(RuleFlip::EmptyCacheIgnoresActivePools))) {
+    if (!capture_underway()) synchronize_and_free_events();
+    // large pool first, then small (§3.4, §13.6; rule flip empty_cache_small_first)
+    const bool small_first = flipped(RuleFlip::EmptyCacheSmallFirst);
+    release_blocks(small_first ? small_blocks_ : large_blocks_);
+    release_blocks(small_first ? large_blocks_ : small_blocks_);
   }
   if (graph_pools_freeable_.size() != 0) release_private_pools(id);
 }
@@ -69,7 +74,7 @@ void PytorchPolicy::release_block(Block* b) {
   }
   count_device_free(pool);  // §14.5
   if (pool.owner != nullptr) --pool.owner->segments;
-  accounting_.segment_freed(stat_type(pool), b->size, b->size >= config_.max_split_size);
+  accounting_.segment_freed(stat_type(pool), b->size, is_oversize(b->size));
   record(TraceAction::SegmentFree, b->ptr, b->size, b->stream);
   if constexpr (!mutant(kMutantReleaseKeepsReserved)) total_allocated_memory_ -= b->size;
   pool.blocks.erase(pool.blocks.iterator_to(*b));
@@ -81,8 +86,23 @@ bool PytorchPolicy::release_available_cached_blocks(const AllocParams& p) {
   const Bytes max_split = config_.max_split_size;
   if (max_split == kNoMaxSplit) return false;
   BlockPool& pool = *p.pool;
-  const Bytes key_size = std::max(p.size, max_split);
+  // Rule flip release_available_searches_request: the request's size.
+  const Bytes key_size = flipped(RuleFlip::ReleaseAvailableSearchesRequest) ? p.size : std::max(p.size, max_split);
   auto it = pool.blocks.lower_bound(SizeKey{p.stream, key_size, 0}, SizeOrder{});
+  if (flipped(RuleFlip::ReleaseAvailableSmallestFirst) &&
+      (it == pool.blocks.end() || it->stream != p.stream || it->expandable())) {
+    // Rule flip: the oversize blocks of this stream from the smallest up.
+    Bytes released = 0;
+    for (auto c = pool.blocks.lower_bound(SizeKey{p.stream, max_split, 0}, SizeOrder{});
+         released < key_size && c != pool.blocks.end() && c->stream == p.stream;) {
+      Block* b = &*c++;
+      if (!b->expandable()) {
+        released += b->size;
+        release_block(b);
+      }
+    }
+    return released >= key_size;
+  }
   if (it == pool.blocks.end() || it->stream != p.stream || it->expandable()) {
     // No single block is large enough: release oversize blocks of this stream, largest first.
     if (it == pool.blocks.begin()) return false;
@@ -111,7 +131,9 @@ void PytorchPolicy::garbage_collect_cached_blocks() {
   // rounds of "age >= average age"; never syncs.
   const auto gc_threshold =
       static_cast<Bytes>(config_.garbage_collection_threshold * static_cast<double>(*cap_.allowed()));
-  if (total_allocated_memory_ <= gc_threshold) return;
+  if (flipped(RuleFlip::GcThresholdStrict) ? total_allocated_memory_ < gc_threshold
+                                            : total_allocated_memory_ <= gc_threshold)
+    return;  // rule flip gc_threshold_strict
   const Bytes target = total_allocated_memory_ - gc_threshold;
   Bytes reclaimed = 0;
   const std::int64_t clock = large_blocks_.get_free_blocks_call_count;
@@ -147,7 +169,10 @@ void PytorchPolicy::garbage_collect_cached_blocks() {
       Block* b = &*it;
       ++it;
       const auto age = static_cast<Bytes>(clock - b->gc_count_base);
-      if (!b->is_split() && !b->expandable() && static_cast<double>(age) >= age_threshold) {
+      if (flipped(RuleFlip::GcStopsAtGoal) && reclaimed >= target) break;  // rule flip
+      const bool old = flipped(RuleFlip::GcOlderThanAverage) ? static_cast<double>(age) > age_threshold
+                                                             : static_cast<double>(age) >= age_threshold;
+      if (!b->is_split() && !b->expandable() && old) {
         freed = true;
         reclaimed += b->size;
         total_age -= age;
@@ -175,7 +200,8 @@ void PytorchPolicy::apply_config(const Config& c) {
 [[noreturn]] void PytorchPolicy::throw_oom(const AllocParams& p) {
   auto info = mem_->mem_get_info();
   if (!info.is_ok()) throw DeviceError(device_error("cudaMemGetInfo", 0, device_, info.status));
-  record(TraceAction::Oom, info.value.free, p.size, p.stream);
+  record(TraceAction::Oom, info.value.free, flipped(RuleFlip::OomTraceSegmentSize) ? p.alloc_size : p.size,
+         p.stream);  // rule flip oom_trace_segment_size
   accounting_.out_of_memory();
   OomFacts f = oom_facts(p.alloc_size, info);  // the segment size (§3.7)
   f.private_pool_free = private_pool_free_bytes();  // free blocks of every private pool (§14.6)

@@ -136,6 +136,8 @@ class Allocator {
   // mempool_options.cpp (§15.2)
   bool try_mempool_fallback(AllocParams& p);
   bool never_splits(const BlockPool& pool) const;
+  // oversize_allocations / oversize_segments count sizes of max_split_size or more (§5.3).
+  bool is_oversize(Bytes size) const;
   Block* alloc_found_block(AllocParams& p, Bytes orig_size, bool split_remainder);
   [[noreturn]] void raise_oom(const AllocParams& p);
   // free.cpp

@@ -21,7 +21,7 @@ std::uint32_t roundup_divisions_for(const Config& c, Bytes size);
 Bytes round_size(const Config& c, Bytes size);
 
 // get_pool (§1.3): a rounded size <= 1 MiB goes to the small pool.
-inline bool is_small_size(Bytes rounded) { return rounded <= kSmallSize; }
+bool is_small_size(Bytes rounded);
 
 // get_allocation_size (§1.3): the size of a new segment for a rounded request.
 Bytes allocation_size(const Config& c, Bytes rounded);

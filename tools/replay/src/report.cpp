@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <vector>
 
+#include "cachet/replay/html_report.h"  // html_escape, for the SVG text too
 #include "cachet/stats.h"
 
 namespace cachet::replay {
@@ -231,20 +232,6 @@ void Progress::update(std::size_t done, std::size_t total) {
 
 namespace {
 
-std::string xml(std::string_view s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
-    }
-  }
-  return o;
-}
-
 std::string fmt_num(double v) {
   if (std::fabs(v - std::round(v)) < 1e-9) return fmt::format("{:.0f}", v);
   if (std::fabs(v * 10 - std::round(v * 10)) < 1e-9) return fmt::format("{:.1f}", v);
@@ -312,11 +299,11 @@ std::string render_svg(const PlotData& d) {
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
       "font-family=\"Helvetica, Arial, sans-serif\">\n",
       W, H);
-  o += fmt::format("<title>{}</title>\n", xml("cachet: " + d.title));
+  o += fmt::format("<title>{}</title>\n", html_escape("cachet: " + d.title));
   o += fmt::format("<rect x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" fill=\"#ffffff\"/>\n", W, H);
   o += fmt::format("<text x=\"{}\" y=\"34\" font-size=\"20\" font-weight=\"bold\" fill=\"#222\">{}</text>\n", left,
-                   xml("Memory over time: " + d.title));
-  o += fmt::format("<text x=\"{}\" y=\"58\" font-size=\"13\" fill=\"#555\">{}</text>\n", left, xml(d.subtitle));
+                   html_escape("Memory over time: " + d.title));
+  o += fmt::format("<text x=\"{}\" y=\"58\" font-size=\"13\" fill=\"#555\">{}</text>\n", left, html_escape(d.subtitle));
 
   // --- timeline
   const PlotAxes axes = plot_axes(d.timeline);
@@ -411,12 +398,12 @@ std::string render_svg(const PlotData& d) {
   o += fmt::format(
       "<text x=\"{}\" y=\"{}\" font-size=\"16\" font-weight=\"bold\" fill=\"#222\">Segments at peak reserved: {} in {} "
       "segments</text>\n",
-      left, s_top - 34, xml(human_bytes(static_cast<std::int64_t>(total))), d.peak_segments.size());
+      left, s_top - 34, html_escape(human_bytes(static_cast<std::int64_t>(total))), d.peak_segments.size());
   const double per_row = total > 0 ? std::ceil(static_cast<double>(total) / rows) : 1.0;
   o += fmt::format(
       "<text x=\"{}\" y=\"{}\" font-size=\"12\" fill=\"#555\">each row is {} of device memory, segments in address "
       "order; thin dark lines mark segment starts</text>\n",
-      left, s_top - 14, xml(human_bytes(static_cast<std::int64_t>(per_row))));
+      left, s_top - 14, html_escape(human_bytes(static_cast<std::int64_t>(per_row))));
   auto span = [&](double from, double to, const char* fill, const char* cls) {
     // from/to: byte offsets in the concatenated segment list; split across rows.
     while (from < to) {

@@ -7,6 +7,8 @@
                     inherited (CACHET_ALLOC_CONF, PYTORCH_CUDA_ALLOC_CONF, PYTORCH_ALLOC_CONF),
                     python/ first on PYTHONPATH (cachet_torch), CACHET_TORCH_LIB = lib if given.
   Checks            ok/FAIL lines, the failures kept.
+  deterministic(t)  the deterministic settings of the training tests (seeds 0, deterministic
+                    algorithms with warn_only, cuDNN deterministic without benchmark, no TF32).
 
 Imported by the scripts beside it (their folder is first on sys.path when they run); it changes
 nothing at import, so test_installed.py still finds the installed cachet_torch.
@@ -67,3 +69,15 @@ class Checks:
             self.failures.append(what)
         return cond
 
+
+
+def deterministic(torch):
+    """Seeds 0, torch.use_deterministic_algorithms(True, warn_only=True), cuDNN deterministic and
+    no benchmark, no TF32 (CUBLAS_WORKSPACE_CONFIG is the caller's: it must be set before CUDA)."""
+    torch.manual_seed(0)
+    torch.cuda.manual_seed_all(0)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False

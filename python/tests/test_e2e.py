@@ -98,13 +98,7 @@ def worker(a):
         import cachet_torch
         cachet_torch.install(a.lib, record_history=bool(a.snapshot))
     import torch
-    torch.manual_seed(0)
-    torch.cuda.manual_seed_all(0)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    preamble.deterministic(torch)
     dev = torch.device("cuda", 0)
     result = {"model": a.model, "allocator": a.allocator, "torch": torch.__version__}
     with warnings.catch_warnings(record=True) as caught:

@@ -48,16 +48,7 @@ SCENARIOS = ("graph_probe", "graphed_callables", "shared_pool_reset", "mempool_i
              "mempool_behind", "compile")
 check = preamble.Checks()
 failures = check.failures
-
-
-def deterministic(torch):
-    torch.manual_seed(0)
-    torch.cuda.manual_seed_all(0)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+deterministic = preamble.deterministic
 
 
 def install(**kw):

@@ -3,7 +3,7 @@
 unit; no GPU, no PyTorch, no plug-in needed): each case runs preamble.start() in a fresh
 interpreter against a stand-in `torch` package (none, no CUDA device, one device, two) and checks
 the exact line printed and the exit code; child_env() drops the allocator configuration and puts
-python/ first on PYTHONPATH; Checks keeps its failures.
+python/ first on PYTHONPATH; Checks keeps its failures; deterministic() makes every setting.
 """
 import os
 import subprocess
@@ -95,6 +95,20 @@ def main():
         inner(True, "a")
         inner(False, "b")
     check(inner.failures == ["b"] and out.getvalue() == "ok    a\nFAIL  b\n", "Checks prints and keeps the failures")
+
+    # deterministic(): every setting on a recording stand-in.
+    from types import SimpleNamespace as NS
+    calls = []
+    fake = NS(manual_seed=lambda n: calls.append(("seed", n)),
+              use_deterministic_algorithms=lambda on, warn_only: calls.append(("algorithms", on, warn_only)),
+              cuda=NS(manual_seed_all=lambda n: calls.append(("cuda seed", n))),
+              backends=NS(cudnn=NS(deterministic=False, benchmark=True, allow_tf32=True),
+                          cuda=NS(matmul=NS(allow_tf32=True))))
+    preamble.deterministic(fake)
+    check(calls == [("seed", 0), ("cuda seed", 0), ("algorithms", True, True)]
+          and fake.backends.cudnn.deterministic and not fake.backends.cudnn.benchmark
+          and not fake.backends.cudnn.allow_tf32 and not fake.backends.cuda.matmul.allow_tf32,
+          f"deterministic() sets the seeds, the algorithms, cuDNN and TF32: {calls}")
 
     print(f"\n{len(check.failures)} failure(s)")
     return 1 if check.failures else 0

@@ -1,4 +1,5 @@
 // The fuzz_cachet_policy interpreter (cachet_interp.h; format in fuzz/README.md).
+// § numbers refer to docs/pytorch-allocator.md.
 #include "cachet_interp.h"
 
 #include CACHET_FDP_HEADER

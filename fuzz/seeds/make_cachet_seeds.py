@@ -16,10 +16,13 @@ BOUNDARIES = [1, 511, 512, 513, 4096, SMALL - 512, SMALL - 1, SMALL, SMALL + 1, 
 
 
 class Enc:
-    def __init__(self, capacity_idx, streams, capped, fraction_idx=3):
-        # config byte: bits 0-1 capacity (256 MiB, 1 GiB, 4 GiB, 64 MiB), bits 2-3 streams - 1,
-        # bits 4-6 the starting fraction's index - 1 (kFractions[1..7]), bit 7 capped.
-        c = capacity_idx | ((streams - 1) << 2) | ((fraction_idx - 1) << 4)
+    def __init__(self, capacity_idx, streams, capped, fraction_idx=3, pool=False):
+        # config byte: bits 0-1 capacity (256 MiB, 1 GiB, 4 GiB, 64 MiB), bits 2-3 streams - 1
+        # (3: pool mode, three streams), bits 4-6 the starting fraction's index - 1
+        # (kFractions[1..7]), bit 7 capped.
+        if pool:
+            streams = 3
+        c = capacity_idx | ((3 if pool else streams - 1) << 2) | ((fraction_idx - 1) << 4)
         if capped:
             c |= 0x80
         self.seq = []
@@ -88,6 +91,32 @@ class Enc:
     def fraction(self, i):  # kFractions[i]: 0, .05, .1, .25, .5, .75, .9, 1
         self.byte(next(s for s in range(240, 256) if s % 8 == i))
 
+    # Pool mode: selectors [88, 120) are the pool and capture ops (sub = sel - 88, fuzz/src/pool_ops.h);
+    # an argument byte >= 0x80 names MemPool or graph k = byte % 8 directly.
+    def pool_op(self, sub, k):
+        self.byte(88 + sub)
+        self.byte(0x80 | k)
+
+    def use_pool(self, k):
+        self.pool_op(0, k)
+
+    def end_pool(self, k):
+        self.pool_op(6, k)
+
+    def release_pool(self, k):
+        self.pool_op(12, k)
+
+    def capture_begin(self, g, stream, share=None):
+        self.pool_op(15, g)
+        self.byte(next(b for b in range(1, 256) if b & 7 and 1 + b % 3 == stream))
+        self.byte(0xFF if share is None else 0x80 | share)
+
+    def capture_end(self, g):
+        self.pool_op(21, g)
+
+    def graph_reset(self, g):
+        self.pool_op(27, g)
+
     def data(self):
         return bytes(reversed(self.seq))
 
@@ -150,6 +179,42 @@ def seeds():
     e.empty_cache()
     e.alloc(64 * MiB, 1)
     out["seed-fraction"] = e.data()
+
+    e = Enc(1, 3, False, pool=True)  # a graph's private pool, a default request beside it, reset
+    e.alloc(4 * MiB, 2)
+    e.capture_begin(0, 1)
+    for i in range(4):
+        e.alloc([SMALL, 3 * PAGE + 1, 512, 10 * MiB][i], 1)
+    e.free(e.live - 1)
+    e.alloc(SMALL + 512, 1)
+    e.capture_end(0)
+    e.alloc(3 * MiB, 2)  # the default pool: the graph's free blocks stay its own
+    e.capture_begin(1, 3, share=0)
+    e.alloc(PAGE, 3)
+    e.capture_end(1)
+    e.graph_reset(0)
+    e.alloc(2 * MiB, 1)
+    e.graph_reset(1)
+    e.empty_cache()
+    out["seed-pool-graph"] = e.data()
+
+    e = Enc(1, 3, False, pool=True)  # a MemPool: allocations in it, a deferred free, its release
+    e.use_pool(0)
+    for i in range(5):
+        e.alloc([2 * PAGE, SMALL, 4096, 6 * MiB, 20 * MiB][i], 1)
+    e.record_free(0, [2])  # no event while the pool is active: deferred
+    e.free(0)
+    e.end_pool(0)
+    e.alloc(2 * PAGE, 1)  # the default pool (no fit there) must not take the MemPool's free block
+    e.complete(2)
+    e.release_pool(0)
+    e.free(0)  # freed after its pool's release: back to the default pool
+    e.alloc(20 * MiB, 2)
+    e.use_pool(1)
+    e.alloc(PAGE, 1)
+    e.end_pool(1)
+    e.empty_cache()
+    out["seed-pool-mempool"] = e.data()
     return out
 
 

@@ -1,4 +1,5 @@
 // The fuzz_cachet_policy interpreter (cachet_interp.h; format in fuzz/README.md).
+// § numbers refer to docs/pytorch-allocator.md.
 #include "cachet_interp.h"
 
 #include CACHET_FDP_HEADER
@@ -21,6 +22,7 @@
 #include "cachet/gpu/host_backend.h"
 #include "cachet/gpu/policy_cachet.h"
 #include "cachet/lockstep.h"
+#include "pool_ops.h"
 
 namespace cachet::fuzz {
 namespace {
@@ -30,7 +32,8 @@ constexpr int kMaxOps = 600;
 
 struct Mix {
   std::uint64_t cases = 0, ops = 0, allocs = 0, ooms = 0, frees = 0, recorded_frees = 0, completes = 0,
-                empty_caches = 0, fractions = 0, fractions_below_live = 0, capped_cases = 0;
+                empty_caches = 0, fractions = 0, fractions_below_live = 0, capped_cases = 0, pool_cases = 0,
+                pool_ops = 0, pool_refused = 0;
 };
 Mix g_mix;
 
@@ -82,6 +85,14 @@ Bytes pick_size(FuzzedDataProvider& in, unsigned cls) {
 
 const double kFractions[] = {0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0};
 const Bytes kCapacities[] = {256 * MiB, 1 * GiB, 4 * GiB, 64 * MiB};
+// Pool mode (configuration byte bits 2-3 = 3): three streams, and selectors [88, 120) are the pool
+// and capture ops (decode_pool_op, src/pool_ops.h) instead of allocations.
+constexpr unsigned kPoolModeStreams = 3;
+constexpr std::uint8_t kPoolFirst = 88, kPoolEnd = 120;
+// The default generator's seed and offset (8 bytes each, 512 rounded) that graph captures
+// allocate through the front end (cachet/front_end/pool_front_end.h), and a seed it may still
+// hold from a registration that failed: blocks the op sequence never sees as handles.
+constexpr int kGeneratorBlocks = 3;
 
 struct Failure {
   std::string what;
@@ -95,7 +106,8 @@ class Run {
     FuzzedDataProvider in(data, size);
     const std::uint8_t c = in.ConsumeIntegral<std::uint8_t>();
     capacity_ = kCapacities[c & 3];
-    nstreams_ = 1 + ((c >> 2) & 3) % 3;
+    pool_mode_ = ((c >> 2) & 3) == 3;
+    nstreams_ = pool_mode_ ? kPoolModeStreams : 1 + ((c >> 2) & 3) % 3;
     const bool capped = (c & 0x80) != 0;
     const double fraction = kFractions[1 + ((c >> 4) & 7) % 7];  // never 0 at the start
     gpu::HostOptions o;
@@ -108,6 +120,7 @@ class Run {
     case_.config = to_string(cfg);
     case_.capacity = capacity_;
     ++g_mix.cases;
+    if (pool_mode_) ++g_mix.pool_cases;
     try {
       lockstep::Options lo;
       lo.config = cfg;
@@ -119,15 +132,23 @@ class Run {
         apply(ops::SetMemoryFraction{fraction});
         cap_ = static_cast<Bytes>(fraction * static_cast<double>(capacity_));
       }
-      for (int n = 0; n < kMaxOps && in.remaining_bytes() > 0; ++n) {
+      for (int n = 0; n < kMaxOps && in.remaining_bytes() > 0 && !ls_->ended(); ++n) {
         ++g_mix.ops;
         step(in);
         check();
       }
-      // Teardown: everything freed, every event completed, empty_cache gives every page back.
+      // A case both sides ended where PyTorch 2.11 itself fails (§14.8): nothing more applies.
+      if (ls_->ended()) return {};
+      // Teardown: captures and use_mem_pool ended, everything freed, every event completed, the
+      // graphs reset and the MemPools released, and empty_cache gives every page back.
+      using GS = front_end::PoolFrontEnd::GraphState;
+      for (const auto k : ls_->pools().graphs(GS::Capturing)) apply(ops::CaptureEnd{k});
+      for (const auto k : ls_->pools().mempools_in_use()) apply(ops::UseMemPoolEnd{k});
       for (auto& [p, l] : live_) apply(ops::Free{l.handle});
       live_.clear();
       apply(ops::CompleteAllEvents{});
+      for (const auto k : ls_->pools().graphs(GS::Captured)) apply(ops::GraphReset{k});
+      for (const auto k : ls_->pools().mempools_alive()) apply(ops::ReleasePool{k});
       apply(ops::EmptyCache{});
       if (sut().stats().reserved_bytes[0].current != 0 || sim_->used() != 0)
         throw Failure{"teardown: reserved " + std::to_string(sut().stats().reserved_bytes[0].current) +
@@ -161,10 +182,24 @@ class Run {
   // divergence, failed check or exception other than OutOfMemory is a failure.
   const lockstep::Outcome& apply(const ops::Op& op) {
     case_.ops.push_back(op);
+    const auto syncs = sut().stats().num_sync_all_streams;
     if (auto d = ls_->apply(op)) throw Failure{"lockstep with model::CachetPolicy: " + *d};
+    // A wait for every event (empty_cache, an allocation's retry, a MemPool's deletion) frees
+    // every pending block (R7, R9).
+    if (sut().stats().num_sync_all_streams != syncs) pending_.clear();
     const lockstep::Outcome& o = ls_->last_sut();
-    if (o.kind != lockstep::Outcome::Kind::Ok && o.kind != lockstep::Outcome::Kind::Pointer &&
-        o.kind != lockstep::Outcome::Kind::OutOfMemory)
+    using K = lockstep::Outcome::Kind;
+    if (ops::is_pool_op(op)) {
+      // Pool and capture ops may be refused (an argument byte >= 0x80 names any MemPool or
+      // graph) or end the case (§14.8); both sides did the same (the lockstep compared them).
+      ++(o.kind == K::Ok ? g_mix.pool_ops : g_mix.pool_refused);
+      if (o.kind == K::OutOfMemory) ++g_mix.ooms, ++ooms_;  // the generator's seed or offset
+      if (o.kind == K::Ok || o.kind == K::UsageError || o.kind == K::OutOfMemory || o.kind == K::PyTorchFailure)
+        return o;
+      throw Failure{ops::show(op) + ": " + lockstep::show(o)};
+    }
+    if (o.kind != K::Ok && o.kind != K::Pointer && o.kind != K::OutOfMemory &&
+        !(o.kind == K::PyTorchFailure && pool_mode_))
       throw Failure{ops::show(op) + ": " + lockstep::show(o)};
     return o;
   }
@@ -183,6 +218,10 @@ class Run {
 
   void step(FuzzedDataProvider& in) {
     const std::uint8_t sel = in.ConsumeIntegral<std::uint8_t>();
+    if (pool_mode_ && sel >= kPoolFirst && sel < kPoolEnd) {
+      apply(decode_pool_op(in, ls_->pools(), sel - kPoolFirst));
+      return;
+    }
     if (sel < 120 || live_.empty()) {
       const StreamId s = 1 + sel % nstreams_;
       const Bytes size = pick_size(in, (sel >> 2) & 7);
@@ -334,10 +373,14 @@ class Run {
       live_bytes += static_cast<std::int64_t>(align_up(l.size, gpu::kCachetAlign));
       live_req += static_cast<std::int64_t>(l.size);
     }
-    if (allocated != live_bytes)
-      throw Failure{"allocated_bytes " + std::to_string(allocated) + " != live blocks " + std::to_string(live_bytes)};
+    // In pool mode the generator's blocks (kGeneratorBlocks) come on top of the handles.
+    const std::int64_t extra_blocks = st.allocation[0].current - static_cast<std::int64_t>(live_.size());
+    const std::int64_t max_extra = pool_mode_ ? kGeneratorBlocks : 0;
+    if (allocated < live_bytes || allocated - live_bytes != extra_blocks * static_cast<std::int64_t>(gpu::kCachetAlign))
+      throw Failure{"allocated_bytes " + std::to_string(allocated) + " != live blocks " + std::to_string(live_bytes) +
+                    (pool_mode_ ? " + the generator's 512 B blocks" : "")};
     if (allocated > reserved || st.active_bytes[0].current < allocated ||
-        st.requested_bytes[0].current < live_req || st.allocation[0].current != static_cast<std::int64_t>(live_.size()))
+        st.requested_bytes[0].current < live_req || extra_blocks < 0 || extra_blocks > max_extra)
       throw Failure{"stats inconsistent: allocated " + std::to_string(allocated) + ", reserved " + std::to_string(reserved) +
                     ", active " + std::to_string(st.active_bytes[0].current) + ", allocations " +
                     std::to_string(st.allocation[0].current) + " (live " + std::to_string(live_.size()) + ")"};
@@ -352,6 +395,7 @@ class Run {
   }
 
   Bytes capacity_ = 0;
+  bool pool_mode_ = false;
   StreamId nstreams_ = 1;
   std::optional<Bytes> cap_;
   Bytes cap_floor_ = 0;  // reserved when the cap was last set
@@ -376,16 +420,18 @@ std::string run_cachet_bytes(const std::uint8_t* data, std::size_t size, std::st
 
 std::string show_cachet_mix() {
   const Mix& m = g_mix;
-  char buf[512];
+  char buf[768];
   std::snprintf(buf, sizeof buf,
                 "fuzz_cachet_policy mix: %llu cases (%llu capped), %llu ops: %llu allocs returned memory, %llu OOMs, "
-                "%llu frees, %llu record+free, %llu event completions, %llu empty_cache, %llu fraction changes (%llu below the live pages)",
+                "%llu frees, %llu record+free, %llu event completions, %llu empty_cache, %llu fraction changes (%llu below the live pages); "
+                "%llu cases in pool mode: %llu pool and capture ops applied, %llu refused",
                 static_cast<unsigned long long>(m.cases), static_cast<unsigned long long>(m.capped_cases),
                 static_cast<unsigned long long>(m.ops), static_cast<unsigned long long>(m.allocs),
                 static_cast<unsigned long long>(m.ooms), static_cast<unsigned long long>(m.frees),
                 static_cast<unsigned long long>(m.recorded_frees), static_cast<unsigned long long>(m.completes),
                 static_cast<unsigned long long>(m.empty_caches), static_cast<unsigned long long>(m.fractions),
-                static_cast<unsigned long long>(m.fractions_below_live));
+                static_cast<unsigned long long>(m.fractions_below_live), static_cast<unsigned long long>(m.pool_cases),
+                static_cast<unsigned long long>(m.pool_ops), static_cast<unsigned long long>(m.pool_refused));
   return buf;
 }
 

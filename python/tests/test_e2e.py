@@ -45,8 +45,9 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PYDIR = os.path.dirname(HERE)
+import preamble
+from preamble import PYDIR
+
 STEPS = 20
 TIMED = slice(4, 20)  # steps 5..20
 POLICY_CONF = "policy:cachet"  # CACHET_ALLOC_CONF of the third run
@@ -97,13 +98,7 @@ def worker(a):
         import cachet_torch
         cachet_torch.install(a.lib, record_history=bool(a.snapshot))
     import torch
-    torch.manual_seed(0)
-    torch.cuda.manual_seed_all(0)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    preamble.deterministic(torch)
     dev = torch.device("cuda", 0)
     result = {"model": a.model, "allocator": a.allocator, "torch": torch.__version__}
     with warnings.catch_warnings(record=True) as caught:
@@ -260,18 +255,9 @@ def policy_check(m, n, p):
 
 
 def main():
-    try:
-        import torch
-    except ImportError:
-        print("SKIP: PyTorch is not installed")
-        return 77
-    if not torch.cuda.is_available():
-        print("SKIP: no CUDA device")
-        return 77
-    lib = os.environ.get("CACHET_TORCH_LIB")
-    if not lib or not os.path.exists(lib):
-        print(f"FAIL: the plug-in was not found (CACHET_TORCH_LIB={lib!r})")
-        return 1
+    torch, lib, stop = preamble.start()
+    if stop is not None:
+        return stop
     wanted = [m for m in os.environ.get("CACHET_E2E_MODELS", "gpt2,resnet50").split(",") if m]
     need = {"gpt2": "transformers", "resnet50": "torchvision"}
     models, skipped = [], []
@@ -284,10 +270,8 @@ def main():
         print("SKIP: " + ", ".join(skipped))
         return 77
     conf = os.environ.get("CACHET_E2E_CONF", "")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CACHET_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    env = preamble.child_env()
     env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-    env["PYTHONPATH"] = PYDIR + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_OFFLINE", "1")
     if conf:

@@ -9,17 +9,14 @@ usage: test_installed.py PREFIX_LIBDIR   (e.g. /opt/cachet/lib)
 import os
 import sys
 
+import preamble
+
 
 def main():
     libdir = os.path.realpath(sys.argv[1])
-    try:
-        import torch
-    except ImportError:
-        print("skip: no torch")
-        return 77
-    if not torch.cuda.is_available():
-        print("skip: no GPU")
-        return 77
+    torch, _, stop = preamble.start(plugin=False)
+    if stop is not None:
+        return stop
     import cachet_torch
     mod = os.path.realpath(cachet_torch.__file__)
     lib = os.path.realpath(cachet_torch.library_path())

@@ -12,8 +12,8 @@ import os
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PYDIR = os.path.dirname(HERE)
+import preamble
+from preamble import PYDIR
 
 
 def worker(rank):
@@ -58,20 +58,10 @@ def worker(rank):
 
 
 def main():
-    try:
-        import torch
-    except ImportError:
-        print("SKIP: PyTorch is not installed")
-        return 77
-    if torch.cuda.device_count() < 2:
-        print(f"SKIP: {torch.cuda.device_count()} CUDA device(s); two are needed")
-        return 77
-    lib = os.environ.get("CACHET_TORCH_LIB")
-    if not lib or not os.path.exists(lib):
-        print(f"FAIL: the plug-in was not found (CACHET_TORCH_LIB={lib!r})")
-        return 1
-    env = dict(os.environ)
-    env["PYTHONPATH"] = PYDIR + os.pathsep + env.get("PYTHONPATH", "")
+    _, _, stop = preamble.start(devices=2)
+    if stop is not None:
+        return stop
+    env = preamble.child_env(keep_alloc_conf=True)
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--rank", str(r)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     failures, results = [], {}

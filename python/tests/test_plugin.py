@@ -20,23 +20,15 @@ import subprocess
 import sys
 import textwrap
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PYDIR = os.path.dirname(HERE)
-failures = []
+import preamble
 
-
-def check(cond, what):
-    print(("ok    " if cond else "FAIL  ") + what)
-    if not cond:
-        failures.append(what)
+check = preamble.Checks()
+failures = check.failures
 
 
 def run_py(code, env_extra, lib):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CACHET_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    env = preamble.child_env(lib)
     env.update(env_extra)
-    env["CACHET_TORCH_LIB"] = lib
-    env["PYTHONPATH"] = PYDIR + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
                           capture_output=True, text=True, timeout=60)
 

@@ -40,29 +40,15 @@ import subprocess
 import sys
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-HERE = os.path.dirname(os.path.abspath(__file__))
-PYDIR = os.path.dirname(HERE)
-sys.path.insert(0, PYDIR)
+import preamble
+
+sys.path.insert(0, preamble.PYDIR)
 MiB = 1 << 20
 SCENARIOS = ("graph_probe", "graphed_callables", "shared_pool_reset", "mempool_installed",
              "mempool_behind", "compile")
-failures = []
-
-
-def check(cond, what):
-    print(("ok    " if cond else "FAIL  ") + what, flush=True)
-    if not cond:
-        failures.append(what)
-
-
-def deterministic(torch):
-    torch.manual_seed(0)
-    torch.cuda.manual_seed_all(0)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+check = preamble.Checks()
+failures = check.failures
+deterministic = preamble.deterministic
 
 
 def install(**kw):
@@ -355,18 +341,9 @@ def main(scenario):
     if scenario not in SCENARIOS:
         print(f"test_pools.py: unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
         return 2
-    try:
-        import torch
-    except ImportError:
-        print("SKIP: PyTorch is not installed")
-        return 77
-    if not torch.cuda.is_available():
-        print("SKIP: no CUDA device")
-        return 77
-    lib = os.environ.get("CACHET_TORCH_LIB")
-    if not lib or not os.path.exists(lib):
-        print(f"FAIL: the plug-in was not found (CACHET_TORCH_LIB={lib!r})")
-        return 1
+    torch, lib, stop = preamble.start()
+    if stop is not None:
+        return stop
     res = {"scenario": scenario, "torch": torch.__version__}  # nothing may touch CUDA before install()
     fn = {"graph_probe": graph_probe, "graphed_callables": graphed_callables,
           "shared_pool_reset": shared_pool_reset, "mempool_installed": mempool_installed,

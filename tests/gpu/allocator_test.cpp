@@ -359,6 +359,58 @@ TEST(Expandable, GrowthUnmapAndPerStreamSegments) {
   EXPECT_TRUE(a.snapshot().empty());
 }
 
+// Expandable segments reserve address space for 1.125 x the device's total memory (§7). A device
+// that reports 0 bytes (the host backend given no capacity) leaves nothing to map: the allocator
+// refuses the configuration with a UsageError naming the cause and the fixes, at construction and
+// at a runtime configure (which changes nothing), instead of failing a CACHET_CHECK in map_block
+// on the first allocation.
+TEST(Expandable, NoDeviceMemoryIsAClearError) {
+  const std::string want =
+      "expandable_segments:True reserves address space for 1.125 x the device's total memory, and "
+      "device 0 reports 0 bytes (cudaMemGetInfo's total): nothing could be mapped. Give the device its "
+      "memory (the host backend: HostOptions::capacity or total_memory) or use expandable_segments:False.";
+  for (const bool by_total : {false, true}) {
+    gpu::HostOptions o;
+    if (by_total) o.total_memory = 0;  // capacity left as it is: the reported total decides
+    else o.capacity = 0;
+    Config c = parse_config("expandable_segments:True").config;
+    c.validate = true;
+    try {
+      CachingAllocator a(gpu::make_host_memory(o), c);
+      (void)a.allocate(1, 0);
+      ADD_FAILURE() << "expected UsageError (by_total " << by_total << ")";
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()), want);
+    }
+  }
+  auto h = host_alloc("", 0);
+  const Config before = h.a->config();
+  try {
+    h.a->configure("expandable_segments:True");
+    ADD_FAILURE() << "expected UsageError";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()), want);
+  }
+  EXPECT_TRUE(h.a->config() == before);
+  EXPECT_THROW((void)h.a->allocate(1, 0), OutOfMemory);  // no memory, as without expandable segments
+}
+
+// A host device whose reported total (1 GiB) is below what it can map (capacity 80 GiB): a 2 GiB
+// request maps the whole reservation (1.125 GiB rounded up to 20 MiB pages: 58 pages) and still
+// has no room. It runs out of memory, as a real device would have at cuMemCreate (the reservation
+// can never end before the device's memory does there), instead of stepping past the last block.
+TEST(Expandable, ARequestLargerThanTheReservationRunsOutOfMemory) {
+  gpu::HostOptions o;
+  o.total_memory = GiB;
+  Config c = parse_config("expandable_segments:True").config;
+  c.validate = true;
+  CachingAllocator a(gpu::make_host_memory(o), c);
+  EXPECT_THROW((void)a.allocate(2 * GiB, 0), OutOfMemory);
+  void* p = a.allocate(GiB, 0);  // fits the reservation: served from the pages already mapped
+  EXPECT_EQ(cur(a.stats().reserved_bytes), static_cast<std::int64_t>(58 * 20 * MiB_));
+  a.free(p);
+}
+
 // §3.6 / fraction.json: fraction 0 makes even 1 byte fail, printing the segment size
 // (policy:pytorch); policy:cachet names the block it could not place (the request rounded to 512).
 CACHET_BOTH_POLICIES(OutOfMemoryMessage);

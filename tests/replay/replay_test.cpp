@@ -176,6 +176,46 @@ TEST(Replay, ParseBytes) {
   EXPECT_FALSE(parse_bytes("12 parsecs"));
 }
 
+// The axes `cachet plot` and `cachet report` share (plot_axes): values worked by hand.
+TEST(Replay, PlotAxes) {
+  constexpr auto G = static_cast<std::int64_t>(GiB);
+  constexpr auto M = static_cast<std::int64_t>(MiB);
+  // Highest value 3 GiB: GiB; 3 x 1.05 = 3.15 over 6 steps is 0.525 a step, rounded up to 1 (0.5
+  // is short), so y runs to 4 GiB. x from 0 to 10 over 10 steps: 1.
+  PlotAxes a = plot_axes({{0, G, 3 * G}, {10, 0, 2 * G}});
+  EXPECT_EQ(a.xmin, 0);
+  EXPECT_EQ(a.xmax, 10);
+  EXPECT_EQ(a.xstep, 1);
+  EXPECT_TRUE(a.gib);
+  EXPECT_EQ(a.unit, static_cast<double>(GiB));
+  EXPECT_STREQ(a.unit_name, "GiB");
+  EXPECT_EQ(a.ystep, 1);
+  EXPECT_EQ(a.ymax, 4);
+  // Highest value 900 MiB: MiB; 945 / 6 = 157.5 a step, rounded up to 200, y to 1000 MiB.
+  // x from 5 to 30: 25 / 10 = 2.5 a step, a step of its own.
+  a = plot_axes({{5, 900 * M, 0}, {7, 0, 100 * M}, {30, 1, 1}});
+  EXPECT_EQ(a.xmin, 5);
+  EXPECT_EQ(a.xmax, 30);
+  EXPECT_EQ(a.xstep, 2.5);
+  EXPECT_FALSE(a.gib);
+  EXPECT_EQ(a.unit, static_cast<double>(MiB));
+  EXPECT_STREQ(a.unit_name, "MiB");
+  EXPECT_EQ(a.ystep, 200);
+  EXPECT_EQ(a.ymax, 1000);
+  // One point: x is one unit wide.
+  a = plot_axes({{3, 0, 512 * M}});
+  EXPECT_EQ(a.xmin, 3);
+  EXPECT_EQ(a.xmax, 4);
+  // Columns: x 0..10 over 4 + 1 columns; 2.5 and 3 fall in column 1 (its maxima kept), 10 in 4.
+  const std::vector<PlotColumn> cols =
+      plot_columns({{0, 1, 2}, {2.5, 5, 3}, {3, 4, 9}, {10, 7, 8}}, plot_axes({{0, 0, 0}, {10, 0, 0}}), 4);
+  ASSERT_EQ(cols.size(), 5u);
+  EXPECT_TRUE(cols[0].set && cols[0].allocated == 1 && cols[0].reserved == 2);
+  EXPECT_TRUE(cols[1].set && cols[1].allocated == 5 && cols[1].reserved == 9);
+  EXPECT_FALSE(cols[2].set || cols[3].set);
+  EXPECT_TRUE(cols[4].set && cols[4].allocated == 7 && cols[4].reserved == 8);
+}
+
 }  // namespace
 
 namespace {

@@ -71,6 +71,9 @@ Block* PytorchPolicy::try_allocate_expandable_block(StreamId stream, BlockPool* 
   while (c->size < size) {
     const Bytes remaining = size - c->size;
     Block* nc = c->next;  // unmapped; mapping it merges c into it
+    // The end of the reservation (1.125 x the reported total): only a device that maps more than
+    // it reports gets here (the host simulation; cuMemCreate fails first on a GPU). Out of memory.
+    if (nc == nullptr) return nullptr;
     if (!map_block(nc, std::min(remaining, nc->size))) return nullptr;
     c = nc;
   }

@@ -19,11 +19,23 @@ namespace cachet::gpu::detail {
 PytorchPolicy::PytorchPolicy(std::unique_ptr<DeviceMemory> memory, const Config& config)
     : Shell(std::move(memory), config) {
   read_total_memory();
-  if (config_.expandable_segments && !caps_.reserve_va)
+  check_expandable_usable(config_);
+  if (config_.per_process_memory_fraction) set_memory_fraction(*config_.per_process_memory_fraction);
+}
+
+void PytorchPolicy::check_expandable_usable(const Config& c) const {
+  if (!c.expandable_segments) return;
+  if (!caps_.reserve_va)
     throw UsageError(
         "expandable_segments:True needs a backend that can reserve and map address space (CUDA VMM or "
         "the host simulation); this backend cannot. Use expandable_segments:False or another backend.");
-  if (config_.per_process_memory_fraction) set_memory_fraction(*config_.per_process_memory_fraction);
+  // §7: the reservation is 1.125 x the device's total memory; of 0 bytes it has no page to map.
+  if (total_memory_ == 0)
+    throw UsageError("expandable_segments:True reserves address space for 1.125 x the device's total memory, and "
+                     "device " + std::to_string(device_) +
+                     " reports 0 bytes (cudaMemGetInfo's total): nothing could be mapped. Give the device its "
+                     "memory (the host backend: HostOptions::capacity or total_memory) or use "
+                     "expandable_segments:False.");
 }
 
 PytorchPolicy::~PytorchPolicy() {

@@ -243,6 +243,9 @@ class PytorchPolicy : public Shell {
   }
 
  private:
+  // UsageError (changing nothing) when `c` turns on expandable segments and this device cannot
+  // serve them: a backend without address-space reservation, or 0 bytes of device memory (§7).
+  void check_expandable_usable(const Config& c) const;
   struct AllocParams {
     StreamId stream;
     Bytes size;        // rounded

@@ -189,9 +189,7 @@ void PytorchPolicy::set_memory_fraction(double fraction) {
 }
 
 void PytorchPolicy::apply_config(const Config& c) {
-  if (c.expandable_segments && !caps_.reserve_va)
-    throw UsageError("expandable_segments:True needs a backend that can reserve and map address space; this "
-                     "backend cannot. Use expandable_segments:False.");
+  check_expandable_usable(c);
   const auto fraction = c.per_process_memory_fraction;
   config_ = c;
   (void)fraction;  // per_process_memory_fraction applies only at construction (§3.6)

@@ -15,15 +15,6 @@ constexpr const char* kPendingColor = "#d69e2e";
 constexpr const char* kFreeColor = "#e2e8f0";
 constexpr const char* kReservedColor = "#c05621";
 
-double nice_step(double range, int ticks) {
-  if (range <= 0) return 1;
-  const double raw = range / ticks;
-  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
-  for (double m : {1.0, 2.0, 5.0, 10.0})
-    if (raw <= m * mag) return m * mag;
-  return 10 * mag;
-}
-
 std::string num(double v) {
   std::string s = fmt::format("{:.3f}", v);
   while (!s.empty() && s.back() == '0') s.pop_back();
@@ -33,18 +24,8 @@ std::string num(double v) {
 
 std::string timeline_svg(const HtmlReport& r) {
   const double W = 1100, left = 70, right = 1080, top = 20, bottom = 300, H = 350;
-  double xmin = 0, xmax = 1;
-  std::int64_t ymax_b = 1;
-  if (!r.timeline.empty()) {
-    xmin = r.timeline.front().x;
-    xmax = r.timeline.back().x;
-    for (const auto& p : r.timeline) ymax_b = std::max({ymax_b, p.reserved, p.allocated});
-  }
-  if (xmax <= xmin) xmax = xmin + 1;
-  const bool gib = ymax_b >= static_cast<std::int64_t>(GiB);
-  const double unit = static_cast<double>(gib ? GiB : MiB);
-  const double ystep = nice_step(static_cast<double>(ymax_b) / unit * 1.05, 6);
-  const double ymax = std::ceil(static_cast<double>(ymax_b) / unit * 1.05 / ystep) * ystep;
+  const PlotAxes axes = plot_axes(r.timeline);
+  const double xmin = axes.xmin, xmax = axes.xmax, unit = axes.unit, ystep = axes.ystep, ymax = axes.ymax;
   auto X = [&](double x) { return left + (x - xmin) / (xmax - xmin) * (right - left); };
   auto Y = [&](double v) { return bottom - v / ymax * (bottom - top); };
   std::string o = fmt::format(
@@ -55,7 +36,7 @@ std::string timeline_svg(const HtmlReport& r) {
     o += fmt::format("<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"#e6e6e6\"/>"
                      "<text x=\"{3}\" y=\"{4:.1f}\" class=\"tick\" text-anchor=\"end\">{5}</text>\n",
                      left, Y(v), right, left - 6, Y(v) + 4, num(v));
-  const double xstep = nice_step(xmax - xmin, 10);
+  const double xstep = axes.xstep;
   for (double v = std::ceil(xmin / xstep) * xstep; v <= xmax + 1e-9; v += xstep)
     o += fmt::format("<text x=\"{:.1f}\" y=\"{}\" class=\"tick\" text-anchor=\"middle\">{}</text>\n", X(v), bottom + 16,
                      num(v));
@@ -63,21 +44,15 @@ std::string timeline_svg(const HtmlReport& r) {
                    bottom + 36, r.x_is_time ? "time since the first event (s)" : "trace event");
   o += fmt::format("<text x=\"14\" y=\"{}\" class=\"axis\" transform=\"rotate(-90 14 {})\" text-anchor=\"middle\">"
                    "memory ({})</text>\n",
-                   (top + bottom) / 2, (top + bottom) / 2, gib ? "GiB" : "MiB");
+                   (top + bottom) / 2, (top + bottom) / 2, axes.unit_name);
   // One point per pixel column (its maximum), as steps.
-  const int cols = static_cast<int>(right - left);
-  std::vector<std::pair<std::int64_t, std::int64_t>> col(static_cast<std::size_t>(cols) + 1, {-1, -1});
-  for (const auto& p : r.timeline) {
-    const auto c = static_cast<std::size_t>(std::clamp((p.x - xmin) / (xmax - xmin) * cols, 0.0, double(cols)));
-    col[c].first = std::max(col[c].first, p.allocated);
-    col[c].second = std::max(col[c].second, p.reserved);
-  }
+  const std::vector<PlotColumn> col = plot_columns(r.timeline, axes, static_cast<int>(right - left));
   for (bool reserved : {true, false}) {
     std::string pts;
     double prev = Y(0);
     for (std::size_t c = 0; c < col.size(); ++c) {
-      if (col[c].first < 0) continue;
-      const double y = Y(static_cast<double>(reserved ? col[c].second : col[c].first) / unit);
+      if (!col[c].set) continue;
+      const double y = Y(static_cast<double>(reserved ? col[c].reserved : col[c].allocated) / unit);
       pts += fmt::format("{0:.1f},{1:.1f} {0:.1f},{2:.1f} ", left + static_cast<double>(c), prev, y);
       prev = y;
     }

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <vector>
 
+#include "cachet/replay/html_report.h"  // html_escape, for the SVG text too
 #include "cachet/stats.h"
 
 namespace cachet::replay {
@@ -231,29 +232,6 @@ void Progress::update(std::size_t done, std::size_t total) {
 
 namespace {
 
-std::string xml(std::string_view s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
-    }
-  }
-  return o;
-}
-
-double nice_step(double range, int target) {
-  if (range <= 0) return 1;
-  const double raw = range / target;
-  const double p = std::pow(10.0, std::floor(std::log10(raw)));
-  for (double m : {1.0, 2.0, 2.5, 5.0, 10.0})
-    if (m * p >= raw) return m * p;
-  return 10 * p;
-}
-
 std::string fmt_num(double v) {
   if (std::fabs(v - std::round(v)) < 1e-9) return fmt::format("{:.0f}", v);
   if (std::fabs(v * 10 - std::round(v * 10)) < 1e-9) return fmt::format("{:.1f}", v);
@@ -266,6 +244,46 @@ constexpr const char* kPendingColor = "#f2c14e";
 constexpr const char* kInactiveColor = "#f3c9c4";
 
 }  // namespace
+
+double nice_step(double range, int ticks) {
+  if (range <= 0) return 1;
+  const double raw = range / ticks;
+  const double p = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 2.5, 5.0, 10.0})
+    if (m * p >= raw) return m * p;
+  return 10 * p;
+}
+
+PlotAxes plot_axes(const std::vector<TimelinePoint>& timeline) {
+  PlotAxes a;
+  std::int64_t ymax_b = 1;
+  if (!timeline.empty()) {
+    a.xmin = timeline.front().x;
+    a.xmax = timeline.back().x;
+    for (const auto& p : timeline) ymax_b = std::max({ymax_b, p.reserved, p.allocated});
+  }
+  if (a.xmax <= a.xmin) a.xmax = a.xmin + 1;
+  a.xstep = nice_step(a.xmax - a.xmin, 10);
+  a.gib = ymax_b >= static_cast<std::int64_t>(GiB);
+  a.unit = static_cast<double>(a.gib ? GiB : MiB);
+  a.unit_name = a.gib ? "GiB" : "MiB";
+  const double top = static_cast<double>(ymax_b) / a.unit * 1.05;  // 5% of headroom
+  a.ystep = nice_step(top, 6);
+  a.ymax = std::ceil(top / a.ystep) * a.ystep;
+  return a;
+}
+
+std::vector<PlotColumn> plot_columns(const std::vector<TimelinePoint>& timeline, const PlotAxes& axes, int cols) {
+  std::vector<PlotColumn> col(static_cast<std::size_t>(cols) + 1);
+  for (const auto& p : timeline) {
+    const double at = (p.x - axes.xmin) / (axes.xmax - axes.xmin) * cols;
+    PlotColumn& k = col[static_cast<std::size_t>(std::clamp(at, 0.0, static_cast<double>(cols)))];
+    k.set = true;
+    k.allocated = std::max(k.allocated, p.allocated);
+    k.reserved = std::max(k.reserved, p.reserved);
+  }
+  return col;
+}
 
 std::string render_svg(const PlotData& d) {
   const double W = 1200, left = 90, right = 1160;
@@ -281,26 +299,16 @@ std::string render_svg(const PlotData& d) {
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
       "font-family=\"Helvetica, Arial, sans-serif\">\n",
       W, H);
-  o += fmt::format("<title>{}</title>\n", xml("cachet: " + d.title));
+  o += fmt::format("<title>{}</title>\n", html_escape("cachet: " + d.title));
   o += fmt::format("<rect x=\"0\" y=\"0\" width=\"{}\" height=\"{}\" fill=\"#ffffff\"/>\n", W, H);
   o += fmt::format("<text x=\"{}\" y=\"34\" font-size=\"20\" font-weight=\"bold\" fill=\"#222\">{}</text>\n", left,
-                   xml("Memory over time: " + d.title));
-  o += fmt::format("<text x=\"{}\" y=\"58\" font-size=\"13\" fill=\"#555\">{}</text>\n", left, xml(d.subtitle));
+                   html_escape("Memory over time: " + d.title));
+  o += fmt::format("<text x=\"{}\" y=\"58\" font-size=\"13\" fill=\"#555\">{}</text>\n", left, html_escape(d.subtitle));
 
   // --- timeline
-  double xmin = 0, xmax = 1;
-  std::int64_t ymax_b = 1;
-  if (!d.timeline.empty()) {
-    xmin = d.timeline.front().x;
-    xmax = d.timeline.back().x;
-    for (const auto& p : d.timeline) ymax_b = std::max({ymax_b, p.reserved, p.allocated});
-  }
-  if (xmax <= xmin) xmax = xmin + 1;
-  const bool gib = ymax_b >= static_cast<std::int64_t>(GiB);
-  const double unit = static_cast<double>(gib ? GiB : MiB);
-  const char* unit_name = gib ? "GiB" : "MiB";
-  const double ystep = nice_step(static_cast<double>(ymax_b) / unit * 1.05, 6);
-  const double ymax = std::ceil(static_cast<double>(ymax_b) / unit * 1.05 / ystep) * ystep;
+  const PlotAxes axes = plot_axes(d.timeline);
+  const double xmin = axes.xmin, xmax = axes.xmax, unit = axes.unit, ystep = axes.ystep, ymax = axes.ymax;
+  const char* unit_name = axes.unit_name;
   auto X = [&](double x) { return left + (x - xmin) / (xmax - xmin) * (right - left); };
   auto Y = [&](double v) { return t_bottom - v / ymax * (t_bottom - t_top); };
 
@@ -311,7 +319,7 @@ std::string render_svg(const PlotData& d) {
     o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" text-anchor=\"end\" fill=\"#444\">{}</text>\n",
                      left - 6, Y(v) + 4, fmt_num(v));
   }
-  const double xstep = nice_step(xmax - xmin, 10);
+  const double xstep = axes.xstep;
   for (double v = std::ceil(xmin / xstep) * xstep; v <= xmax + 1e-9; v += xstep) {
     o += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"#999\"/>\n", X(v),
                      t_bottom, t_bottom + 5);
@@ -327,20 +335,7 @@ std::string render_svg(const PlotData& d) {
       left - 52, (t_top + t_bottom) / 2, unit_name);
 
   // Downsample to at most ~2 points per pixel column, keeping each column's maximum.
-  const int cols = static_cast<int>(right - left);
-  struct Col {
-    bool set = false;
-    double x = 0;
-    std::int64_t a = 0, r = 0;
-  };
-  std::vector<Col> col(static_cast<std::size_t>(cols) + 1);
-  for (const auto& p : d.timeline) {
-    auto c = static_cast<std::size_t>(std::clamp((p.x - xmin) / (xmax - xmin) * cols, 0.0, static_cast<double>(cols)));
-    Col& k = col[c];
-    if (!k.set) k = Col{true, p.x, p.allocated, p.reserved};
-    k.a = std::max(k.a, p.allocated);
-    k.r = std::max(k.r, p.reserved);
-  }
+  const std::vector<PlotColumn> col = plot_columns(d.timeline, axes, static_cast<int>(right - left));
   auto series = [&](bool reserved) {
     std::string pts;
     double prev_y = Y(0);
@@ -348,7 +343,7 @@ std::string render_svg(const PlotData& d) {
     for (std::size_t c = 0; c < col.size(); ++c) {
       if (!col[c].set) continue;
       const double x = left + static_cast<double>(c);
-      const double y = Y(static_cast<double>(reserved ? col[c].r : col[c].a) / unit);
+      const double y = Y(static_cast<double>(reserved ? col[c].reserved : col[c].allocated) / unit);
       pts += fmt::format("{:.1f},{:.1f} {:.1f},{:.1f} ", x, prev_y, x, y);
       prev_y = y;
     }
@@ -403,12 +398,12 @@ std::string render_svg(const PlotData& d) {
   o += fmt::format(
       "<text x=\"{}\" y=\"{}\" font-size=\"16\" font-weight=\"bold\" fill=\"#222\">Segments at peak reserved: {} in {} "
       "segments</text>\n",
-      left, s_top - 34, xml(human_bytes(static_cast<std::int64_t>(total))), d.peak_segments.size());
+      left, s_top - 34, html_escape(human_bytes(static_cast<std::int64_t>(total))), d.peak_segments.size());
   const double per_row = total > 0 ? std::ceil(static_cast<double>(total) / rows) : 1.0;
   o += fmt::format(
       "<text x=\"{}\" y=\"{}\" font-size=\"12\" fill=\"#555\">each row is {} of device memory, segments in address "
       "order; thin dark lines mark segment starts</text>\n",
-      left, s_top - 14, xml(human_bytes(static_cast<std::int64_t>(per_row))));
+      left, s_top - 14, html_escape(human_bytes(static_cast<std::int64_t>(per_row))));
   auto span = [&](double from, double to, const char* fill, const char* cls) {
     // from/to: byte offsets in the concatenated segment list; split across rows.
     while (from < to) {

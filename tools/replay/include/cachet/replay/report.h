@@ -85,4 +85,30 @@ struct PlotData {
 
 std::string render_svg(const PlotData& d);
 
+// The axes of a memory-over-time picture, shared by `cachet plot` (render_svg) and `cachet
+// report`'s timeline: x runs from the first point's x to the last's (a width of 1 when they
+// coincide or there is no point); y is in GiB when the highest allocated or reserved reaches
+// 1 GiB, else in MiB, and runs from 0 to 5% above that highest value rounded up to a whole y
+// step. Steps are 1, 2, 2.5 or 5 times a power of ten: about 6 on y, about 10 on x.
+struct PlotAxes {
+  double xmin = 0, xmax = 1, xstep = 1;
+  bool gib = false;
+  double unit = 0;                // bytes per y unit (GiB or MiB)
+  const char* unit_name = "MiB";  // "GiB" or "MiB"
+  double ystep = 1, ymax = 1;     // in units
+};
+PlotAxes plot_axes(const std::vector<TimelinePoint>& timeline);
+
+// The step for about `ticks` ticks over `range`: 1, 2, 2.5 or 5 times a power of ten (1 when
+// range <= 0).
+double nice_step(double range, int ticks);
+
+// The timeline reduced to `cols` + 1 pixel columns over [axes.xmin, axes.xmax]: each column's
+// highest allocated and reserved (set: some point fell in it).
+struct PlotColumn {
+  bool set = false;
+  std::int64_t allocated = 0, reserved = 0;
+};
+std::vector<PlotColumn> plot_columns(const std::vector<TimelinePoint>& timeline, const PlotAxes& axes, int cols);
+
 }  // namespace cachet::replay

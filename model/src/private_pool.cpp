@@ -181,10 +181,11 @@ int Allocator::pool_use_count(PoolId id) const {
   return it->second->use_count;
 }
 
-// get_pool: the newest active pool whose route takes the stream, else the default pools (§14.2).
-BlockPool& Allocator::get_pool(Bytes size, StreamId stream) {
+// get_pool: the newest active pool whose route takes the allocation (its stream, or the thread that
+// makes it: §14.10.2), else the default pools (§14.2).
+BlockPool& Allocator::get_pool(Bytes size, StreamId stream, ThreadIndex thread) {
   for (auto it = captures_underway_.rbegin(); it != captures_underway_.rend(); ++it) {
-    if (it->second.takes(stream)) {
+    if (it->second.takes(stream, thread)) {
       PrivatePool& pp = *graph_pools_.at(it->first);
       return is_small_size(size) ? pp.small : pp.large;
     }

@@ -66,7 +66,8 @@ struct Lockstep<Model, Impl>::State {
   Bytes over_cap_ceiling = 0;  // reserved when the cap was last lowered below it (0: none)
   std::size_t model_trace_mark = 0;  // the model's trace events before the current op
   // The pool and capture ops: one front end, its calls made on both sides.
-  BothSides<Model, Impl> calls{model, sut};
+  OpThreads threads;  // the op list's threads (t<k>): declared before the calls that use it
+  BothSides<Model, Impl> calls{model, sut, threads};
   front_end::PoolFrontEnd pools{calls};
   bool ended = false;  // a PyTorch failure (§14.8) ended the case
   SutState sut_before;  // the sut's state after the previous op (the §14.8 check of one-call ops)
@@ -125,13 +126,15 @@ struct Lockstep<Model, Impl>::State {
         [&](const auto& o) {
           using T = std::decay_t<decltype(o)>;
           if constexpr (std::is_same_v<T, Allocate>) {
-            s = capture([&](Outcome& r) {
-              r.kind = Outcome::Kind::Pointer;
-              r.ptr = reinterpret_cast<std::uint64_t>(sut->allocate(o.size, o.stream));
+            threads.run(o.thread, [&] {  // gpu/'s use_mem_pool filter looks at the calling thread
+              s = capture([&](Outcome& r) {
+                r.kind = Outcome::Kind::Pointer;
+                r.ptr = reinterpret_cast<std::uint64_t>(sut->allocate(o.size, o.stream));
+              });
             });
             m = capture([&](Outcome& r) {
               r.kind = Outcome::Kind::Pointer;
-              r.ptr = model->malloc(o.size, o.stream);
+              r.ptr = model->malloc(o.size, o.stream, o.thread);
             });
             if (s.kind == Outcome::Kind::Pointer && s.ptr != 0 && s == m) {
               const Handle h = o.id ? *o.id : bindings;

@@ -97,7 +97,8 @@ Op decode_pool_op(FuzzedDataProvider& p, const front_end::PoolFrontEnd& fe, unsi
   if (sub < 6) {
     std::vector<std::uint64_t> enter = idle;
     if (!fresh_mempool.empty()) enter.push_back(fresh_mempool.front());
-    return ops::UseMemPoolBegin{pick(b, enter, 0)};
+    // Entered by thread 1 for b >= 0xC0, else by the main thread (docs/pytorch-allocator.md §14.10.2).
+    return ops::UseMemPoolBegin{pick(b, enter, 0), b >= 0xC0 ? ThreadIndex{1} : ThreadIndex{0}};
   }
   if (sub < 12) return ops::UseMemPoolEnd{pick(b, fe.mempools_in_use(), 0)};
   if (sub < 15) return ops::ReleasePool{pick(b, idle, 0)};
@@ -125,7 +126,9 @@ std::optional<Op> decode_op(FuzzedDataProvider& p, const LS& ls, Bytes capacity,
     return decode_pool_op(p, ls.pools(), sel - kPoolSelectors);
   if (sel < 128) {
     const StreamId stream = sel & 3u;
-    return lockstep::Allocate{decode_size(p, (sel >> 2) & 7u, capacity), stream, {}};
+    // With pools, selectors 64..95 allocate on thread 1 (the thread filter, docs/pytorch-allocator.md §14.10.2).
+    const ThreadIndex thread = pool_mode && (sel >> 5) == 2 ? 1 : 0;
+    return lockstep::Allocate{decode_size(p, (sel >> 2) & 7u, capacity), stream, {}, thread};
   }
   if (sel < 216) {
     const auto k = p.ConsumeIntegral<std::uint16_t>();

@@ -79,7 +79,9 @@ struct Lockstep<Model, Impl>::State {
                                   " but the configuration says policy:" +
                                   (opts.config.policy == Policy::Cachet ? "cachet" : "pytorch") +
                                   "; pick the pair with visit_policy(config.policy, ...)");
-    auto logging = std::make_unique<LoggingMemory>(std::move(memory), log);
+    // A real device (not the host simulation, whose events complete when recorded by option):
+    // synchronize each event as it is recorded, so the model's "complete when recorded" holds.
+    auto logging = std::make_unique<LoggingMemory>(std::move(memory), log, opts.events_complete_immediately && !host);
     auto info = logging->mem_get_info();
     total = info.is_ok() ? info.value.total : opts.capacity;
     sut = std::make_unique<Impl>(std::move(logging), opts.config);

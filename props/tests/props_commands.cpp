@@ -108,8 +108,10 @@ rc::Gen<std::shared_ptr<const Cmd>> gen_command(const PModel& m) {
     if (m.pools.enabled && *rc::gen::inRange(0, 100) < 12) return gen_pool_command(m);
     const auto stream = rc::gen::weightedOneOf<int>({{4, rc::gen::just(0)}, {3, rc::gen::inRange(1, kStreams)}});
     if (k < 45 || (live.empty() && k < 85)) {
-      // With pools, one allocation in six is made by thread 1 or 2 (the thread filter).
-      const ThreadIndex thread = m.pools.enabled && *rc::gen::inRange(0, 6) == 0 ? *rc::gen::inRange(1, 3) : 0;
+      // With pools, one allocation in six is made by thread 1 or 2 (the thread filter). Not in
+      // props_gpu_test yet: gpu/'s CUDA backends have not been run from fresh threads there.
+      const ThreadIndex thread =
+          kDrawThreads && m.pools.enabled && *rc::gen::inRange(0, 6) == 0 ? *rc::gen::inRange(1, 3) : 0;
       return std::make_shared<AllocCmd>(*gen_size(m.config), *stream, thread);
     }
     if (k < 78 && !live.empty()) return std::make_shared<FreeCmd>(*rc::gen::elementOf(live));

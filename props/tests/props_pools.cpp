@@ -121,7 +121,7 @@ std::shared_ptr<const Cmd> gen_pool_command(const PModel& m) {
   // use_mem_pool is entered by the main thread, or one time in four by thread 1 or 2
   // (docs/pytorch-allocator.md §14.10.2).
   auto enter_thread = [] {
-    return *rc::gen::inRange(0, 4) == 0 ? ThreadIndex(*rc::gen::inRange(1, 3)) : ThreadIndex{0};
+    return kDrawThreads && *rc::gen::inRange(0, 4) == 0 ? ThreadIndex(*rc::gen::inRange(1, 3)) : ThreadIndex{0};
   };
   // The kinds possible in this state, weighted by repetition; one is drawn (no retry loop:
   // RapidCheck scales inRange by the size, which is 0 at first).

@@ -62,7 +62,8 @@ std::string show(const Op& op) {
   return std::visit(
       Overloaded{
           [](const Allocate& o) {
-            return "alloc " + (o.id ? "h" + n(*o.id) + " " : std::string()) + n(o.size) + " s" + n(o.stream);
+            return "alloc " + (o.id ? "h" + n(*o.id) + " " : std::string()) + n(o.size) + " s" + n(o.stream) +
+                   (o.thread != 0 ? " t" + n(o.thread) : std::string());
           },
           [](const Free& o) { return "free h" + n(o.handle); },
           [](const RecordStream& o) { return "record h" + n(o.handle) + " s" + n(o.stream); },
@@ -74,7 +75,9 @@ std::string show(const Op& op) {
             std::snprintf(buf, sizeof buf, "fraction %.17g", o.fraction);
             return std::string(buf);
           },
-          [](const UseMemPoolBegin& o) { return "use_pool p" + n(o.pool); },
+          [](const UseMemPoolBegin& o) {
+            return "use_pool p" + n(o.pool) + (o.thread != 0 ? " t" + n(o.thread) : std::string());
+          },
           [](const UseMemPoolEnd& o) { return "end_pool p" + n(o.pool); },
           [](const ReleasePool& o) { return "release_pool p" + n(o.pool); },
           [](const CaptureBegin& o) {
@@ -88,13 +91,21 @@ std::string show(const Op& op) {
 }
 
 std::optional<Op> parse_op(std::string_view line) {
-  const auto w = words(line);
+  auto w = words(line);
   if (w.empty()) return std::nullopt;
   const std::string_view k = w[0];
   std::uint64_t a = 0, b = 0, c = 0;
-  if (k == "alloc" && w.size() == 3 && parse_u64(w[1], a) && prefixed(w[2], 's', b)) return Allocate{a, b, {}};
+  // A trailing t<k> (alloc, use_pool): the thread; absent: 0.
+  std::uint64_t t = 0;
+  if ((k == "alloc" || k == "use_pool") && w.size() >= 3 && w.back().starts_with("t")) {
+    if (!prefixed(w.back(), 't', t) || t > 0xffffffffu) return std::nullopt;
+    w.pop_back();
+  }
+  const auto thread = static_cast<ThreadIndex>(t);
+  if (k == "alloc" && w.size() == 3 && parse_u64(w[1], a) && prefixed(w[2], 's', b))
+    return Allocate{a, b, {}, thread};
   if (k == "alloc" && w.size() == 4 && prefixed(w[1], 'h', c) && parse_u64(w[2], a) && prefixed(w[3], 's', b))
-    return Allocate{a, b, c};
+    return Allocate{a, b, c, thread};
   if (k == "free" && w.size() == 2 && prefixed(w[1], 'h', a)) return Free{a};
   if (k == "record" && w.size() == 3 && prefixed(w[1], 'h', a) && prefixed(w[2], 's', b)) return RecordStream{a, b};
   if (k == "complete" && w.size() == 2 && prefixed(w[1], 's', a)) return CompleteEvents{a};
@@ -108,7 +119,7 @@ std::optional<Op> parse_op(std::string_view line) {
     return SetMemoryFraction{f};
   }
   if (w.size() == 2 && prefixed(w[1], 'p', a)) {
-    if (k == "use_pool") return UseMemPoolBegin{a};
+    if (k == "use_pool") return UseMemPoolBegin{a, thread};
     if (k == "end_pool") return UseMemPoolEnd{a};
     if (k == "release_pool") return ReleasePool{a};
   }
@@ -143,9 +154,10 @@ std::vector<Op> parse_ops(std::string_view text) {
     if (!op)
       throw std::invalid_argument(
           "line " + std::to_string(line_no) + ": not an op: '" + std::string(line) +
-          "' (expected one of: alloc <bytes> s<stream> | alloc h<id> <bytes> s<stream> | free h<handle> | "
+          "' (expected one of: alloc <bytes> s<stream> [t<thread>] | alloc h<id> <bytes> s<stream> [t<thread>] | "
+          "free h<handle> | "
           "record h<handle> s<stream> | complete s<stream> | complete_all | empty_cache | fraction <double> | "
-          "use_pool p<k> | end_pool p<k> | release_pool p<k> | capture_begin g<k> s<stream> pool new|g<j> | "
+          "use_pool p<k> [t<thread>] | end_pool p<k> | release_pool p<k> | capture_begin g<k> s<stream> pool new|g<j> | "
           "capture_end g<k> | graph_reset g<k>)");
     if (const auto* a = std::get_if<Allocate>(&*op)) ++(a->id ? id_allocs : handle_allocs);
     if (handle_allocs > 0 && id_allocs > 0)

@@ -83,7 +83,9 @@ std::optional<Op> decode_op(FuzzedDataProvider& p, const LS& ls, Bytes capacity,
     return decode_pool_op(p, ls.pools(), sel - kPoolSelectors);
   if (sel < 128) {
     const StreamId stream = sel & 3u;
-    return lockstep::Allocate{decode_size(p, (sel >> 2) & 7u, capacity), stream, {}};
+    // With pools, selectors 64..95 allocate on thread 1 (the thread filter, docs/pytorch-allocator.md §14.10.2).
+    const ThreadIndex thread = pool_mode && (sel >> 5) == 2 ? 1 : 0;
+    return lockstep::Allocate{decode_size(p, (sel >> 2) & 7u, capacity), stream, {}, thread};
   }
   if (sel < 216) {
     const auto k = p.ConsumeIntegral<std::uint16_t>();

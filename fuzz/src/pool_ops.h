@@ -41,7 +41,8 @@ inline ops::Op decode_pool_op(FuzzedDataProvider& p, const front_end::PoolFrontE
   if (sub < 6) {
     std::vector<std::uint64_t> enter = idle;
     if (!fresh_mempool.empty()) enter.push_back(fresh_mempool.front());
-    return ops::UseMemPoolBegin{pick(b, enter, 0)};
+    // Entered by thread 1 for b >= 0xC0, else by the main thread (docs/pytorch-allocator.md §14.10.2).
+    return ops::UseMemPoolBegin{pick(b, enter, 0), b >= 0xC0 ? ThreadIndex{1} : ThreadIndex{0}};
   }
   if (sub < 12) return ops::UseMemPoolEnd{pick(b, fe.mempools_in_use(), 0)};
   if (sub < 15) return ops::ReleasePool{pick(b, idle, 0)};

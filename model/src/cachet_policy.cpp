@@ -52,7 +52,7 @@ double CachetPolicy::memory_fraction() const {
   return static_cast<double>(*allowed_max_) / static_cast<double>(source_.total_memory());
 }
 
-std::uint64_t CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
+std::uint64_t CachetPolicy::malloc(Bytes orig_size, StreamId stream, ThreadIndex thread) {
   if (orig_size >= kMaxRequest) {
     OomFacts f;
     f.alloc_size = orig_size;
@@ -63,7 +63,7 @@ std::uint64_t CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
   // R8: pending blocks whose events completed; R12: not while a pool is active.
   if (!pool_active() && (!events_.empty() || !deferred_.empty())) process_events();
   const Bytes size = (orig_size + kCachetBlockAlign - 1) / kCachetBlockAlign * kCachetBlockAlign;
-  const PoolId to = route(stream);  // R10
+  const PoolId to = route(stream, thread);  // R10
 
   std::uint64_t ptr = 0;
   if (auto fit = take_best_fit(stream, to, size))

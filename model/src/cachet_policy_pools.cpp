@@ -84,10 +84,10 @@ void CachetPolicy::empty_cache(PoolId id) {
   empty_cache();
 }
 
-// R10: the newest active pool whose route takes `stream`, if it still has a user.
-PoolId CachetPolicy::route(StreamId stream) const {
+// R10: the newest active pool whose route takes `stream` (or `thread`), if it still has a user.
+PoolId CachetPolicy::route(StreamId stream, ThreadIndex thread) const {
   for (auto it = active_.rbegin(); it != active_.rend(); ++it)
-    if (it->second.takes(stream)) return live_pool(it->first) ? it->first : PoolId{};
+    if (it->second.takes(stream, thread)) return live_pool(it->first) ? it->first : PoolId{};
   return PoolId{};
 }
 

@@ -10,7 +10,7 @@
 
 namespace cachet::model {
 
-std::uint64_t Allocator::malloc(Bytes orig_size, StreamId stream) {
+std::uint64_t Allocator::malloc(Bytes orig_size, StreamId stream, ThreadIndex thread) {
   // Size 0: NativeCachingAllocator never calls malloc (§1.2).
   if (orig_size == 0) return 0;
   // Checked before anything else, nothing changes (§1.2).
@@ -34,7 +34,7 @@ std::uint64_t Allocator::malloc(Bytes orig_size, StreamId stream) {
   p.stream = stream;
   p.size = round_size(config_, orig_size);
   // The default pools, or the private pool of an active capture or use_mem_pool (§14.2).
-  p.pool = &get_pool(p.size, stream);
+  p.pool = &get_pool(p.size, stream, thread);
   p.alloc_size = allocation_size(config_, p.size);
   p.expandable = config_.expandable_segments;
 

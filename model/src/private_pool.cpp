@@ -182,18 +182,19 @@ int Allocator::pool_use_count(PoolId id) const {
   return it->second->use_count;
 }
 
-// get_pool: the newest active pool whose route takes the stream, else the default pools (§14.2).
-BlockPool& Allocator::get_pool(Bytes size, StreamId stream) {
+// get_pool: the newest active pool whose route takes the allocation (its stream, or the thread that
+// makes it: §14.10.2), else the default pools (§14.2).
+BlockPool& Allocator::get_pool(Bytes size, StreamId stream, ThreadIndex thread) {
   auto take = [&](const auto& underway) -> BlockPool& {
     PrivatePool& pp = *graph_pools_.at(underway.first);
     return is_small_size(size) ? pp.small : pp.large;
   };
   if (flipped(RuleFlip::GetPoolOldest)) {  // rule flip: the oldest first
     for (auto it = captures_underway_.begin(); it != captures_underway_.end(); ++it)
-      if (it->second.takes(stream)) return take(*it);
+      if (it->second.takes(stream, thread)) return take(*it);
   } else {
     for (auto it = captures_underway_.rbegin(); it != captures_underway_.rend(); ++it)
-      if (it->second.takes(stream)) return take(*it);
+      if (it->second.takes(stream, thread)) return take(*it);
   }
   return is_small_size(size) ? small_blocks_ : large_blocks_;
 }

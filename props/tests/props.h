@@ -39,6 +39,14 @@ inline void showValue(const Config& c, std::ostream& os) { os << "'" << to_strin
 
 namespace cachet::props {
 
+// Ops of threads 1-2 (docs/pytorch-allocator.md §14.10.2) on the host backend; props_gpu_test
+// keeps to the main thread until gpu/'s CUDA backends are tried from fresh OS threads.
+#ifdef CACHET_PROPS_CUDA
+inline constexpr bool kDrawThreads = false;
+#else
+inline constexpr bool kDrawThreads = true;
+#endif
+
 using lockstep::Handle;
 using lockstep::Op;
 

@@ -118,6 +118,11 @@ std::shared_ptr<const Cmd> gen_pool_command(const PModel& m) {
     (busy ? busy_pool : shareable).push_back(k);
   }
   auto make = [](Op op, bool refused) { return std::make_shared<PoolCmd>(std::move(op), refused); };
+  // use_mem_pool is entered by the main thread, or one time in four by thread 1 or 2
+  // (docs/pytorch-allocator.md §14.10.2).
+  auto enter_thread = [] {
+    return kDrawThreads && *rc::gen::inRange(0, 4) == 0 ? ThreadIndex(*rc::gen::inRange(1, 3)) : ThreadIndex{0};
+  };
   // The kinds possible in this state, weighted by repetition; one is drawn (no retry loop:
   // RapidCheck scales inRange by the size, which is 0 at first).
   enum Kind { Enter, Leave, Drop, Capture, EndCapture, Reset, Meaningless, SharedBusy };
@@ -132,8 +137,8 @@ std::shared_ptr<const Cmd> gen_pool_command(const PModel& m) {
   switch (kinds[*rc::gen::inRange<std::size_t>(0, kinds.size())]) {
     case Enter:  // torch.cuda.MemPool() and use_mem_pool, or an idle MemPool entered again
       if (!idle.empty() && (p.next_mempool >= 6 || *rc::gen::inRange(0, 2) == 0))
-        return make(ops::UseMemPoolBegin{std::uint64_t(*any_of(idle))}, false);
-      return make(ops::UseMemPoolBegin{std::uint64_t(p.next_mempool)}, false);
+        return make(ops::UseMemPoolBegin{std::uint64_t(*any_of(idle)), enter_thread()}, false);
+      return make(ops::UseMemPoolBegin{std::uint64_t(p.next_mempool), enter_thread()}, false);
     case Leave:
       return make(ops::UseMemPoolEnd{std::uint64_t(*any_of(in_use))}, false);
     case Drop:  // del MemPool

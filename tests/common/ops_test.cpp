@@ -95,6 +95,22 @@ TEST(Ops, CaseFileRoundTrip) {
   EXPECT_FALSE(back.events_when_recorded);
 }
 
+// t<k>: the thread of an alloc or a use_pool (docs/pytorch-allocator.md §14.10.2); absent: 0.
+TEST(Ops, Threads) {
+  EXPECT_EQ(parse_op("alloc 1000 s1 t2"), Op(Allocate{1000, 1, {}, 2}));
+  EXPECT_EQ(parse_op("alloc h7 1000 s1 t3"), Op(Allocate{1000, 1, 7, 3}));
+  EXPECT_EQ(parse_op("alloc 1000 s1"), Op(Allocate{1000, 1, {}, 0}));
+  EXPECT_EQ(parse_op("use_pool p4 t1"), Op(UseMemPoolBegin{4, 1}));
+  EXPECT_EQ(show(Allocate{1000, 1, {}, 2}), "alloc 1000 s1 t2");
+  EXPECT_EQ(show(Allocate{1000, 1, 7, 3}), "alloc h7 1000 s1 t3");
+  EXPECT_EQ(show(Allocate{1000, 1, {}, 0}), "alloc 1000 s1");
+  EXPECT_EQ(show(UseMemPoolBegin{4, 1}), "use_pool p4 t1");
+  EXPECT_EQ(show(UseMemPoolBegin{4, 0}), "use_pool p4");
+  EXPECT_EQ(parse_op("alloc 1000 s1 tx"), std::nullopt);
+  EXPECT_EQ(parse_op("alloc 1000 s1 t99999999999"), std::nullopt);
+  EXPECT_EQ(parse_op("end_pool p4 t1"), std::nullopt);  // only alloc and use_pool name a thread
+}
+
 // "# events: when-recorded": every event completes when recorded (props_gpu_test's cases).
 TEST(Ops, CaseFileEventsWhenRecorded) {
   Case c;

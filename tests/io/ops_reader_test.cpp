@@ -39,6 +39,17 @@ TEST(ReadOps, EveryRecordedOpKind) {
   std::filesystem::remove(path);
 }
 
+// A last element: the op's thread (docs/pytorch-allocator.md §14.10.2); absent: 0.
+TEST(ReadOps, Threads) {
+  const std::string path =
+      write_temp("threads.json", R"([["pb", 1, 2], ["a", 3, 1000, 0, 2], ["a", 4, 1000, 1], ["f", 3, 1], ["pe", 1, 2]])");
+  const std::vector<ops::Op> want{ops::UseMemPoolBegin{1, 2}, ops::Allocate{1000, 0, 3, 2}, ops::Allocate{1000, 1, 4, 0},
+                                  ops::Free{3}, ops::UseMemPoolEnd{1}};
+  EXPECT_EQ(read_ops(path), want);
+  EXPECT_EQ(ops::show(want), "use_pool p1 t2\nalloc h3 1000 s0 t2\nalloc h4 1000 s1\nfree h3\nend_pool p1\n");
+  std::filesystem::remove(path);
+}
+
 TEST(ReadOps, TheOracleListsAreIdAddressed) {
   const auto ops = read_ops(std::string(CACHET_TEST_DATA) + "/oracle/ops/ops_small.json.gz");
   ASSERT_EQ(ops.size(), 3000u);
@@ -48,8 +59,10 @@ TEST(ReadOps, TheOracleListsAreIdAddressed) {
 
 TEST(ReadOps, MalformedOpsNameTheOpAndTheForm) {
   const std::pair<const char*, const char*> rows[] = {
-      {R"([["a", 0, 1]])", ": op 0: expected [\"a\", id, size, stream]"},
-      {R"([["pb"]])", ": op 0: expected [\"pb\"|\"pe\"|\"pr\", pool]"},
+      {R"([["a", 0, 1]])", ": op 0: expected [\"a\", id, size, stream] or [\"a\", id, size, stream, thread]"},
+      {R"([["pb"]])", ": op 0: expected [\"pb\"|\"pe\", pool(, thread)] or [\"pr\", pool]"},
+      {R"([["pr", 0, 1]])", ": op 0: expected [\"pb\"|\"pe\", pool(, thread)] or [\"pr\", pool]"},
+      {R"([["a", 0, 1, 0, 4294967296]])", ": op 0 thread: expected a thread index below 2^32"},
       {R"([["e"], ["gb", 0, 1, -2]])", ": op 1 share: expected a graph index or -1 (a new pool)"},
       {R"([["gx", 0, 1]])", ": op 0: expected [\"ge\"|\"gx\", graph]"},
       {R"([["zz", 0]])", ": op 0: unknown op \"zz\" (expected \"a\", \"f\", \"e\", \"pb\", \"pe\", \"pr\", \"gb\", \"ge\" or \"gx\")"},

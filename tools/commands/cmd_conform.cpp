@@ -506,6 +506,21 @@ int run(const Options& o) {
     std::fprintf(stderr, "cachet conform: %s\n", e.what());
     return kExitBadInput;
   }
+  // Ops of several threads (docs/pytorch-allocator.md §14.10.2): the engines here make every call on
+  // one thread, which would put other threads' allocations into a use_mem_pool; the lockstep
+  // harness replays them (each thread on an OS thread of its own).
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const auto* a = std::get_if<ops::Allocate>(&ops[i]);
+    const auto* b = std::get_if<ops::UseMemPoolBegin>(&ops[i]);
+    if ((a != nullptr && a->thread != 0) || (b != nullptr && b->thread != 0)) {
+      std::fprintf(stderr,
+                   "cachet conform: %s: op %zu (%s) is made by thread %u; cachet conform replays one thread "
+                   "only (docs/pytorch-allocator.md §14.10.2). Replay a recording of several threads through "
+                   "the lockstep harness instead (props_test --replay on its ops as a case file)\n",
+                   ops_path.c_str(), i, ops::show(ops[i]).c_str(), a != nullptr ? a->thread : b->thread);
+      return kExitBadInput;
+    }
+  }
   if (o.policy == "cachet") return run_cachet(rec, ops, ops_path, result_path, o.engine, o.max_printed);
   if (ops.size() != rec.steps.size()) {
     std::fprintf(stderr,

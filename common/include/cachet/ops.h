@@ -21,8 +21,10 @@
 // freed, the runner passes the old address again (a usage error, or the block now there).
 //
 // Text form (show / parse_op), one op per line ([..] are recording keys, io::read_ops):
-//   alloc <bytes> s<stream>            Allocate, handle-addressed           ["a", id, size, s]
-//   alloc h<id> <bytes> s<stream>      Allocate, id-addressed
+//   alloc <bytes> s<stream> [t<k>]     Allocate, handle-addressed           ["a", id, size, s(, t)]
+//   alloc h<id> <bytes> s<stream> [t<k>]  Allocate, id-addressed
+//                                      t<k>: made by thread k (absent: 0, the main thread;
+//                                      docs/pytorch-allocator.md §14.10.2)
 //   free h<handle>                     Free                                 ["f", id]
 //   record h<handle> s<stream>         RecordStream (Tensor.record_stream)
 //   complete s<stream>                 CompleteEvents: every event recorded so far on the
@@ -30,7 +32,9 @@
 //   complete_all                       CompleteAllEvents: the same for every stream
 //   empty_cache                        EmptyCache                           ["e"]
 //   fraction <double>                  SetMemoryFraction (%.17g: round-trips exactly)
-//   use_pool p<k>                      UseMemPoolBegin: use_mem_pool(pool k) entered  ["pb", k]
+//   use_pool p<k> [t<j>]               UseMemPoolBegin: use_mem_pool(pool k) entered  ["pb", k(, j)]
+//                                      by thread j (absent: 0): the pool takes that thread's
+//                                      allocations only
 //   end_pool p<k>                      UseMemPoolEnd: that context left               ["pe", k]
 //   release_pool p<k>                  ReleasePool: pool k's MemPool dropped          ["pr", k]
 //   capture_begin g<k> s<stream> pool new|g<j>                                        ["gb", k, s, j]
@@ -72,6 +76,7 @@ struct Allocate {
   Bytes size = 0;
   StreamId stream = 0;
   std::optional<Handle> id;  // Ids addressing: the name this allocation binds; Handles: none
+  ThreadIndex thread = 0;    // the thread that allocates (0: the main thread)
   friend bool operator==(const Allocate&, const Allocate&) = default;
 };
 struct Free {
@@ -101,6 +106,7 @@ struct SetMemoryFraction {
 // torch.cuda.MemPool with use_mem_pool, and CUDAGraph capture_begin / capture_end / reset.
 struct UseMemPoolBegin {
   PoolIndex pool = 0;
+  ThreadIndex thread = 0;  // the thread that enters use_mem_pool (its filter: that thread)
   friend bool operator==(const UseMemPoolBegin&, const UseMemPoolBegin&) = default;
 };
 struct UseMemPoolEnd {

@@ -40,15 +40,21 @@ struct PoolId {
   friend auto operator<=>(const PoolId&, const PoolId&) = default;
 };
 
+// A thread of an op list (cachet/ops.h `t<k>`): 0 is the main thread; the runners make each
+// thread's calls on an OS thread of its own.
+using ThreadIndex = std::uint32_t;
+
 // Which allocations a private pool takes while it is active (PyTorch's filter of
-// beginAllocateToPool, §14.2): every allocation of the thread that entered use_mem_pool (the
-// model and the replays are single-threaded, so: every allocation), or those on the stream a
-// CUDA graph is capturing.
+// beginAllocateToPool, §14.2, §14.10.2): every allocation of the thread that entered use_mem_pool
+// (`thread`; PyTorch compares std::this_thread::get_id()), or those on the stream a CUDA graph is
+// capturing, whatever the thread.
 struct PoolRoute {
   enum class Kind : std::uint8_t { CurrentThread, CaptureStream };
   Kind kind = Kind::CurrentThread;
-  StreamId stream = 0;  // CaptureStream: the capturing stream
-  bool takes(StreamId s) const { return kind == Kind::CurrentThread || s == stream; }
+  StreamId stream = 0;     // CaptureStream: the capturing stream
+  ThreadIndex thread = 0;  // CurrentThread: the thread that entered use_mem_pool
+  // Whether an allocation on stream `s`, made by thread `t`, goes to this pool.
+  bool takes(StreamId s, ThreadIndex t = 0) const { return kind == Kind::CurrentThread ? t == thread : s == stream; }
   bool is_capture() const { return kind == Kind::CaptureStream; }
 };
 

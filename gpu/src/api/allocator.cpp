@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <thread>
 
 #include "cachet/errors.h"
 #include "cachet/gpu/cuda_backend.h"
@@ -166,8 +167,16 @@ void CachingAllocator::begin_allocate_to_pool(PoolId id, PoolFilter filter, bool
   validate("begin_allocate_to_pool");
 }
 
+// A use_mem_pool route takes the allocations of the OS thread that calls this (PyTorch's filter
+// compares std::this_thread::get_id(), docs/pytorch-allocator.md §14.10.2): runners make each op
+// thread's calls on an OS thread of its own. A capture route takes its stream, whatever the thread.
 void CachingAllocator::begin_allocate_to_pool(PoolId id, PoolRoute route) {
-  begin_allocate_to_pool(id, [route](StreamId s) { return route.takes(s); }, route.is_capture());
+  if (route.is_capture()) {
+    begin_allocate_to_pool(id, [route](StreamId s) { return route.takes(s); }, true);
+    return;
+  }
+  begin_allocate_to_pool(id, [tid = std::this_thread::get_id()](StreamId) { return std::this_thread::get_id() == tid; },
+                         false);
 }
 
 void CachingAllocator::end_allocate_to_pool(PoolId id) {

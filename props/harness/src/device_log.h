@@ -42,8 +42,13 @@ struct DeviceLog {
 // Forwards to the real backend, logging what the model's source must reproduce.
 class LoggingMemory final : public gpu::DeviceMemory {
  public:
-  LoggingMemory(std::unique_ptr<gpu::DeviceMemory> inner, DeviceLog& log)
-      : inner_(std::move(inner)), log_(log) {}
+  // complete_when_recorded: each event is synchronized right after it is recorded, so that a
+  // real device's events are complete when recorded, as the model is told (Options::
+  // events_complete_immediately): a cudaEventQuery made at once after a cudaEventRecord in the
+  // same allocator call (process_events after a capture's deferred frees, docs/pytorch-allocator.md
+  // §14.7) could otherwise race the device. The sut's calls are the same; only their timing is fixed.
+  LoggingMemory(std::unique_ptr<gpu::DeviceMemory> inner, DeviceLog& log, bool complete_when_recorded = false)
+      : inner_(std::move(inner)), log_(log), complete_when_recorded_(complete_when_recorded) {}
   gpu::BackendCaps caps() const override { return inner_->caps(); }
   DeviceIndex device() const override { return inner_->device(); }
   gpu::Result<gpu::DevicePtr> malloc(Bytes n) override {
@@ -61,7 +66,11 @@ class LoggingMemory final : public gpu::DeviceMemory {
   gpu::Result<gpu::MemInfo> mem_get_info() override { return inner_->mem_get_info(); }
   bool stream_valid(StreamId s) override { return inner_->stream_valid(s); }
   gpu::Result<gpu::EventHandle> event_create() override { return inner_->event_create(); }
-  gpu::Status event_record(gpu::EventHandle e, StreamId s) override { return inner_->event_record(e, s); }
+  gpu::Status event_record(gpu::EventHandle e, StreamId s) override {
+    auto st = inner_->event_record(e, s);
+    if (st.is_ok() && complete_when_recorded_) return inner_->event_synchronize(e);
+    return st;
+  }
   gpu::Result<bool> event_query(gpu::EventHandle e) override { return inner_->event_query(e); }
   gpu::Status event_synchronize(gpu::EventHandle e) override { return inner_->event_synchronize(e); }
   void event_destroy(gpu::EventHandle e) override { inner_->event_destroy(e); }
@@ -88,6 +97,7 @@ class LoggingMemory final : public gpu::DeviceMemory {
  private:
   std::unique_ptr<gpu::DeviceMemory> inner_;
   DeviceLog& log_;
+  bool complete_when_recorded_ = false;
 };
 
 // The model's device: the sut's addresses, in order; out of memory decided from the same

@@ -66,7 +66,8 @@ struct Lockstep<Model, Impl>::State {
   Bytes over_cap_ceiling = 0;  // reserved when the cap was last lowered below it (0: none)
   std::size_t model_trace_mark = 0;  // the model's trace events before the current op
   // The pool and capture ops: one front end, its calls made on both sides.
-  BothSides<Model, Impl> calls{model, sut};
+  OpThreads threads;  // the op list's threads (t<k>): declared before the calls that use it
+  BothSides<Model, Impl> calls{model, sut, threads};
   front_end::PoolFrontEnd pools{calls};
   bool ended = false;  // a PyTorch failure (§14.8) ended the case
   SutState sut_before;  // the sut's state after the previous op (the §14.8 check of one-call ops)
@@ -78,7 +79,9 @@ struct Lockstep<Model, Impl>::State {
                                   " but the configuration says policy:" +
                                   (opts.config.policy == Policy::Cachet ? "cachet" : "pytorch") +
                                   "; pick the pair with visit_policy(config.policy, ...)");
-    auto logging = std::make_unique<LoggingMemory>(std::move(memory), log);
+    // A real device (not the host simulation, whose events complete when recorded by option):
+    // synchronize each event as it is recorded, so the model's "complete when recorded" holds.
+    auto logging = std::make_unique<LoggingMemory>(std::move(memory), log, opts.events_complete_immediately && !host);
     auto info = logging->mem_get_info();
     total = info.is_ok() ? info.value.total : opts.capacity;
     sut = std::make_unique<Impl>(std::move(logging), opts.config);
@@ -125,13 +128,15 @@ struct Lockstep<Model, Impl>::State {
         [&](const auto& o) {
           using T = std::decay_t<decltype(o)>;
           if constexpr (std::is_same_v<T, Allocate>) {
-            s = capture([&](Outcome& r) {
-              r.kind = Outcome::Kind::Pointer;
-              r.ptr = reinterpret_cast<std::uint64_t>(sut->allocate(o.size, o.stream));
+            threads.run(o.thread, [&] {  // gpu/'s use_mem_pool filter looks at the calling thread
+              s = capture([&](Outcome& r) {
+                r.kind = Outcome::Kind::Pointer;
+                r.ptr = reinterpret_cast<std::uint64_t>(sut->allocate(o.size, o.stream));
+              });
             });
             m = capture([&](Outcome& r) {
               r.kind = Outcome::Kind::Pointer;
-              r.ptr = model->malloc(o.size, o.stream);
+              r.ptr = model->malloc(o.size, o.stream, o.thread);
             });
             if (s.kind == Outcome::Kind::Pointer && s.ptr != 0 && s == m) {
               const Handle h = o.id ? *o.id : bindings;

@@ -15,6 +15,7 @@
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
 #include "device_log.h"
+#include "op_threads.h"
 
 namespace cachet::lockstep::detail {
 
@@ -47,7 +48,8 @@ class BothSides final : public front_end::AllocatorCalls {
   // A pair without private pools never reaches the pool calls (the runner answers Unsupported).
   static constexpr bool kPools = HasPrivatePools<Model> && HasPrivatePools<Impl>;
 
-  BothSides(std::unique_ptr<Model>& model, std::unique_ptr<Impl>& sut) : model_(model), sut_(sut) {}
+  BothSides(std::unique_ptr<Model>& model, std::unique_ptr<Impl>& sut, OpThreads& threads)
+      : model_(model), sut_(sut), threads_(threads) {}
 
   void begin_op() {
     failure_.reset();
@@ -83,7 +85,8 @@ class BothSides final : public front_end::AllocatorCalls {
     if constexpr (kPools)
       call(
           "begin_allocate_to_pool(" + show_pool(id) + ")", [&](Outcome&) { sut_->begin_allocate_to_pool(id, route); },
-          [&](Outcome&) { model_->begin_allocate_to_pool(id, route); });
+          [&](Outcome&) { model_->begin_allocate_to_pool(id, route); },
+          route.is_capture() ? 0 : route.thread);  // gpu/'s use_mem_pool filter: the calling thread
   }
   void end_allocate_to_pool(PoolId id) override {
     if constexpr (kPools)
@@ -116,10 +119,11 @@ class BothSides final : public front_end::AllocatorCalls {
   // failure both sides share (the same error kind; out of memory: the same text) the front end
   // may still make the calls that undo its own step (§14.9); after any other, no call is made.
   template <class S, class M>
-  Outcome call(std::string what, S&& on_sut, M&& on_model) {
+  Outcome call(std::string what, S&& on_sut, M&& on_model, ThreadIndex sut_thread = 0) {
     if (stopped_) throw CallStopped{};
     SutState before = sut_state(*sut_);
-    const Outcome s = capture(on_sut);
+    Outcome s;
+    threads_.run(sut_thread, [&] { s = capture(on_sut); });
     const Outcome m = capture(on_model);
     if (s == m && (s.kind == Outcome::Kind::Ok || s.kind == Outcome::Kind::Pointer)) return s;
     if (!failure_) failure_ = CallFailure{std::move(what), s, m, std::move(before)};
@@ -131,6 +135,7 @@ class BothSides final : public front_end::AllocatorCalls {
 
   std::unique_ptr<Model>& model_;
   std::unique_ptr<Impl>& sut_;
+  OpThreads& threads_;
   std::optional<CallFailure> failure_;
   bool stopped_ = false;
 };

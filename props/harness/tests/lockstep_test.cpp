@@ -187,6 +187,40 @@ TEST(Lockstep, PoolAndCaptureOpsRunOnBothSides) {
   EXPECT_EQ(segments_of(PoolId{}), (Segs{{2 * MiB, 0}, {2 * MiB, 2}}));
 }
 
+// The thread filter (docs/pytorch-allocator.md §14.10.2): use_mem_pool takes only the allocations
+// of the thread that entered it, whatever the stream, even when another pool is newer; other
+// threads' allocations go to their own pools or the default ones. The sut's calls of thread k run
+// on an OS thread of their own.
+TEST(Lockstep, UseMemPoolTakesOnlyItsThreadsAllocations) {
+  PytorchLockstep ls(Options{});
+  auto segments_of = [&](PoolId id) {
+    std::vector<std::pair<Bytes, StreamId>> r;
+    for (const auto& s : ls.sut().snapshot())
+      if (s.pool_id == id) r.emplace_back(s.total_size, s.stream);
+    return r;
+  };
+  using Segs = std::vector<std::pair<Bytes, StreamId>>;
+  ASSERT_EQ(ls.run(parse_ops("use_pool p0 t1\nalloc 1000 s0 t1\nalloc 1000 s0\nalloc 1000 s1 t2\n"
+                             "use_pool p1\nalloc 3000000 s0 t1\nalloc 3000000 s1\nend_pool p1\nend_pool p0\n")),
+            std::nullopt);
+  // MemPool 0 ({0, 1}, thread 1): h0 (small) and h3 (large, though MemPool 1 is newer).
+  EXPECT_EQ(segments_of(PoolId{0, 1}), (Segs{{2 * MiB, 0}, {20 * MiB, 0}}));
+  // MemPool 1 ({0, 2}, thread 0): h4 only.
+  EXPECT_EQ(segments_of(PoolId{0, 2}), (Segs{{20 * MiB, 1}}));
+  // Default pools: h1 (thread 0 before MemPool 1) and h2 (thread 2, in no pool).
+  EXPECT_EQ(segments_of(PoolId{}), (Segs{{2 * MiB, 0}, {2 * MiB, 1}}));
+  // The same in a case file, for both policies' pairs.
+  CachetLockstep cachet(Options{parse_config("policy:cachet").config});
+  EXPECT_EQ(cachet.run(parse_ops("use_pool p0 t1\nalloc 1000 s0 t1\nalloc 1000 s0\nend_pool p0\n")), std::nullopt);
+  auto pool_at = [&](std::uint64_t addr) {
+    for (const auto& seg : cachet.sut().snapshot())
+      if (addr >= seg.address && addr < seg.address + seg.total_size) return seg.pool_id;
+    return PoolId{9, 9};
+  };
+  EXPECT_EQ(pool_at(cachet.address(0)), (PoolId{0, 1}));  // thread 1's MemPool
+  EXPECT_EQ(pool_at(cachet.address(1)), PoolId{});        // thread 0: the default pool
+}
+
 // What the front end refuses (no allocator call) and what the allocator refuses (a pool shared
 // by a capture while another capture allocates to it): a UsageError on both sides.
 TEST(Lockstep, RefusedPoolOpsAreUsageErrorsOnBothSides) {

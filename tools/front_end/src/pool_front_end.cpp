@@ -28,7 +28,7 @@ PoolId PoolFrontEnd::mempool(std::uint64_t k, const char* op) const {
 }
 
 void PoolFrontEnd::apply(const ops::Op& any) {
-  if (const auto* op = std::get_if<ops::UseMemPoolBegin>(&any)) return use_pool(op->pool);
+  if (const auto* op = std::get_if<ops::UseMemPoolBegin>(&any)) return use_pool(op->pool, op->thread);
   if (const auto* op = std::get_if<ops::UseMemPoolEnd>(&any)) return end_pool(op->pool);
   if (const auto* op = std::get_if<ops::ReleasePool>(&any)) return release(op->pool);
   if (const auto* op = std::get_if<ops::CaptureBegin>(&any)) return capture_begin(*op);
@@ -37,7 +37,7 @@ void PoolFrontEnd::apply(const ops::Op& any) {
   throw std::logic_error("PoolFrontEnd::apply: not a pool or capture op: " + ops::show(any));
 }
 
-void PoolFrontEnd::use_pool(std::uint64_t k) {
+void PoolFrontEnd::use_pool(std::uint64_t k, ThreadIndex thread) {
   if (in_use_.contains(k)) throw UsageError(fmt::format("use_pool p{}: MemPool {} is already in use", k, k));
   if (!mempools_.contains(k)) {
     // torch.cuda.MemPool(): a user id {0, n}, createOrIncrefPool (use_count 1).
@@ -47,8 +47,8 @@ void PoolFrontEnd::use_pool(std::uint64_t k) {
     mempools_[k] = id;
     pool_ids_.push_back(MadePool{std::to_string(k), id});
   }
-  // use_mem_pool: beginAllocateToPool with a filter for this thread (use_count + 1).
-  calls_.begin_allocate_to_pool(mempools_[k], PoolRoute{PoolRoute::Kind::CurrentThread, 0});
+  // use_mem_pool: beginAllocateToPool with a filter for the entering thread (use_count + 1).
+  calls_.begin_allocate_to_pool(mempools_[k], PoolRoute{PoolRoute::Kind::CurrentThread, 0, thread});
   in_use_.insert(k);
 }
 

@@ -294,20 +294,35 @@ std::vector<ops::Op> read_ops(const std::string& path) {
       if (a.size() != n) r.fail(where, std::string("expected ") + form);
     };
     const auto uint_at = [&](std::size_t k, const char* what) { return r.as_uint(a.at(k), where + " " + what); };
+    // A last element t: the op's thread (docs/pytorch-allocator.md §14.10.2; absent: 0).
+    const auto thread_at = [&](std::size_t k) -> ThreadIndex {
+      if (a.size() <= k) return 0;
+      const std::uint64_t t = uint_at(k, "thread");
+      if (t > 0xffffffffu) r.fail(where + " thread", "expected a thread index below 2^32");
+      return static_cast<ThreadIndex>(t);
+    };
     if (kind == "a") {
-      arity(4, "[\"a\", id, size, stream]");
-      out.push_back(ops::Allocate{uint_at(2, "size"), uint_at(3, "stream"), uint_at(1, "id")});
+      if (a.size() != 4 && a.size() != 5)
+        r.fail(where, "expected [\"a\", id, size, stream] or [\"a\", id, size, stream, thread]");
+      out.push_back(ops::Allocate{uint_at(2, "size"), uint_at(3, "stream"), uint_at(1, "id"), thread_at(4)});
     } else if (kind == "f") {
-      arity(2, "[\"f\", id]");
+      if (a.size() != 2 && a.size() != 3) r.fail(where, "expected [\"f\", id] or [\"f\", id, thread]");
+      (void)thread_at(2);  // a free goes to no pool's filter: its thread changes nothing
       out.push_back(ops::Free{uint_at(1, "id")});
     } else if (kind == "e") {
       out.push_back(ops::EmptyCache{});
     } else if (kind == "pb" || kind == "pe" || kind == "pr") {
-      arity(2, "[\"pb\"|\"pe\"|\"pr\", pool]");
+      if (a.size() != 2 && !(kind != "pr" && a.size() == 3))
+        r.fail(where, "expected [\"pb\"|\"pe\", pool(, thread)] or [\"pr\", pool]");
       const std::uint64_t k = uint_at(1, "pool");
-      if (kind == "pb") out.push_back(ops::UseMemPoolBegin{k});
-      else if (kind == "pe") out.push_back(ops::UseMemPoolEnd{k});
-      else out.push_back(ops::ReleasePool{k});
+      if (kind == "pb") {
+        out.push_back(ops::UseMemPoolBegin{k, thread_at(2)});
+      } else if (kind == "pe") {
+        (void)thread_at(2);  // endAllocateToPool names the pool, not the thread
+        out.push_back(ops::UseMemPoolEnd{k});
+      } else {
+        out.push_back(ops::ReleasePool{k});
+      }
     } else if (kind == "gb") {
       arity(4, "[\"gb\", graph, stream, share] (share: a graph index or -1)");
       const std::int64_t share = r.as_int(a.at(3), where + " share");

@@ -43,7 +43,9 @@ class Allocator {
 
   // caching_allocator_alloc(size, stream). Size 0 returns 0 and changes nothing; sizes >= 1 EiB
   // throw OutOfMemory("... more than 1EB memory.") and change nothing.
-  std::uint64_t malloc(Bytes size, StreamId stream = 0);
+  // `thread`: the op list's thread that allocates (a use_mem_pool takes only the allocations of
+  // the thread that entered it, §14.10.2).
+  std::uint64_t malloc(Bytes size, StreamId stream = 0, ThreadIndex thread = 0);
   // caching_allocator_delete(ptr). ptr must be the address malloc returned.
   void free(std::uint64_t ptr);
   // Tensor.record_stream(stream) on the allocated block at ptr.
@@ -149,7 +151,7 @@ class Allocator {
   // With a pool: only the events of that private pool's blocks (§14.6).
   void synchronize_and_free_events(const PrivatePool* pool = nullptr);
   // private_pool.cpp
-  BlockPool& get_pool(Bytes size, StreamId stream);
+  BlockPool& get_pool(Bytes size, StreamId stream, ThreadIndex thread);
   void insert_events_deferred_until_no_capture();
   void release_private_pools(PoolId id);
   void forget_pool(PrivatePool* pp);  // release.cpp

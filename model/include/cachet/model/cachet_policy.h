@@ -61,7 +61,8 @@ class CachetPolicy {
   CachetPolicy& operator=(const CachetPolicy&) = delete;
 
   // allocate(n, s): 0 for n == 0; OutOfMemory for n >= 1 EiB (no state change) or per R7.
-  std::uint64_t malloc(Bytes size, StreamId stream = 0);
+  // `thread`: the allocating thread of the op list (R10 routes a use_mem_pool's thread only).
+  std::uint64_t malloc(Bytes size, StreamId stream = 0, ThreadIndex thread = 0);
   void free(std::uint64_t ptr);
   void record_stream(std::uint64_t ptr, StreamId stream);
   // Every event recorded so far on `stream` (all streams) has completed; the blocks they hold
@@ -168,7 +169,7 @@ class CachetPolicy {
   std::int64_t mapped_runs() const;
   void apply_run_change(std::int64_t before);
   // cachet_policy_pools.cpp: routing, use counts, release (R10, R11), deferral (R12).
-  PoolId route(StreamId stream) const;
+  PoolId route(StreamId stream, ThreadIndex thread) const;
   bool pool_active() const { return !active_.empty(); }
   bool live_pool(PoolId id) const;
   // R11: a block of a released pool joins the default pool (the pool is forgotten with its last).

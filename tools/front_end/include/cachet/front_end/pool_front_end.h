@@ -2,7 +2,7 @@
 // allocator for the pool and capture ops of the op vocabulary (cachet/ops.h;
 // docs/pytorch-allocator.md §14.9), as calls on an allocator (AllocatorCalls):
 //   torch.cuda.MemPool()        a new id {0, n} (n counts from 1), createOrIncrefPool
-//   use_mem_pool enter / exit   beginAllocateToPool(id, this thread) / endAllocateToPool +
+//   use_mem_pool enter / exit   beginAllocateToPool(id, the op's thread) / endAllocateToPool +
 //                               releasePool
 //   del MemPool                 releasePool, then emptyCache(id)
 //   CUDAGraph.capture_begin     the default CUDA generator registers the graph: when no graph
@@ -112,7 +112,7 @@ class PoolFrontEnd {
   };
   StreamId stream(std::uint64_t index) const;
   PoolId mempool(std::uint64_t k, const char* op) const;
-  void use_pool(std::uint64_t k);
+  void use_pool(std::uint64_t k, ThreadIndex thread);
   void end_pool(std::uint64_t k);
   void release(std::uint64_t k);
   void capture_begin(const ops::CaptureBegin& op);

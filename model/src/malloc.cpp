@@ -34,6 +34,7 @@ std::uint64_t Allocator::malloc(Bytes orig_size, StreamId stream, ThreadIndex th
   p.stream = stream;
   p.size = round_size(config_, orig_size);
   // The default pools, or the private pool of an active capture or use_mem_pool (§14.2).
+  p.thread = thread;
   p.pool = &get_pool(p.size, stream, thread);
   p.alloc_size = allocation_size(config_, p.size);
   p.expandable = config_.expandable_segments;

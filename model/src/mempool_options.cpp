@@ -51,9 +51,12 @@ bool Allocator::try_mempool_fallback(AllocParams& p) {
         throw PyTorchFailure("allocate: PyTorch 2.11 fails here (\"beginAllocateToPool: already recording to "
                          "mempool_id\"): the out-of-memory fallback allocates to pool " + describe(id) +
                          ", marked use_on_oom and active already (§15.2)");
-    begin_allocate_to_pool(id, PoolRoute{});
+    // PyTorch's filter here takes the allocating thread (std::this_thread::get_id()).
+    PoolRoute route;
+    route.thread = p.thread;
+    begin_allocate_to_pool(id, route);
     AllocParams borrowed = p;
-    borrowed.pool = &get_pool(p.size, p.stream);  // the pool just made active takes this thread
+    borrowed.pool = &get_pool(p.size, p.stream, p.thread);  // the pool just made active takes this thread
     borrowed.expandable = false;
     borrowed.block = nullptr;
     const bool found = get_free_block(borrowed);

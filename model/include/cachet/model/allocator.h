@@ -125,6 +125,7 @@ class Allocator {
     // PyTorch's is_expandable_segments_active: the setting, except in the use_on_oom fallback's
     // search, which runs with it off (§15.2).
     bool expandable = false;
+    ThreadIndex thread = 0;  // the op list's thread that allocates (§14.10.2)
   };
   struct Event {
     std::uint64_t seq;

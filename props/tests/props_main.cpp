@@ -173,6 +173,7 @@ int main(int argc, char** argv) {
     std::printf("no CUDA device: skipped\n");
     return 77;
   }
+  (void)argv;  // no options on the device
 #else
   for (bool more = true; more && argc >= 2;) {
     const std::string a = argv[1];

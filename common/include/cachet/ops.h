@@ -166,7 +166,7 @@ struct Case {
   // The device's total memory when it is larger than the capacity, which is then a cap (the
   // fraction of this total whose cap is exactly `capacity` bytes); nullopt: a device of exactly
   // `capacity` bytes, no cap.
-  std::optional<Bytes> device_total;
+  std::optional<Bytes> device_total = std::nullopt;
 };
 // "# config: ...\n# capacity: ...\n" ("# events: when-recorded\n", "# device total: ...\n" when
 // set) then show(ops).

@@ -119,7 +119,7 @@ struct Options {
   // free memory and cap in their out-of-memory messages. A SetMemoryFraction op later replaces
   // the cap (a fraction of device_total, as in PyTorch). A configuration with
   // per_process_memory_fraction keeps its own cap (nothing is applied). nullopt: no cap.
-  std::optional<Bytes> device_total;
+  std::optional<Bytes> device_total = std::nullopt;
   bool check_invariants = true;  // sut invariants() and model check_invariants() after each op
   bool compare_stats = true;     // all 122 memory_stats() keys
   bool compare_snapshots = true; // memory_snapshot(): segments and blocks

@@ -171,12 +171,14 @@ std::vector<Op> parse_ops(std::string_view text) {
 
 std::string show_case(const Case& c) {
   return "# config: " + c.config + "\n# capacity: " + std::to_string(c.capacity) + "\n" +
-         (c.events_when_recorded ? "# events: when-recorded\n" : "") + show(c.ops);
+         (c.events_when_recorded ? "# events: when-recorded\n" : "") +
+         (c.device_total ? "# device total: " + std::to_string(*c.device_total) + "\n" : "") + show(c.ops);
 }
 
 Case parse_case(std::string_view text) {
   Case c;
-  constexpr std::string_view kConfig = "# config:", kCapacity = "# capacity:", kEvents = "# events:";
+  constexpr std::string_view kConfig = "# config:", kCapacity = "# capacity:", kEvents = "# events:",
+                             kTotal = "# device total:";
   for (std::string_view rest = text; !rest.empty();) {
     const std::size_t nl = rest.find('\n');
     std::string_view line = rest.substr(0, nl);
@@ -200,6 +202,14 @@ Case parse_case(std::string_view text) {
                                     "' (expected '# events: when-recorded', or no events line: events then "
                                     "complete only at complete ops)");
       c.events_when_recorded = true;
+    } else if (line.starts_with(kTotal)) {
+      const auto w = words(line.substr(kTotal.size()));
+      std::uint64_t v = 0;
+      if (w.size() != 1 || !parse_u64(w[0], v) || v == 0)
+        throw std::invalid_argument("bad device total line: '" + std::string(line) +
+                                    "' (expected '# device total: <bytes>', a whole number above 0, or no such "
+                                    "line: the device then holds exactly the capacity)");
+      c.device_total = v;
     }
   }
   c.ops = parse_ops(text);

@@ -22,6 +22,7 @@
 
 #include "cachet/config.h"
 #include "cachet/lockstep.h"
+#include "cachet/model/memory_cap.h"
 #include "cachet/model/sizes.h"
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
@@ -75,6 +76,7 @@ class Lockstep {
   StreamId stream(Handle h) const { return with([&](auto& l) { return l.stream(h); }); }
   std::vector<Handle> live_handles() const { return with([](auto& l) { return l.live_handles(); }); }
   std::optional<Bytes> cap() const { return with([](auto& l) { return l.cap(); }); }
+  Bytes total_memory() const { return with([](auto& l) { return l.total_memory(); }); }
   bool ended() const { return with([](auto& l) { return l.ended(); }); }
   const front_end::PoolFrontEnd& pools() const {
     return with([](auto& l) -> const front_end::PoolFrontEnd& { return l.pools(); });
@@ -189,8 +191,13 @@ class PSut {
  public:
   // events_when_recorded: every event completes when recorded (a case file's "# events:
   // when-recorded", what a real device does; always so in props_gpu_test).
-  explicit PSut(const Config& c, Bytes capacity = 8 * GiB, bool events_when_recorded = false)
-      : config_(c), capacity_(capacity), events_when_recorded_(events_when_recorded) {
+  // device_total: a device of that many bytes with `capacity` as a cap on both sides (a case
+  // file's "# device total:", lockstep::Options::device_total); nullopt: a device of `capacity`
+  // bytes. props_gpu_test always runs so, with the device's own total: the real device (80 GiB
+  // or more) runs out, collects garbage and frees-and-retries at the same 8 GiB as the host.
+  explicit PSut(const Config& c, Bytes capacity = 8 * GiB, bool events_when_recorded = false,
+                std::optional<Bytes> device_total = std::nullopt)
+      : config_(c), capacity_(capacity), events_when_recorded_(events_when_recorded), device_total_(device_total) {
 #ifdef CACHET_PROPS_CUDA
     events_when_recorded_ = true;
 #endif
@@ -206,6 +213,15 @@ class PSut {
     std::unique_ptr<gpu::DeviceMemory> mem =
         config_.expandable_segments ? gpu::make_device_memory<gpu::CudaVmmBackend>(0)
                                     : gpu::make_device_memory<gpu::CudaRuntimeBackend>(0);
+    // The device's total: the capacity becomes a cap of the device (lockstep::Options::device_total).
+    const auto info = mem->mem_get_info();
+    if (!info.is_ok()) {
+      std::fprintf(stderr, "props_gpu_test: cudaMemGetInfo failed on device 0: cannot cap the device at %llu bytes\n",
+                   static_cast<unsigned long long>(capacity_));
+      std::exit(1);
+    }
+    device_total_ = info.value.total;
+    o.device_total = device_total_;
     ls_ = std::make_unique<Lockstep>(config_.policy, o, std::move(mem));
     if (streams_.empty()) {
       streams_.push_back(0);
@@ -216,6 +232,7 @@ class PSut {
       }
     }
 #else
+    o.device_total = device_total_;
     ls_ = std::make_unique<Lockstep>(config_.policy, o);
     streams_.clear();
     for (int i = 0; i < kStreams; ++i) streams_.push_back(static_cast<StreamId>(i));
@@ -264,17 +281,28 @@ class PSut {
   // Applies one op and every enabled check; RC_FAILs naming the check.
   void step(const Op& op, std::optional<std::size_t> new_slot = std::nullopt);
 
+  // The fraction of the device that a FractionCmd's fraction of the capacity means: the same
+  // fraction on a device of `capacity` bytes (the host props, unchanged); with a device_total,
+  // the fraction of that total whose cap is the same bytes as the fraction of the capacity
+  // (model::memory_cap: truncated), and 1.0 the capacity itself (the cap is never lifted: the
+  // device beyond the capacity does not run out).
+  double device_fraction(double of_capacity) const {
+    if (!device_total_) return of_capacity;
+    const Bytes cap = model::memory_cap(of_capacity, capacity_).value_or(capacity_);
+    return lockstep::fraction_for_cap(cap, ls_->total_memory());
+  }
+
   // Frees every live allocation, completes every event, empties the cache.
   void drain() {
     for (Handle h : ls_->live_handles()) step(lockstep::Free{h});
     for (int i = 0; i < kStreams; ++i) step(lockstep::CompleteEvents{stream(i)});
-    step(lockstep::SetMemoryFraction{1.0});
+    step(lockstep::SetMemoryFraction{device_fraction(1.0)});
     step(lockstep::EmptyCache{});
   }
 
   // The ops applied so far as a case file (props/regressions/*.ops).
   std::string case_file() const {
-    return lockstep::show_case({to_string(config_), capacity_, applied_, events_when_recorded_});
+    return lockstep::show_case({to_string(config_), capacity_, applied_, events_when_recorded_, device_total_});
   }
 
   [[noreturn]] void fail(const std::string& check, const std::string& detail) const {
@@ -296,6 +324,7 @@ class PSut {
   Config config_;
   Bytes capacity_;
   bool events_when_recorded_;
+  std::optional<Bytes> device_total_;
   std::unique_ptr<Lockstep> ls_;
   std::vector<StreamId> streams_;
   std::vector<std::optional<Handle>> slot_handle_;
@@ -317,6 +346,11 @@ using Cmd = rc::state::Command<PModel, PSut>;
 
 // The policy the properties run (props_test --policy pytorch|cachet).
 inline Policy g_policy = Policy::PyTorch;
+// The device the properties' cases run on (props_test --device-total, --events-when-recorded):
+// nullopt, the host backend of 8 GiB; else a host backend of that many bytes with the 8 GiB as a
+// cap (PSut's device_total: what props_gpu_test does on the real device).
+inline std::optional<Bytes> g_device_total;
+inline bool g_events_when_recorded = false;
 
 // props_commands.cpp: a valid configuration; the next command for a model state.
 rc::Gen<Config> gen_config();

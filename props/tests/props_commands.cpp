@@ -58,10 +58,14 @@ struct EmptyCacheCmd : Cmd {
   void show(std::ostream& os) const override { os << "empty_cache"; }
 };
 
+// `fraction` of the capacity (props.h PSut::device_fraction: on a device larger than the
+// capacity, the fraction of the device that gives the same cap in bytes).
 struct FractionCmd : Cmd {
   double fraction;
   explicit FractionCmd(double f) : fraction(f) {}
-  void run(const PModel&, PSut& sut) const override { sut.step(lockstep::SetMemoryFraction{fraction}); }
+  void run(const PModel&, PSut& sut) const override {
+    sut.step(lockstep::SetMemoryFraction{sut.device_fraction(fraction)});
+  }
   void show(std::ostream& os) const override { os << "fraction " << fraction; }
 };
 

@@ -18,6 +18,13 @@
 // the lockstep replay (a case file: "# config:", "# capacity:", the ops), then RapidCheck's
 // reproduce line.
 //
+// props_test --device-total BYTES (host builds): the host backend is a device of BYTES (above the
+// 8 GiB capacity), the capacity a cap on both sides (set_memory_fraction before the first op,
+// lockstep::Options::device_total), fraction commands the same caps in bytes: what
+// props_gpu_test does on the real device, which always runs so (its device's total, events
+// complete when recorded). --events-when-recorded: every event completes when recorded (as on
+// a device). ctest props_device_cap_test runs both flags.
+//
 // props_test --replay PATH...  (host builds): replays case files (a directory: every *.ops in
 // it, by name) through the same steps and enabled checks, outside RapidCheck; prints
 // "ok <file>" or the failure for each; exit 0 when all pass (props/regressions, ctest
@@ -38,7 +45,7 @@ bool machine_property() {
     // Half the cases also enter MemPools and capture graphs, where the pair has private pools.
     m0.pools.enabled = pools_supported(config.policy) && *rc::gen::inRange(0, 2) == 0;
     RC_TAG(m0.pools.enabled ? "pools" : "no pools");
-    PSut sut(config);
+    PSut sut(config, 8 * GiB, g_events_when_recorded, g_device_total);
     rc::state::check(m0, sut, gen_command);
     g_totals.add(sut.coverage(), m0.pools.enabled);
   });
@@ -50,7 +57,7 @@ bool replay_property() {
     PModel m0;
     m0.config = config;
     const auto cmds = *rc::state::gen::commands(m0, gen_command);
-    PSut sut(config);
+    PSut sut(config, 8 * GiB, g_events_when_recorded, g_device_total);
     rc::state::runAll(cmds, m0, sut);
     const DeviceStats first = sut.ls().sut().stats();
     sut.drain();
@@ -137,7 +144,7 @@ int replay_files(const std::vector<std::string>& args) {
       const lockstep::Case c = lockstep::parse_case(text);
       if (c.ops.empty()) throw std::runtime_error("no ops");
       n = c.ops.size();
-      PSut sut(parse_config(c.config).config, c.capacity, c.events_when_recorded);
+      PSut sut(parse_config(c.config).config, c.capacity, c.events_when_recorded, c.device_total);
       for (const Op& op : c.ops) sut.step(op);
     } catch (const ReplayFailure& e) {
       error = e.message;
@@ -166,16 +173,39 @@ int main(int argc, char** argv) {
     std::printf("no CUDA device: skipped\n");
     return 77;
   }
+  (void)argv;  // no options on the device
 #else
-  if (argc >= 3 && std::string(argv[1]) == "--policy") {
-    const std::string p = argv[2];
-    if (p != "pytorch" && p != "cachet") {
-      std::printf("--policy %s: expected pytorch or cachet\n", p.c_str());
-      return 2;
+  for (bool more = true; more && argc >= 2;) {
+    const std::string a = argv[1];
+    if (a == "--policy" && argc >= 3) {
+      const std::string p = argv[2];
+      if (p != "pytorch" && p != "cachet") {
+        std::printf("--policy %s: expected pytorch or cachet\n", p.c_str());
+        return 2;
+      }
+      g_policy = p == "cachet" ? cachet::Policy::Cachet : cachet::Policy::PyTorch;
+      argc -= 2;
+      argv += 2;
+    } else if (a == "--device-total" && argc >= 3) {
+      const std::string v = argv[2];
+      char* end = nullptr;
+      const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n <= 8 * cachet::GiB) {
+        std::printf("--device-total %s: expected a whole number of bytes above the capacity (8589934592), "
+                    "e.g. 85899345920 (80 GiB)\n",
+                    v.c_str());
+        return 2;
+      }
+      g_device_total = n;
+      argc -= 2;
+      argv += 2;
+    } else if (a == "--events-when-recorded") {
+      g_events_when_recorded = true;
+      argc -= 1;
+      argv += 1;
+    } else {
+      more = false;
     }
-    g_policy = p == "cachet" ? cachet::Policy::Cachet : cachet::Policy::PyTorch;
-    argc -= 2;
-    argv += 2;
   }
   if (argc >= 2 && std::string(argv[1]) == "--replay") {
     std::printf("checks:");
@@ -185,15 +215,36 @@ int main(int argc, char** argv) {
   }
 #endif
   if (argc >= 2) {
-    std::printf("usage: props_test [--policy pytorch|cachet] [--replay CASE_FILE_OR_DIR...]\n");
+    std::printf("usage: props_test [--policy pytorch|cachet] [--device-total BYTES] [--events-when-recorded] "
+                "[--replay CASE_FILE_OR_DIR...]\n");
     return 2;
   }
+#ifdef CACHET_PROPS_CUDA
+  {  // the device's total: the 8 GiB capacity is a cap of it (PSut, lockstep::Options::device_total)
+    std::size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      std::printf("cudaMemGetInfo failed on device 0\n");
+      return 1;
+    }
+    g_device_total = total;
+    g_events_when_recorded = true;
+  }
+#endif
   setenv("RC_PARAMS", "max_success=1000 max_size=300", 0);
   const auto skip = split_list(std::getenv("CACHET_PROPS_SKIP"));
   std::printf("policy:%s\nRC_PARAMS=%s\nchecks:", g_policy == cachet::Policy::Cachet ? "cachet" : "pytorch",
               std::getenv("RC_PARAMS"));
   for (const auto& c : enabled_checks()) std::printf(" %s", c.c_str());
   std::printf("\n");
+  if (g_device_total)
+    std::printf("device: %llu bytes in all, the capacity of %llu bytes a cap on both sides (fraction %.17g)%s\n",
+                static_cast<unsigned long long>(*g_device_total), static_cast<unsigned long long>(8 * cachet::GiB),
+                cachet::lockstep::fraction_for_cap(8 * cachet::GiB, *g_device_total),
+                g_events_when_recorded ? "; events complete when recorded" : "");
+  else
+    std::printf("device: host backend of %llu bytes (the capacity), no cap%s\n",
+                static_cast<unsigned long long>(8 * cachet::GiB),
+                g_events_when_recorded ? "; events complete when recorded" : "");
   bool ok = true;
   if (!skip.count("machine")) {
     ok = machine_property() && ok;

@@ -134,5 +134,32 @@ TEST(Ops, CaseFileEventsWhenRecorded) {
   }
 }
 
+// "# device total: N": a device of N bytes with the capacity as a cap (props_gpu_test's cases).
+TEST(Ops, CaseFileDeviceTotal) {
+  Case c;
+  c.ops = {Allocate{9 * GiB, 0, {}}};
+  c.events_when_recorded = true;
+  c.device_total = 85899345920;  // 80 GiB
+  const std::string text = show_case(c);
+  EXPECT_EQ(text,
+            "# config: \n# capacity: 8589934592\n# events: when-recorded\n# device total: 85899345920\n"
+            "alloc 9663676416 s0\n");
+  const Case back = parse_case(text);
+  EXPECT_EQ(back.device_total, std::optional<Bytes>(85899345920));
+  EXPECT_EQ(back.capacity, 8 * GiB);
+  EXPECT_EQ(back.ops, c.ops);
+  EXPECT_EQ(parse_case("alloc 1 s0\n").device_total, std::nullopt);  // default: none
+  for (const char* bad : {"# device total: 0\n", "# device total: lots\n"}) {
+    try {
+      (void)parse_case(bad);
+      ADD_FAILURE() << "accepted: " << bad;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("expected '# device total: <bytes>', a whole number above 0"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace cachet::ops

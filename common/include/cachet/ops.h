@@ -54,6 +54,13 @@
 //                                            every event completes as soon as it is recorded,
 //                                            as on a real device running no kernels
 //                                            (props_gpu_test's cases; docs/pytorch-allocator.md §6)
+//   # device total: <bytes>                  (absent: the device holds exactly the capacity)
+//                                            the device has this much memory (cudaMemGetInfo's
+//                                            total) and the capacity is a cap that
+//                                            set_memory_fraction puts on both sides before the
+//                                            first op (props_gpu_test's cases: a real device
+//                                            larger than the capacity; cachet/lockstep.h
+//                                            Options::device_total)
 //   <one op per line>                        blank lines and other '#' lines are comments
 #pragma once
 
@@ -162,8 +169,13 @@ struct Case {
   // cudaEventQuery then reports, even within the call that recorded it); false: events complete
   // only at CompleteEvents / CompleteAllEvents (the host simulation).
   bool events_when_recorded = false;
+  // The device's total memory when it is larger than the capacity, which is then a cap (the
+  // fraction of this total whose cap is exactly `capacity` bytes); nullopt: a device of exactly
+  // `capacity` bytes, no cap.
+  std::optional<Bytes> device_total = std::nullopt;
 };
-// "# config: ...\n# capacity: ...\n" ("# events: when-recorded\n" when set) then show(ops).
+// "# config: ...\n# capacity: ...\n" ("# events: when-recorded\n", "# device total: ...\n" when
+// set) then show(ops).
 std::string show_case(const Case& c);
 // The inverse of show_case(); throws std::invalid_argument on a bad op line or capacity.
 Case parse_case(std::string_view text);

@@ -31,11 +31,15 @@ struct DeviceLog {
   std::deque<DeviceCall> malloc, reserve, map;
   DeviceCounters counters;
   std::vector<std::string> notes;  // divergences found by the mirror source
+  // What the sut's last mem_get_info of this op answered (a real device's free memory moves
+  // under other work; the model states the figures the sut saw).
+  std::optional<gpu::MemInfo> info;
   void clear_pending() {
     malloc.clear();
     reserve.clear();
     map.clear();
     notes.clear();
+    info.reset();
   }
 };
 
@@ -63,7 +67,11 @@ class LoggingMemory final : public gpu::DeviceMemory {
     if (s.is_ok()) ++log_.counters.frees;
     return s;
   }
-  gpu::Result<gpu::MemInfo> mem_get_info() override { return inner_->mem_get_info(); }
+  gpu::Result<gpu::MemInfo> mem_get_info() override {
+    auto r = inner_->mem_get_info();
+    if (r.is_ok()) log_.info = r.value;
+    return r;
+  }
   bool stream_valid(StreamId s) override { return inner_->stream_valid(s); }
   gpu::Result<gpu::EventHandle> event_create() override { return inner_->event_create(); }
   gpu::Status event_record(gpu::EventHandle e, StreamId s) override {
@@ -101,7 +109,8 @@ class LoggingMemory final : public gpu::DeviceMemory {
 };
 
 // The model's device: the sut's addresses, in order; out of memory decided from the same
-// capacity (host) or taken from the device (real device).
+// capacity (host: the host backend's device size) or taken from the device (real device), whose
+// free memory and process figure are those the sut read last in this op (else the device's now).
 class MirrorSource final : public model::SegmentSource {
  public:
   MirrorSource(DeviceLog& log, std::optional<Bytes> capacity, Bytes total, gpu::DeviceMemory* live)
@@ -142,11 +151,13 @@ class MirrorSource final : public model::SegmentSource {
   Bytes total_memory() const override { return total_; }
   Bytes free_memory() const override {
     if (capacity_) return *capacity_ - in_use_;
+    if (log_.info) return log_.info->free;
     auto info = live_->mem_get_info();
     return info.is_ok() ? info.value.free : 0;
   }
   // NVML's figure: what the device (backend) reports for this process.
   std::optional<Bytes> process_in_use() const override {
+    if (log_.info) return log_.info->process_used;
     auto info = live_->mem_get_info();
     return info.is_ok() ? info.value.process_used : std::nullopt;
   }

@@ -4,6 +4,7 @@
 #include "cachet/lockstep.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <deque>
 #include <map>
@@ -38,6 +39,22 @@ std::string show(const Outcome& o) {
     case Outcome::Kind::Ended: return "not applied (the case ended at a PyTorch failure, §14.8)";
   }
   return "?";
+}
+
+double fraction_for_cap(Bytes cap, Bytes total) {
+  if (cap >= total) return 1.0;
+  // cap / total in double, then moved one representable step at a time until fraction x total,
+  // truncated as PyTorch does, is exactly `cap` (each step moves the product by under one byte
+  // while cap < 2^52).
+  auto bytes = [total](double f) { return model::memory_cap(f, total).value_or(total); };
+  double f = static_cast<double>(cap) / static_cast<double>(total);
+  for (int i = 0; i < 64 && bytes(f) < cap; ++i) f = std::nextafter(f, 1.0);
+  for (int i = 0; i < 64 && bytes(f) > cap && f > 0.0; ++i) f = std::nextafter(f, 0.0);
+  if (bytes(f) != cap)
+    throw std::invalid_argument("lockstep: no fraction of " + std::to_string(total) + " bytes gives a cap of exactly " +
+                                std::to_string(cap) + " bytes (the nearest, " + std::to_string(f) + ", gives " +
+                                std::to_string(bytes(f)) + ")");
+  return f;
 }
 
 // ----------------------------------------------------------------------------- the runner
@@ -84,13 +101,28 @@ struct Lockstep<Model, Impl>::State {
     auto logging = std::make_unique<LoggingMemory>(std::move(memory), log, opts.events_complete_immediately && !host);
     auto info = logging->mem_get_info();
     total = info.is_ok() ? info.value.total : opts.capacity;
+    if (!host && opts.device_total && *opts.device_total != total)
+      throw std::invalid_argument("lockstep: Options::device_total says " + std::to_string(*opts.device_total) +
+                                  " bytes but the device's total memory is " + std::to_string(total) +
+                                  (info.is_ok() ? "" : " (mem_get_info failed: the capacity)") +
+                                  "; read it from the device (mem_get_info) or leave it unset");
     sut = std::make_unique<Impl>(std::move(logging), opts.config);
     if (opts.compare_trace) sut->set_trace(true);
-    source = std::make_unique<MirrorSource>(log, host ? std::optional<Bytes>(opts.capacity) : std::nullopt, total,
-                                            &sut->device_memory());
+    // The host backend holds device_total bytes when set (the capacity is then a cap), else the capacity.
+    source = std::make_unique<MirrorSource>(
+        log, host ? std::optional<Bytes>(opts.device_total.value_or(opts.capacity)) : std::nullopt, total,
+        &sut->device_memory());
     model = std::make_unique<Model>(opts.config, *source);
     model->set_events_complete_when_recorded(opts.events_complete_immediately);
-    if (opts.config.per_process_memory_fraction) fraction = *opts.config.per_process_memory_fraction;
+    if (opts.config.per_process_memory_fraction) {
+      fraction = *opts.config.per_process_memory_fraction;
+    } else if (opts.device_total) {  // the capacity as a cap on both sides (Options::device_total)
+      const double f = fraction_for_cap(opts.capacity, total);
+      sut->set_memory_fraction(f);
+      model->set_memory_fraction(f);
+      fraction = f;
+    }
+    log.clear_pending();
     sut_before = sut_state(*sut);
   }
 
@@ -384,7 +416,7 @@ template <class Model, class Impl>
 Lockstep<Model, Impl>::Lockstep(Options options) : s_(std::make_unique<State>()) {
   s_->opts = std::move(options);
   gpu::HostOptions ho;
-  ho.capacity = s_->opts.capacity;
+  ho.capacity = s_->opts.device_total.value_or(s_->opts.capacity);
   ho.events_complete_when_recorded = s_->opts.events_complete_immediately;
   s_->build(gpu::make_host_memory(ho, &s_->sim), true);
 }
@@ -458,6 +490,10 @@ std::vector<Handle> Lockstep<Model, Impl>::live_handles() const {
 template <class Model, class Impl>
 std::optional<Bytes> Lockstep<Model, Impl>::cap() const {
   return s_->cap();
+}
+template <class Model, class Impl>
+Bytes Lockstep<Model, Impl>::total_memory() const {
+  return s_->total;
 }
 template <class Model, class Impl>
 Model& Lockstep<Model, Impl>::model() {

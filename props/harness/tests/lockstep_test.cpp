@@ -2,7 +2,10 @@
 // disagreement it must report.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "cachet/lockstep.h"
+#include "cachet/model/memory_cap.h"
 
 namespace cachet::lockstep {
 namespace {
@@ -329,6 +332,121 @@ TEST(Lockstep, PairAndPolicyMustMatch) {
   EXPECT_TRUE(visit_policy(Policy::Cachet, []<class LS>(std::type_identity<LS>) {
     return std::is_same_v<LS, CachetLockstep>;
   }));
+}
+
+
+// ------------------------------------------------------------------ a device larger than the capacity
+
+constexpr Bytes k80GiB = 80 * GiB;
+
+// fraction_for_cap: the fraction whose cap (fraction x total in double, truncated, as PyTorch's
+// setMemoryFraction and model::memory_cap) is exactly the bytes asked, for devices of odd sizes.
+TEST(Lockstep, FractionForCapIsExact) {
+  // 80 GiB; totals of the size an H100 and an H200 report (not multiples of a power of two); a prime.
+  for (const Bytes total : {k80GiB, Bytes{85021196288}, Bytes{150109765632}, Bytes{1000000007}})
+    for (const Bytes cap : {Bytes{0}, Bytes{1}, Bytes{512}, 8 * GiB - 1, 8 * GiB, 8 * GiB + 1, Bytes{123456789},
+                            total / 3, total - 1}) {
+      if (cap >= total) continue;
+      const double f = fraction_for_cap(cap, total);
+      EXPECT_LT(f, 1.0);
+      EXPECT_EQ(model::memory_cap(f, total), std::optional<Bytes>(cap)) << "cap " << cap << " of " << total;
+    }
+  EXPECT_EQ(fraction_for_cap(k80GiB, k80GiB), 1.0);  // the whole device: no cap
+  EXPECT_EQ(fraction_for_cap(k80GiB + 1, k80GiB), 1.0);
+}
+
+Options capped(const char* conf = "") {
+  Options o;
+  o.config = parse_config(conf).config;
+  o.capacity = 8 * GiB;
+  o.device_total = k80GiB;
+  o.events_complete_immediately = true;
+  return o;
+}
+
+// The capacity is a cap of an 80 GiB host device on both sides: a request beyond it is out of
+// memory with the device's total and the cap in the message (no device call), as props_gpu_test
+// on an 80 GiB H100.
+TEST(Lockstep, DeviceTotalMakesTheCapacityACap) {
+  PytorchLockstep ls(capped());
+  EXPECT_EQ(ls.total_memory(), k80GiB);
+  EXPECT_EQ(ls.cap(), std::optional<Bytes>(8 * GiB));
+  EXPECT_EQ(ls.model().allowed_memory_maximum(), std::optional<Bytes>(8 * GiB));
+  ASSERT_EQ(ls.apply(Allocate{9 * GiB, 0, {}}), std::nullopt);
+  EXPECT_EQ(ls.last_sut().kind, Outcome::Kind::OutOfMemory);
+  EXPECT_EQ(ls.last_sut().message,
+            "CUDA out of memory. Tried to allocate 9.00 GiB. GPU 0 has a total capacity of 80.00 GiB of which "
+            "80.00 GiB is free. Including non-PyTorch memory, this process has 0 bytes memory in use. 8.00 GiB "
+            "allowed; Of the allocated memory 0 bytes is allocated by PyTorch, and 0 bytes is reserved by PyTorch "
+            "but unallocated. If reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for "
+            "Memory Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-"
+            "with-pytorch-cuda-alloc-conf)");
+  EXPECT_EQ(ls.device_counters().mallocs + ls.device_counters().oom_calls, 0u);  // the cap refused it
+  // Exactly the cap is allowed (§13.4); one more segment is not.
+  ASSERT_EQ(ls.apply(Allocate{8 * GiB, 0, {}}), std::nullopt);
+  EXPECT_EQ(ls.last_sut().kind, Outcome::Kind::Pointer);
+  ASSERT_EQ(ls.apply(Allocate{1, 0, {}}), std::nullopt);
+  EXPECT_EQ(ls.last_sut().kind, Outcome::Kind::OutOfMemory);
+  EXPECT_EQ(ls.sut().stats().num_ooms, 2);
+  // A fraction op replaces the cap: a fraction of the 80 GiB device, as in PyTorch.
+  ASSERT_EQ(ls.apply(SetMemoryFraction{0.25}), std::nullopt);
+  EXPECT_EQ(ls.cap(), std::optional<Bytes>(20 * GiB));
+}
+
+// The same sequence, a 3 GiB block cached then a 6 GiB request: on an 8 GiB device (no cap)
+// the device runs out and the cache is freed and the call retried; under the 8 GiB cap of an
+// 80 GiB device the cap refuses before any device call and the retry follows; with a garbage
+// collection threshold (0.3: 2.4 GiB), garbage collection releases the 3 GiB block first (it
+// runs only under a cap, §3.5), and no retry is needed.
+TEST(Lockstep, DeviceTotalReachesRetryAndGarbageCollection) {
+  const auto ops = parse_ops("alloc 3221225472 s0\nfree h0\nalloc 6442450944 s0\n");
+  Options plain;
+  plain.capacity = 8 * GiB;
+  for (const auto& [o, retries, gc_frees, what] :
+       {std::tuple{plain, 1, 1, "8 GiB device"}, std::tuple{capped(), 1, 1, "8 GiB cap"},
+        std::tuple{capped("garbage_collection_threshold:0.3"), 0, 1, "8 GiB cap, GC"}}) {
+    PytorchLockstep ls(o);
+    ASSERT_EQ(ls.run(ops), std::nullopt) << what;
+    EXPECT_EQ(ls.last_sut().kind, Outcome::Kind::Pointer) << what;
+    const DeviceStats& st = ls.sut().stats();
+    EXPECT_EQ(st.num_alloc_retries, retries) << what;
+    EXPECT_EQ(st.num_device_free, gc_frees) << what;
+    EXPECT_EQ(st.num_ooms, 0) << what;
+    EXPECT_EQ(st.reserved_bytes[0].current, 6 * static_cast<std::int64_t>(GiB)) << what;
+  }
+}
+
+// The real-device constructor, as props_gpu_test builds it, on a host backend of 80 GiB: the
+// model takes the device's outcomes and the free bytes the sut read, and the capacity is a cap.
+// A device_total that is not the device's is refused.
+TEST(Lockstep, DeviceTotalOnTheRealDevicePath) {
+  auto device = [] {
+    gpu::HostOptions ho;
+    ho.capacity = k80GiB;
+    ho.events_complete_when_recorded = true;
+    return gpu::make_host_memory(ho);
+  };
+  PytorchLockstep ls(capped("garbage_collection_threshold:0.3"), device());
+  EXPECT_EQ(ls.sim(), nullptr);
+  EXPECT_EQ(ls.cap(), std::optional<Bytes>(8 * GiB));
+  ASSERT_EQ(ls.run(parse_ops("alloc 3221225472 s0\nfree h0\nalloc 6442450944 s0\nalloc 3221225472 s1\n")),
+            std::nullopt);
+  EXPECT_EQ(ls.last_sut().kind, Outcome::Kind::OutOfMemory);
+  EXPECT_NE(ls.last_sut().message.find("GPU 0 has a total capacity of 80.00 GiB of which 74.00 GiB is free. "),
+            std::string::npos)
+      << ls.last_sut().message;
+  EXPECT_EQ(ls.sut().stats().num_device_free, 1);  // garbage collection
+  Options wrong = capped();
+  wrong.device_total = 40 * GiB;
+  try {
+    PytorchLockstep bad(wrong, device());
+    ADD_FAILURE() << "a device_total other than the device's was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "lockstep: Options::device_total says 42949672960 bytes but the device's total memory is 85899345920; "
+              "read it from the device (mem_get_info) or leave it unset");
+  }
 }
 
 }  // namespace

@@ -105,7 +105,21 @@ std::string show(const Outcome& o);
 
 struct Options {
   Config config;                 // both allocators get it (per_process_memory_fraction too)
-  Bytes capacity = 8 * GiB;      // host backend capacity = the model's capacity
+  // The memory the pair may use. Without device_total: the host backend is a device of exactly
+  // `capacity` bytes (its total memory), which runs out there; a real device is taken as it is
+  // (capacity unused: nothing runs out on a device much larger than what the ops ask).
+  Bytes capacity = 8 * GiB;
+  // The device's total memory (cudaMemGetInfo's total) when it is larger than `capacity`: the
+  // host backend is then a device of device_total bytes (a real device must have exactly this
+  // total: PSut reads it from the device), and `capacity` is a cap on both sides, as PyTorch's
+  // per-process fraction (docs/pytorch-allocator.md §3.6): before the first op both get
+  // set_memory_fraction(fraction_for_cap(capacity, device_total)), whose cap is exactly
+  // `capacity` bytes. So a real device of 80 GiB runs out, garbage-collects (a cap below 1) and
+  // frees-and-retries at the same 8 GiB as the host backend, and both sides state the same total,
+  // free memory and cap in their out-of-memory messages. A SetMemoryFraction op later replaces
+  // the cap (a fraction of device_total, as in PyTorch). A configuration with
+  // per_process_memory_fraction keeps its own cap (nothing is applied). nullopt: no cap.
+  std::optional<Bytes> device_total = std::nullopt;
   bool check_invariants = true;  // sut invariants() and model check_invariants() after each op
   bool compare_stats = true;     // all 122 memory_stats() keys
   bool compare_snapshots = true; // memory_snapshot(): segments and blocks
@@ -120,6 +134,11 @@ struct Options {
   // events wait for CompleteEvents / CompleteAllEvents.)
   bool events_complete_immediately = false;
 };
+
+// The fraction of `total` whose cap (model::memory_cap: fraction x total in double, truncated,
+// as PyTorch's setMemoryFraction) is exactly `cap` bytes; 1.0 (no cap) when cap >= total.
+// Throws std::invalid_argument if no fraction gives exactly `cap` (only above 2^52 bytes).
+double fraction_for_cap(Bytes cap, Bytes total);
 
 // Device calls the sut made (the backend wrapper's log); what the model's source consumes.
 struct DeviceCall {
@@ -158,10 +177,14 @@ class Lockstep {
   // Whether both sides have private pools: else the pool and capture ops are Unsupported.
   static constexpr bool kPools = HasPrivatePools<Model> && HasPrivatePools<Impl>;
 
-  // Host simulation backend with options.capacity.
+  // Host simulation backend of options.capacity bytes (options.device_total, when set, with
+  // the capacity as a cap).
   explicit Lockstep(Options options);
   // Any backend (a real CUDA device): the model takes the device's addresses and outcomes;
-  // its total and free memory are the device's (mem_get_info).
+  // its total and free memory are the device's (mem_get_info: the figures the sut last read in
+  // the op, so both sides' out-of-memory messages state the same free bytes). With
+  // options.device_total (which must equal the device's total, else std::invalid_argument) the
+  // capacity is a cap on both sides.
   Lockstep(Options options, std::unique_ptr<gpu::DeviceMemory> memory);
   ~Lockstep();
   Lockstep(const Lockstep&) = delete;
@@ -188,6 +211,8 @@ class Lockstep {
   std::vector<Handle> live_handles() const;       // in increasing handle order
   // The cap set_memory_fraction put on both (nullopt: none), as model::memory_cap computes it.
   std::optional<Bytes> cap() const;
+  // The device's total memory both sides use (cudaMemGetInfo's; the host backend's).
+  Bytes total_memory() const;
 
   Model& model();
   Impl& sut();

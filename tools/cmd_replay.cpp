@@ -148,6 +148,7 @@ int run_replay(const Args& a) {
                          ignored.size() == 1 ? "it" : "them");
   }
   if (lt.trace.empty_cache_calls) out += fmt::format("empty_cache() calls in the trace: {}\n", lt.trace.empty_cache_calls);
+  out += own_releases_line(lt);
   if (auto note = trace_note(lt.trace); !note.empty()) out += note + "\n";
   out += pool_lines(lt.trace);
   auto pa = lt.file.final_stats.find("allocated_bytes.all.peak");
@@ -171,6 +172,8 @@ int run_replay(const Args& a) {
       out += pool_end_lines(lt.trace, r);
       out += final_stats_line(r, lt.file.final_stats);
     }
+    if (jobs[i].config == lt.run.config && jobs[i].config.policy == Policy::PyTorch)
+      if (auto note = recorded_peak_note(lt, r, lt.run.cap); !note.empty()) out += note + "\n";
     if (r.config.garbage_collection_threshold > 0 && lt.run.cap == 0)
       out += fmt::format("{}: garbage_collection_threshold does nothing without a memory cap "
                          "(set_per_process_memory_fraction), as in PyTorch\n", r.conf);

@@ -82,6 +82,8 @@ std::string to_text(const Args& a, const LoadedTrace& lt, const ReplayOptions& o
   out += fmt::format("{} configurations replayed on {} threads: the recorded one and {} candidates\n", n + 1,
                      a.threads, n);
   out += "\nrecorded configuration:\n" + results_table({&tr.baseline});
+  if (!tr.baseline.note.empty()) out += "note (recorded configuration): " + tr.baseline.note + "\n";
+  if (auto note = recorded_peak_note(lt, tr.baseline, o.cap); !note.empty()) out += note + "\n";
   const std::size_t shown = std::min(a.top, n);
   out += fmt::format("\nranking, fewest OOMs first, then peak reserved, then device calls ({} of {}):\n", shown, n);
   std::vector<const ReplayResult*> rows;

@@ -96,6 +96,7 @@ Explanation explain(const LoadedTrace& lt, const ReplayOptions& o, const std::ve
   if (const TraceEvent* ev = event_of(m.op); ev && ev->action == TraceAction::Oom) m.device_free = ev->addr;
   take_apart(lt, config, o, m);
   e.sites = sites_at(t, m.op, frames, eo.top_sites);
+  if (std::string note = recorded_peak_note(lt, e.baseline, o.cap); !note.empty()) e.notes.push_back(note);
   if (std::string line = device_memory_line(lt, o.cap); !line.empty())
     e.notes.push_back(line.starts_with("note: ") ? line.substr(6) : line);
 

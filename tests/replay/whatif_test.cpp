@@ -90,3 +90,41 @@ TEST(WhatIf, LargerCapsInventNoEmptyCacheAndPeaksNeverFall) {
 }
 
 }  // namespace
+
+// The first "peak_reserved" of a JSON text (replay --json: the first configuration; tune --json:
+// results[0], the recorded configuration).
+long long first_peak(const std::string& s) { return json_number(s, "peak_reserved"); }
+
+// 2: one peak reserved for the recorded configuration in replay, tune, explain, summary and plot
+// (report: tests/report). tune replays it with the recorded addresses, as replay does.
+TEST(WhatIf, OnePeakForTheRecordedConfigurationEverywhere) {
+  struct Case {
+    std::string trace, cap, human, mib;
+  };
+  for (const Case& c : {Case{kOom, " --cap 12G", "11.88 GiB", "12160 MiB"},
+                        Case{kData + "snapshots/mlp_train.pickle.gz", "", "", ""},
+                        Case{kData + "workloads/gpt2_train.trace.json.gz", "", "14.24 GiB", "14578 MiB"}}) {
+    Out r = run("replay " + c.trace + c.cap + " --json");
+    ASSERT_EQ(r.rc, 0) << r.err;
+    const long long peak = first_peak(r.out);
+    ASSERT_GT(peak, 0);
+    Out t = run("tune " + c.trace + c.cap + " --json --threads 2");
+    ASSERT_EQ(t.rc, 0) << t.err;
+    EXPECT_EQ(first_peak(t.out.substr(t.out.find("\"results\""))), peak) << c.trace;
+    Out e = run("explain " + c.trace + c.cap + " --json");
+    ASSERT_EQ(e.rc, 0) << e.err;
+    if (e.out.find("\"baseline_peak_reserved\"") != std::string::npos)
+      EXPECT_EQ(json_number(e.out, "baseline_peak_reserved"), peak) << c.trace;
+    else
+      EXPECT_EQ(json_number(e.out, "reserved"), peak) << c.trace;  // no OOM: explained at the peak
+    if (c.human.empty()) continue;
+    Out s = run("summary " + c.trace + c.cap);
+    ASSERT_EQ(s.rc, 0) << s.err;
+    EXPECT_NE(s.out.find("| GPU reserved memory   |"), std::string::npos);
+    EXPECT_NE(s.out.substr(s.out.find("| GPU reserved memory   |")).find(c.mib), std::string::npos) << s.out;
+    const fs::path svg = tmp_dir() / "p.svg";
+    Out p = run("plot " + c.trace + c.cap + " -o " + svg.string());
+    ASSERT_EQ(p.rc, 0) << p.err;
+    EXPECT_NE(slurp(svg).find("peak reserved " + c.human), std::string::npos) << c.trace;
+  }
+}

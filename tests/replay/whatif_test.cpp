@@ -128,3 +128,35 @@ TEST(WhatIf, OnePeakForTheRecordedConfigurationEverywhere) {
     EXPECT_NE(slurp(svg).find("peak reserved " + c.human), std::string::npos) << c.trace;
   }
 }
+
+// 5: impossible caps are refused, ignored or replaced keys said.
+TEST(WhatIf, ImpossibleCapsAndIgnoredKeysAreSaid) {
+  for (const char* cmd : {"replay ", "tune ", "explain ", "summary "}) {
+    Out o = run(cmd + kOom + " --cap 100G");
+    EXPECT_EQ(o.rc, 2) << cmd;
+    EXPECT_EQ(o.err.substr(o.err.find(':') + 2),
+              "--cap 100G: more than this process could get on the device (78.43 GiB: reserved 11.88 GiB + 66.55 GiB "
+              "free at the trace's out-of-memory entry); a cap above it changes nothing. Give a smaller cap, or the "
+              "device's memory with --device-memory if the device had more\n")
+        << cmd;
+  }
+  Out o = run("replay " + kOom + " --cap 18446744073709551615");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet replay: --cap 18446744073709551615: too large (more than 8 EiB); give the size in bytes or "
+                   "with K/M/G/T\n");
+  o = run("replay " + kOom + " --cap 12G --conf backend:cudaMallocAsync");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(flat(o.out).find("warning: backend:cudaMallocAsync (in 'backend:cudaMallocAsync') is CUDA's own "
+                             "stream-ordered allocator, not the caching allocator: there is nothing of it to replay; its "
+                             "row is the native caching allocator's\n"),
+            std::string::npos)
+      << o.out;
+  o = run("replay " + kOom + " --cap 12G --conf per_process_memory_fraction:0.05");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(flat(o.out).find("warning: per_process_memory_fraction (in 'per_process_memory_fraction:0.05'): 0.05, a cap "
+                             "of 3.92 GiB, is replaced by the cap in force, 12.00 GiB, as a program's "
+                             "set_per_process_memory_fraction() call replaces it in PyTorch; leave --cap out to replay "
+                             "under it\n"),
+            std::string::npos)
+      << o.out;
+}

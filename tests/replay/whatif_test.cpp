@@ -160,3 +160,21 @@ TEST(WhatIf, ImpossibleCapsAndIgnoredKeysAreSaid) {
             std::string::npos)
       << o.out;
 }
+
+// 4: C++ frames (stacks="all") do not break explain: the site is the first Python frame outside
+// PyTorch, the C++ frames are counted in one line, no line is longer than 200 characters.
+// tests/data/derived/gpt2_oom_cpp_stacks.pickle.gz: the OOM snapshot with 29 C++ frames put
+// before every stack (tests/data/derived/make_cpp_stacks.py).
+TEST(WhatIf, CppStacksDoNotBreakExplain) {
+  Out o = run("explain " + std::string(CACHET_TEST_DATA) + "/derived/gpt2_oom_cpp_stacks.pickle.gz --cap 12G");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  std::istringstream in(o.out);
+  for (std::string line; std::getline(in, line);) EXPECT_LE(line.size(), 200u) << line.substr(0, 120);
+  EXPECT_EQ(o.out.find("torch::unwind::unwind() (??:0)"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("     3.94 GiB     48 blocks  forward (activations.py:66)\n"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("    cross_entropy /opt/torch/.venv/lib/python3.12/site-packages/torch/nn/functional.py:3504\n"),
+            std::string::npos);
+  EXPECT_NE(o.out.find("    (29 C++ frames left out, the innermost torch::unwind::unwind(); --json lists them)\n"),
+            std::string::npos)
+      << o.out;
+}

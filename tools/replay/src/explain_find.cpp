@@ -93,6 +93,15 @@ Explanation explain(const LoadedTrace& lt, const ReplayOptions& o, const std::ve
     e.notes.push_back("peak reserved was reached by an op that is not an allocation");
   }
   if (m.event < frames.size()) m.frames = frames[m.event];
+  if (m.frames.empty() && !frames.empty() && dt)
+    for (std::uint64_t k = std::min<std::uint64_t>(m.event, frames.size()); k-- > 0;)
+      if (!frames[k].empty() && k < dt->events.size()) {
+        m.nearest_event = k;
+        m.nearest_what = fmt::format("{} of {}, {} events before", to_string(dt->events[k].action),
+                                     human_bytes(static_cast<std::int64_t>(dt->events[k].size)), m.event - k);
+        m.nearest_frames = frames[k];
+        break;
+      }
   if (const TraceEvent* ev = event_of(m.op); ev && ev->action == TraceAction::Oom) m.device_free = ev->addr;
   take_apart(lt, config, o, m);
   e.sites = sites_at(t, m.op, frames, eo.top_sites);

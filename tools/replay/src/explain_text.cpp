@@ -33,6 +33,27 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
   return s;
 }
 
+// The Python frames of a stack, one a line (clipped to kMaxFrameLine); its C++ frames (stacks="all")
+// counted in one line.
+std::string stack_lines(const std::vector<io::Frame>& fr) {
+  std::string o;
+  std::size_t cpp = 0;
+  const io::Frame* first_cpp = nullptr;
+  for (const auto& f : fr) {
+    if (!io::is_python_frame(f)) {
+      if (cpp++ == 0) first_cpp = &f;
+      continue;
+    }
+    o += clip_line(fmt::format("    {} {}:{}", f.name, f.filename, f.line), kMaxFrameLine) + "\n";
+  }
+  if (cpp > 0)
+    o += clip_line(fmt::format("    ({} C++ frame{} left out, the innermost {}; --json lists them)", cpp,
+                               cpp == 1 ? "" : "s", first_cpp->name),
+                   kMaxFrameLine) +
+         "\n";
+  return o;
+}
+
 std::string frames_json(const std::vector<io::Frame>& fr) {
   std::string s = "[";
   for (std::size_t i = 0; i < fr.size(); ++i)
@@ -60,8 +81,11 @@ std::string explain_text(const Explanation& e) {
   if (m.rounded != m.size) o += fmt::format("  rounded to {} bytes (docs/pytorch-allocator.md §1.2)\n", m.rounded);
   if (m.device_free) o += fmt::format("  the driver reported {} free on the device then\n", hb(*m.device_free));
   if (!m.frames.empty()) {
-    o += "  stack, innermost first, as PyTorch recorded it:\n";
-    for (const auto& f : m.frames) o += fmt::format("    {} {}:{}\n", f.name, f.filename, f.line);
+    o += "  stack, innermost first, as PyTorch recorded it:\n" + stack_lines(m.frames);
+  } else if (!m.nearest_frames.empty()) {
+    o += fmt::format("  (no stack recorded for this request; the nearest recorded one before it, trace event {}, {}):\n",
+                     m.nearest_event, m.nearest_what);
+    o += stack_lines(m.nearest_frames);
   } else {
     o += e.frames_recorded ? "  (no stack recorded for this request)\n"
                            : "  (no stacks recorded: _record_memory_history(stacks=\"python\") records them)\n";

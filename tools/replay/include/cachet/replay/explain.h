@@ -26,6 +26,11 @@
 
 namespace cachet::replay {
 
+// Frames are printed one a line, each at most this long (C++ template names run to thousands of
+// characters): longer ones end in "...".
+inline constexpr std::size_t kMaxFrameLine = 160;
+std::string clip_line(std::string s, std::size_t width);
+
 // PyTorch's round_size (docs/pytorch-allocator.md §1.2) under `c`.
 Bytes pytorch_round_size(Bytes size, const Config& c);
 
@@ -54,6 +59,10 @@ struct Moment {
   StreamId stream = 0;
   bool small_pool = false;  // rounded <= 1 MiB
   std::vector<io::Frame> frames;
+  // When the request has no frames but others do: the nearest earlier event with frames.
+  std::uint64_t nearest_event = 0;
+  std::string nearest_what;  // its action and size, e.g. "alloc of 1.53 GiB"
+  std::vector<io::Frame> nearest_frames;
   std::optional<Bytes> device_free;  // the `oom` event's driver figure
   std::int64_t reserved = 0, allocated = 0, requested = 0;
   std::vector<FreePart> parts;       // sums to reserved - allocated

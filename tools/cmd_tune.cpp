@@ -110,6 +110,13 @@ std::string to_text(const Args& a, const LoadedTrace& lt, const ReplayOptions& o
                        o.cap ? fmt::format("a cap of at least that, {} now", human_bytes(o.cap))
                              : fmt::format("that much device memory for the process, {} now", human_bytes(o.device_memory)));
   };
+  if (auto c = oom_end_caveat(lt); !c.empty() && base.stats.num_ooms > 0) out += "\n" + wrap_text("Caveat: " + c + ".", width, "");
+  auto headroom = [&](const ReplayResult& r) {
+    std::string h = headroom_text(r.peak_reserved(), o.cap);
+    if (h.empty() || r.stats.num_ooms > 0) return std::string();
+    h[0] = 'H';
+    return " " + h + ".";
+  };
   out += "\n";
   if (tr.best_native == kRecorded)
     out += fmt::format("With PyTorch's allocator: keep the recorded configuration, PYTORCH_CUDA_ALLOC_CONF=\"{}\"\n",
@@ -119,13 +126,13 @@ std::string to_text(const Args& a, const LoadedTrace& lt, const ReplayOptions& o
                      width, "  ");
   else
     out += fmt::format("With PyTorch's allocator: PYTORCH_CUDA_ALLOC_CONF=\"{}\"\n", native.conf) +
-           wrap_text(describe_change(base, native) + needs(an.needed_native), width, "  ");
+           wrap_text(describe_change(base, native) + headroom(native) + needs(an.needed_native), width, "  ");
   if (an.plugin != kRecorded) {
     const ReplayResult& p = tr.results[an.plugin];
     const auto rank = std::find(tr.ranking.begin(), tr.ranking.end(), an.plugin) - tr.ranking.begin() + 1;
     if (an.recommend_plugin)
       out += fmt::format("With cachet's plug-in (python/README.md): CACHET_ALLOC_CONF=\"{}\"\n", p.conf) +
-             wrap_text(describe_change(base, p) + needs(an.needed_plugin), width, "  ");
+             wrap_text(describe_change(base, p) + headroom(p) + needs(an.needed_plugin), width, "  ");
     else if (an.plugin != tr.best)
       out += wrap_text(fmt::format("With cachet's plug-in: nothing better: CACHET_ALLOC_CONF=\"{}\" ranks {}.", p.conf,
                                    rank),

@@ -162,14 +162,15 @@ TEST(WhatIf, ImpossibleCapsAndIgnoredKeysAreSaid) {
 }
 
 // 4: C++ frames (stacks="all") do not break explain: the site is the first Python frame outside
-// PyTorch, the C++ frames are counted in one line, no line is longer than 200 characters.
+// PyTorch, the C++ frames are counted in one line, no frame line is longer than 200 characters.
 // tests/data/derived/gpt2_oom_cpp_stacks.pickle.gz: the OOM snapshot with 29 C++ frames put
 // before every stack (tests/data/derived/make_cpp_stacks.py).
 TEST(WhatIf, CppStacksDoNotBreakExplain) {
   Out o = run("explain " + std::string(CACHET_TEST_DATA) + "/derived/gpt2_oom_cpp_stacks.pickle.gz --cap 12G");
   ASSERT_EQ(o.rc, 0) << o.err;
   std::istringstream in(o.out);
-  for (std::string line; std::getline(in, line);) EXPECT_LE(line.size(), 200u) << line.substr(0, 120);
+  for (std::string line; std::getline(in, line);)  // stack frames and sites, indented by four
+    if (line.starts_with("    ")) EXPECT_LE(line.size(), 200u) << line.substr(0, 120);
   EXPECT_EQ(o.out.find("torch::unwind::unwind() (??:0)"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("     3.94 GiB     48 blocks  forward (activations.py:66)\n"), std::string::npos) << o.out;
   EXPECT_NE(o.out.find("    cross_entropy /opt/torch/.venv/lib/python3.12/site-packages/torch/nn/functional.py:3504\n"),
@@ -177,4 +178,29 @@ TEST(WhatIf, CppStacksDoNotBreakExplain) {
   EXPECT_NE(o.out.find("    (29 C++ frames left out, the innermost torch::unwind::unwind(); --json lists them)\n"),
             std::string::npos)
       << o.out;
+}
+
+// Expectations: the headroom of each pick under the cap, and the caveat of a trace that ends at
+// its out-of-memory error (explain and tune).
+TEST(WhatIf, HeadroomAndTheCaveatOfATraceThatEndsAtTheOom) {
+  Out e = run("explain " + kOom + " --cap 12G");
+  ASSERT_EQ(e.rc, 0) << e.err;
+  EXPECT_NE(e.out.find("  headroom under the cap: 2.00 MiB = 2097152 bytes (peak reserved 12.00 GiB of 12.00 GiB); close "
+                       "to the cap (under 256.00 MiB): on the GPU, other libraries' memory or another allocation order "
+                       "can still make it fail, so prefer a pick with more headroom or a slightly larger cap\n"),
+            std::string::npos)
+      << e.out;
+  EXPECT_NE(e.out.find("note: the trace ends at its out-of-memory error (trace event 5754; nothing is allocated after "
+                       "it): what the program would have done next is not in the trace, so a configuration or cap that "
+                       "avoids the error is judged on the steps before it only; record a run that gets past it (a "
+                       "larger cap) to see the rest\n"),
+            std::string::npos)
+      << e.out;
+  Out t = run("tune " + kOom + " --cap 12G");
+  ASSERT_EQ(t.rc, 0) << t.err;
+  EXPECT_NE(flat(t.out).find("Headroom under the cap: 2.00 MiB = 2097152 bytes (peak reserved 12.00 GiB of 12.00 GiB)"),
+            std::string::npos)
+      << t.out;
+  EXPECT_NE(flat(t.out).find("Caveat: the trace ends at its out-of-memory error (trace event 5754;"), std::string::npos)
+      << t.out;
 }

@@ -106,6 +106,7 @@ Explanation explain(const LoadedTrace& lt, const ReplayOptions& o, const std::ve
   take_apart(lt, config, o, m);
   e.sites = sites_at(t, m.op, frames, eo.top_sites);
   if (std::string note = recorded_peak_note(lt, e.baseline, o.cap); !note.empty()) e.notes.push_back(note);
+  if (std::string c = oom_end_caveat(lt); !c.empty() && m.oom) e.notes.push_back(c);
   if (std::string line = device_memory_line(lt, o.cap); !line.empty())
     e.notes.push_back(line.starts_with("note: ") ? line.substr(6) : line);
 

@@ -119,11 +119,14 @@ std::string explain_text(const Explanation& e) {
     o += fmt::format("  {}=\"{}\"\n", variable(r.config), c.conf);
     o += fmt::format("  {} key{} changed: {}\n", c.keys.size(), c.keys.size() == 1 ? "" : "s", join(c.keys, ", "));
     o += fmt::format("  out-of-memory errors: {} instead of {}\n", r.stats.num_ooms, b.stats.num_ooms);
-    o += fmt::format("  peak reserved {} instead of {} (the recorded configuration, replayed the same way)\n"
+    o += fmt::format("  peak reserved {} instead of {} (the recorded configuration{})\n"
                      "  device calls (segment allocations and frees) {} instead of {}; allocation retries {} instead of {}\n",
-                     hb(r.peak_reserved()), hb(b.peak_reserved()), r.stats.num_device_alloc + r.stats.num_device_free,
+                     hb(r.peak_reserved()), hb(b.peak_reserved()),
+                     b.recorded_addresses ? ", replayed with its recorded addresses" : ", replayed the same way",
+                     r.stats.num_device_alloc + r.stats.num_device_free,
                      b.stats.num_device_alloc + b.stats.num_device_free, r.stats.num_alloc_retries,
                      b.stats.num_alloc_retries);
+    if (std::string h = headroom_text(r.peak_reserved(), e.cap); !h.empty()) o += "  " + h + "\n";
     if (r.config.policy == Policy::Cachet)
       o += "  (policy:cachet needs cachet's plug-in, python/; PyTorch rejects the key in its own variables)\n";
   };

@@ -227,6 +227,39 @@ std::string recorded_peak_note(const LoadedTrace& lt, const ReplayResult& r, Byt
                      human_bytes_exact(static_cast<Bytes>(r.peak_reserved())), human_bytes_exact(*rec), source, list);
 }
 
+std::string oom_end_caveat(const LoadedTrace& lt) {
+  const io::DeviceTrace* d = lt.file.device(lt.device);
+  if (d == nullptr) return {};
+  std::size_t first_oom = d->events.size();
+  for (std::size_t i = 0; i < d->events.size(); ++i)
+    if (d->events[i].action == TraceAction::Oom) {
+      first_oom = i;
+      break;
+    }
+  if (first_oom == d->events.size()) return {};
+  for (std::size_t i = first_oom + 1; i < d->events.size(); ++i)
+    if (d->events[i].action == TraceAction::Alloc || d->events[i].action == TraceAction::Oom) return {};
+  return fmt::format(
+      "the trace ends at its out-of-memory error (trace event {}; nothing is allocated after it): what the "
+      "program would have done next is not in the trace, so a configuration or cap that avoids the error is judged on "
+      "the steps before it only; record a run that gets past it (a larger cap) to see the rest",
+      first_oom);
+}
+
+std::string headroom_text(std::int64_t peak, Bytes cap) {
+  if (cap == 0) return {};
+  const auto p = static_cast<Bytes>(std::max<std::int64_t>(peak, 0));
+  if (p > cap) return {};
+  const Bytes room = cap - p;
+  std::string s = fmt::format("headroom under the cap: {} (peak reserved {} of {})", human_bytes_exact(room),
+                              human_bytes(peak), human_bytes(static_cast<std::int64_t>(cap)));
+  if (room < kSafeHeadroom)
+    s += fmt::format("; close to the cap (under {}): on the GPU, other libraries' memory or another allocation order "
+                     "can still make it fail, so prefer a pick with more headroom or a slightly larger cap",
+                     human_bytes(static_cast<std::int64_t>(kSafeHeadroom)));
+  return s;
+}
+
 ReplayOptions recorded_options(const LoadedTrace& lt, AddressMode addresses) {
   ReplayOptions o;
   o.device_memory = lt.run.total_memory;

@@ -263,6 +263,19 @@ std::optional<Bytes> recorded_peak_reserved(const LoadedTrace& lt, std::string* 
 // mid-run).
 std::string recorded_peak_note(const LoadedTrace& lt, const ReplayResult& r, Bytes cap);
 
+// When the trace ends at its first out-of-memory error (no allocation after it): one sentence
+// saying that what the program did next is unseen, so a configuration that avoids the error is
+// judged on the steps before it only. "" otherwise.
+std::string oom_end_caveat(const LoadedTrace& lt);
+
+// How close peak reserved `peak` comes to `cap`: "headroom under the cap: X (peak reserved P of
+// cap C)", with a warning below kSafeHeadroom. "" when cap is 0.
+std::string headroom_text(std::int64_t peak, Bytes cap);
+// Under this much headroom a pick is close to the cap: a replay is exact only for the recorded
+// configuration with its addresses, and other libraries (cuBLAS workspaces, NCCL) take memory
+// outside the allocator.
+inline constexpr Bytes kSafeHeadroom = 256 * MiB;
+
 // The options that replay `lt` as it was recorded (capacity, cap; addresses as given).
 ReplayOptions recorded_options(const LoadedTrace& lt, AddressMode addresses);
 

@@ -92,8 +92,8 @@ std::string to_text(const Args& a, const LoadedTrace& lt, const ReplayOptions& o
     rows.push_back(&tr.results[tr.ranking[k]]);
     ranks.push_back(std::to_string(k + 1));
   }
-  // The plug-in's row, when the rows above do not show it.
-  for (std::size_t k = shown; k < n; ++k)
+  // The plug-in's row, when the rows above do not show it (none with --top 0).
+  for (std::size_t k = shown; k < n && shown > 0; ++k)
     if (tr.ranking[k] == an.plugin) {
       rows.push_back(&tr.results[an.plugin]);
       ranks.push_back(std::to_string(k + 1));

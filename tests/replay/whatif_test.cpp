@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -203,4 +204,42 @@ TEST(WhatIf, HeadroomAndTheCaveatOfATraceThatEndsAtTheOom) {
       << t.out;
   EXPECT_NE(flat(t.out).find("Caveat: the trace ends at its out-of-memory error (trace event 5754;"), std::string::npos)
       << t.out;
+}
+
+// 6 (part): `cachet help`, tune --top 0, the device memory when nothing tells it (explain, report).
+TEST(WhatIf, SmallerItems) {
+  Out h = run("help");
+  EXPECT_EQ(h.rc, 0);
+  EXPECT_NE(h.out.find("Usage: "), std::string::npos) << h.out << h.err;
+  h = run("help replay");
+  EXPECT_EQ(h.rc, 0);
+  EXPECT_NE(h.out.find(" replay [OPTIONS] TRACE"), std::string::npos) << h.out << h.err;
+  const std::string mlp = kData + "snapshots/mlp_train.pickle.gz";
+  Out t = run("tune " + mlp + " --top 0");
+  ASSERT_EQ(t.rc, 0) << t.err;
+  const auto from = t.out.find("(0 of 57):\n");
+  ASSERT_NE(from, std::string::npos) << t.out;
+  const std::string rows = t.out.substr(from, t.out.find("\nWith PyTorch's") - from);
+  EXPECT_EQ(rows.find("policy:cachet"), std::string::npos) << rows;
+  EXPECT_EQ(std::count(rows.begin(), rows.end(), '\n'), 4) << rows;  // the header and the table's head only
+  Out e = run("explain " + mlp);
+  ASSERT_EQ(e.rc, 0) << e.err;
+  EXPECT_NE(e.out.find("configuration: (default); device memory not recorded (no device limit)\n"), std::string::npos)
+      << e.out;
+}
+
+// 7 (part): the report's explain block wraps instead of overflowing, its legend says what the
+// dashed line is; free memory is the same grey in plot and report.
+TEST(WhatIf, ChartsSayWhatTheyDraw) {
+  const fs::path html = tmp_dir() / "r.html", svg = tmp_dir() / "r.svg";
+  Out r = run("report " + kOom + " --cap 12G -o " + html.string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string page = slurp(html);
+  EXPECT_NE(page.find("pre{background:#f7f7f7;padding:10px;white-space:pre-wrap;overflow-wrap:anywhere;"),
+            std::string::npos);
+  EXPECT_NE(page.find("the dashed vertical line marks when peak reserved was reached"), std::string::npos);
+  EXPECT_NE(page.find("#e2e8f0"), std::string::npos);
+  Out p = run("plot " + kOom + " --cap 12G -o " + svg.string());
+  ASSERT_EQ(p.rc, 0) << p.err;
+  EXPECT_NE(slurp(svg).find("fill=\"#e2e8f0\""), std::string::npos);
 }

@@ -47,6 +47,7 @@ Explanation explain(const LoadedTrace& lt, const ReplayOptions& o, const std::ve
   e.trace = lt.file.name;
   e.conf = to_string(config);
   e.device_memory = o.device_memory;
+  e.device_memory_known = lt.memory.source != DeviceMemoryFacts::Source::Unknown;
   e.cap = o.cap;
   e.frames_recorded = !frames.empty();
   if (t.ops.empty()) throw std::invalid_argument(lt.file.name + ": the trace has no allocations to explain");

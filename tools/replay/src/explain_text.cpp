@@ -68,7 +68,8 @@ std::string explain_text(const Explanation& e) {
   const Moment& m = e.at;
   std::string o;
   o += fmt::format("trace: {}\nconfiguration: {}; device memory {}{}\n", e.trace, e.conf.empty() ? "(default)" : e.conf,
-                   hb(e.device_memory), e.cap ? "; cap " + hb(e.cap) : std::string());
+                   e.device_memory_known ? hb(e.device_memory) : std::string("not recorded (no device limit)"),
+                   e.cap ? "; cap " + hb(e.cap) : std::string());
   for (const auto& n : e.notes) o += "note: " + n + "\n";
   o += "\n";
   if (m.oom)

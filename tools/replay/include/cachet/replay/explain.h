@@ -79,6 +79,7 @@ struct Explanation {
   std::string trace;   // file name
   std::string conf;    // recorded configuration ("" = default)
   Bytes device_memory = 0;
+  bool device_memory_known = true;  // false: nothing told it (kNoDeviceLimit), said as such
   Bytes cap = 0;
   Moment at;
   std::vector<Site> sites;            // most bytes first

@@ -243,3 +243,15 @@ TEST(WhatIf, ChartsSayWhatTheyDraw) {
   ASSERT_EQ(p.rc, 0) << p.err;
   EXPECT_NE(slurp(svg).find("fill=\"#e2e8f0\""), std::string::npos);
 }
+
+// 3 (in part): an oom entry records the size after rounding; explain says which requests round to
+// it under the recorded configuration (roundup_power2_divisions:4 here). The request itself is
+// not in the trace, so the replay keeps the rounded size.
+TEST(WhatIf, TheFailedRequestsRoundingIsSaid) {
+  Out e = run("explain " + kData + "results/res_pressure_msplit256_r4.json.gz");
+  ASSERT_EQ(e.rc, 0) << e.err;
+  EXPECT_NE(e.out.find("  PyTorch's oom entry records the size after its rounding (roundup_power2_divisions): the "
+                       "program asked for 1073741825 to 1342177280 bytes, replayed as 1342177280\n"),
+            std::string::npos)
+      << e.out;
+}

@@ -105,6 +105,14 @@ Explanation explain(const LoadedTrace& lt, const ReplayOptions& o, const std::ve
       }
   if (const TraceEvent* ev = event_of(m.op); ev && ev->action == TraceAction::Oom) m.device_free = ev->addr;
   take_apart(lt, config, o, m);
+  if (op.kind == OpKind::OomRequest && m.size > 0) {
+    Bytes lo = 1, hi = m.size;  // pytorch_round_size is monotone: the least x rounding to m.size
+    while (lo < hi) {
+      const Bytes mid = lo + (hi - lo) / 2;
+      (pytorch_round_size(mid, config) >= m.size ? hi : lo) = mid + (pytorch_round_size(mid, config) >= m.size ? 0 : 1);
+    }
+    m.request_min = lo;
+  }
   e.sites = sites_at(t, m.op, frames, eo.top_sites);
   if (std::string note = recorded_peak_note(lt, e.baseline, o.cap); !note.empty()) e.notes.push_back(note);
   if (std::string c = oom_end_caveat(lt); !c.empty() && m.oom) e.notes.push_back(c);

@@ -80,6 +80,10 @@ std::string explain_text(const Explanation& e) {
                      "pool.\n",
                      m.event, hb(m.size), m.size, m.stream, m.small_pool ? "small" : "large");
   if (m.rounded != m.size) o += fmt::format("  rounded to {} bytes (docs/pytorch-allocator.md §1.2)\n", m.rounded);
+  if (m.request_min > 0 && m.size - m.request_min >= kMinBlockSize)
+    o += fmt::format("  PyTorch's oom entry records the size after its rounding (roundup_power2_divisions): the program "
+                     "asked for {} to {} bytes, replayed as {}\n",
+                     m.request_min, m.size, m.size);
   if (m.device_free) o += fmt::format("  the driver reported {} free on the device then\n", hb(*m.device_free));
   if (!m.frames.empty()) {
     o += "  stack, innermost first, as PyTorch recorded it:\n" + stack_lines(m.frames);

@@ -56,6 +56,9 @@ struct Moment {
   std::uint64_t event = 0;  // index of the trace event
   Bytes size = 0;           // requested bytes (an `oom` event records the rounded size)
   Bytes rounded = 0;        // pytorch_round_size
+  // An `oom` event records the size after PyTorch's rounding: the smallest request that rounds
+  // to it under the recorded configuration (the program asked for request_min..size bytes).
+  Bytes request_min = 0;
   StreamId stream = 0;
   bool small_pool = false;  // rounded <= 1 MiB
   std::vector<io::Frame> frames;

@@ -255,3 +255,16 @@ TEST(WhatIf, TheFailedRequestsRoundingIsSaid) {
             std::string::npos)
       << e.out;
 }
+
+// 6 (part): check-conf's suggestion for options split by the shell is a string it accepts, and
+// --source cachet names the keys policy:cachet ignores, as replay does.
+TEST(WhatIf, CheckConfSuggestsWhatItAcceptsAndNamesIgnoredKeys) {
+  Out c = run("check-conf expandable_segments:True, max_split_size_mb:128");
+  EXPECT_EQ(c.rc, 2);
+  EXPECT_EQ(c.err, "error: check-conf takes one string, got 2 arguments; quote the string, with its options separated "
+                   "by ',': cachet check-conf 'expandable_segments:True,max_split_size_mb:128'\n");
+  EXPECT_EQ(run("check-conf 'expandable_segments:True,max_split_size_mb:128'").rc, 0);
+  c = run("check-conf --source cachet 'policy:cachet,roundup_power2_divisions:4'");
+  EXPECT_EQ(c.rc, 0);
+  EXPECT_EQ(c.err, "warning: policy:cachet does not use roundup_power2_divisions: it has no effect under it\n");
+}

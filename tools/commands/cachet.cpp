@@ -7,6 +7,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "command.h"
@@ -76,6 +77,15 @@ int main(int argc, char** argv) {
   auto& commands = registry();
   std::sort(commands.begin(), commands.end(),
             [](const Command& a, const Command& b) { return a.name < b.name; });
+  // `cachet help [COMMAND]` is `cachet [COMMAND] --help`.
+  std::vector<char*> args(argv, argv + argc);
+  static char help_flag[] = "--help";
+  if (argc >= 2 && std::string_view(argv[1]) == "help") {
+    args.erase(args.begin() + 1);
+    args.push_back(help_flag);
+    argc = static_cast<int>(args.size());
+    argv = args.data();
+  }
   if (auto problem = command_problem(argc, argv, commands)) {
     std::fprintf(stderr, "%s\n", problem->c_str());
     return kExitBadInput;

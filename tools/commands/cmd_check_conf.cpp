@@ -13,6 +13,10 @@
 #include "cachet/errors.h"
 #include "command.h"
 
+#if __has_include("cachet/replay/tune.h")
+#include "cachet/replay/tune.h"
+#endif
+
 namespace {
 
 // The input with a caret under 1-based `column` (tabs kept so the caret lines up).
@@ -46,7 +50,11 @@ cachet::cli::Runner setup(CLI::App& sub) {
     // Options split by the shell (unquoted spaces, or ',' written as ' '): one string is checked.
     if (opts->texts.size() > 1) {
       std::string joined;
-      for (const auto& t : opts->texts) joined += (joined.empty() ? "" : ",") + t;
+      for (std::string t : opts->texts) {  // "a:1," "b:2": one ',' between, none doubled
+        while (!t.empty() && t.back() == ',') t.pop_back();
+        while (!t.empty() && t.front() == ',') t.erase(t.begin());
+        if (!t.empty()) joined += (joined.empty() ? "" : ",") + t;
+      }
       std::fprintf(stderr,
                    "error: check-conf takes one string, got %zu arguments; quote the string, with its options "
                    "separated by ',': cachet check-conf '%s'\n",
@@ -65,6 +73,16 @@ cachet::cli::Runner setup(CLI::App& sub) {
           std::fprintf(stderr, "warning: %s\n", w.message.c_str());
         }
       }
+#if __has_include("cachet/replay/tune.h")
+      // policy:cachet leaves the PyTorch policy's keys unused (cachet replay says it too).
+      if (r.config.policy == cachet::Policy::Cachet)
+        if (const auto ignored = cachet::replay::keys_policy_cachet_ignores(r.config); !ignored.empty()) {
+          std::string list;
+          for (const auto& k : ignored) list += (list.empty() ? "" : ", ") + k;
+          std::fprintf(stderr, "warning: policy:cachet does not use %s: %s no effect under it\n", list.c_str(),
+                       ignored.size() == 1 ? "it has" : "they have");
+        }
+#endif
       std::printf("%s\n", cachet::to_string(r.config).c_str());
       return cachet::cli::kExitOk;
     } catch (const cachet::ConfigError& e) {

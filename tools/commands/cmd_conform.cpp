@@ -570,6 +570,7 @@ int run(const Options& o) {
 Runner setup(CLI::App& sub) {
   auto o = std::make_shared<Options>();
   sub.add_option("files", o->files, "OPS RESULT, or RESULT alone (ops found in ../ops/ beside it)")
+      ->type_name("[OPS] RESULT")
       ->required()
       ->expected(1, 2);
   sub.add_option("--ops", o->ops, "the op list (ops_<regime>.json[.gz]) to replay");

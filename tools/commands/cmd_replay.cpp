@@ -147,7 +147,33 @@ int run_replay(const Args& a) {
                          fmt::join(ignored, ", "), a.confs.empty() ? lt.recorded_conf_text : a.confs[i],
                          ignored.size() == 1 ? "it" : "them");
   }
+  // Keys the replay cannot honour as asked, said (never silently dropped).
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    const Config& c = jobs[i].config;
+    const std::string name = to_string(c).empty() ? "(default)" : to_string(c);
+    if (c.backend == Backend::CudaMallocAsync)
+      out += fmt::format("warning: backend:cudaMallocAsync (in '{}') is CUDA's own stream-ordered allocator, not the caching "
+                         "allocator: there is nothing of it to replay; its row is the native caching allocator's\n",
+                         name);
+    if (c.per_process_memory_fraction && *c.per_process_memory_fraction < 1.0) {
+      const auto implied = static_cast<Bytes>(*c.per_process_memory_fraction * static_cast<double>(lt.run.total_memory));
+      if (lt.run.cap)
+        out += fmt::format("warning: per_process_memory_fraction (in '{}'): {}, a cap of {}, is replaced by the cap in force, "
+                           "{}, as a program's set_per_process_memory_fraction() call replaces it in PyTorch; leave "
+                           "--cap out to replay under it\n",
+                           name, *c.per_process_memory_fraction, human_bytes(static_cast<std::int64_t>(implied)),
+                           human_bytes(static_cast<std::int64_t>(lt.run.cap)));
+      else
+        out += fmt::format("per_process_memory_fraction (in '{}'): {}, a cap of {} ({} of device memory{})\n", name,
+                           *c.per_process_memory_fraction, human_bytes(static_cast<std::int64_t>(implied)),
+                           human_bytes(static_cast<std::int64_t>(lt.run.total_memory)),
+                           lt.memory.source == DeviceMemoryFacts::Source::Unknown
+                               ? ", unknown: give --device-memory for the true cap"
+                               : "");
+    }
+  }
   if (lt.trace.empty_cache_calls) out += fmt::format("empty_cache() calls in the trace: {}\n", lt.trace.empty_cache_calls);
+  out += own_releases_line(lt);
   if (auto note = trace_note(lt.trace); !note.empty()) out += note + "\n";
   out += pool_lines(lt.trace);
   auto pa = lt.file.final_stats.find("allocated_bytes.all.peak");
@@ -171,6 +197,8 @@ int run_replay(const Args& a) {
       out += pool_end_lines(lt.trace, r);
       out += final_stats_line(r, lt.file.final_stats);
     }
+    if (jobs[i].config == lt.run.config && jobs[i].config.policy == Policy::PyTorch)
+      if (auto note = recorded_peak_note(lt, r, lt.run.cap); !note.empty()) out += note + "\n";
     if (r.config.garbage_collection_threshold > 0 && lt.run.cap == 0)
       out += fmt::format("{}: garbage_collection_threshold does nothing without a memory cap "
                          "(set_per_process_memory_fraction), as in PyTorch\n", r.conf);

@@ -69,7 +69,8 @@ int run_report(const Args& a) {
   HtmlReport r;
   r.title = base_name(lt.file.name);
   r.subtitle = fmt::format("configuration: {}; device memory {}{}; {} events", e.conf.empty() ? "(default)" : e.conf,
-                           human_bytes(static_cast<std::int64_t>(e.device_memory)),
+                           !e.device_memory_known ? std::string("not recorded (no device limit)")
+                               : human_bytes(static_cast<std::int64_t>(e.device_memory)),
                            e.cap ? "; cap " + human_bytes(static_cast<std::int64_t>(e.cap)) : std::string(), t.events);
   r.x_is_time = !t.event_time_us.empty() && t.event_time_us.back() > t.event_time_us.front();
   const std::int64_t t0 = r.x_is_time ? t.event_time_us.front() : 0;

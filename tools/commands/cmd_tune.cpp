@@ -82,6 +82,8 @@ std::string to_text(const Args& a, const LoadedTrace& lt, const ReplayOptions& o
   out += fmt::format("{} configurations replayed on {} threads: the recorded one and {} candidates\n", n + 1,
                      a.threads, n);
   out += "\nrecorded configuration:\n" + results_table({&tr.baseline});
+  if (!tr.baseline.note.empty()) out += "note (recorded configuration): " + tr.baseline.note + "\n";
+  if (auto note = recorded_peak_note(lt, tr.baseline, o.cap); !note.empty()) out += note + "\n";
   const std::size_t shown = std::min(a.top, n);
   out += fmt::format("\nranking, fewest OOMs first, then peak reserved, then device calls ({} of {}):\n", shown, n);
   std::vector<const ReplayResult*> rows;
@@ -90,8 +92,8 @@ std::string to_text(const Args& a, const LoadedTrace& lt, const ReplayOptions& o
     rows.push_back(&tr.results[tr.ranking[k]]);
     ranks.push_back(std::to_string(k + 1));
   }
-  // The plug-in's row, when the rows above do not show it.
-  for (std::size_t k = shown; k < n; ++k)
+  // The plug-in's row, when the rows above do not show it (none with --top 0).
+  for (std::size_t k = shown; k < n && shown > 0; ++k)
     if (tr.ranking[k] == an.plugin) {
       rows.push_back(&tr.results[an.plugin]);
       ranks.push_back(std::to_string(k + 1));
@@ -108,6 +110,13 @@ std::string to_text(const Args& a, const LoadedTrace& lt, const ReplayOptions& o
                        o.cap ? fmt::format("a cap of at least that, {} now", human_bytes(o.cap))
                              : fmt::format("that much device memory for the process, {} now", human_bytes(o.device_memory)));
   };
+  if (auto c = oom_end_caveat(lt); !c.empty() && base.stats.num_ooms > 0) out += "\n" + wrap_text("Caveat: " + c + ".", width, "");
+  auto headroom = [&](const ReplayResult& r) {
+    std::string h = headroom_text(r.peak_reserved(), o.cap);
+    if (h.empty() || r.stats.num_ooms > 0) return std::string();
+    h[0] = 'H';
+    return " " + h + ".";
+  };
   out += "\n";
   if (tr.best_native == kRecorded)
     out += fmt::format("With PyTorch's allocator: keep the recorded configuration, PYTORCH_CUDA_ALLOC_CONF=\"{}\"\n",
@@ -117,13 +126,13 @@ std::string to_text(const Args& a, const LoadedTrace& lt, const ReplayOptions& o
                      width, "  ");
   else
     out += fmt::format("With PyTorch's allocator: PYTORCH_CUDA_ALLOC_CONF=\"{}\"\n", native.conf) +
-           wrap_text(describe_change(base, native) + needs(an.needed_native), width, "  ");
+           wrap_text(describe_change(base, native) + headroom(native) + needs(an.needed_native), width, "  ");
   if (an.plugin != kRecorded) {
     const ReplayResult& p = tr.results[an.plugin];
     const auto rank = std::find(tr.ranking.begin(), tr.ranking.end(), an.plugin) - tr.ranking.begin() + 1;
     if (an.recommend_plugin)
       out += fmt::format("With cachet's plug-in (python/README.md): CACHET_ALLOC_CONF=\"{}\"\n", p.conf) +
-             wrap_text(describe_change(base, p) + needs(an.needed_plugin), width, "  ");
+             wrap_text(describe_change(base, p) + headroom(p) + needs(an.needed_plugin), width, "  ");
     else if (an.plugin != tr.best)
       out += wrap_text(fmt::format("With cachet's plug-in: nothing better: CACHET_ALLOC_CONF=\"{}\" ranks {}.", p.conf,
                                    rank),

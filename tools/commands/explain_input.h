@@ -5,6 +5,8 @@
 // printed as "cachet <cmd>: ..." and give nullopt (the caller exits 2).
 #pragma once
 
+#include "trace_input.h"
+
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -58,6 +60,7 @@ inline std::optional<ExplainInput> load_explain_input(const char* cmd, const std
     std::fprintf(stderr, "cachet %s: %s\n", cmd, err.c_str());
     return std::nullopt;
   }
+  if (!cap_fits(cmd, in.loaded, cap_text, cap)) return std::nullopt;
   in.options = recorded_options(in.loaded, AddressMode::Recorded);
   if (in.options.cap && in.options.cap >= in.options.device_memory) {
     std::fprintf(stderr, "cachet %s: --cap %s is not below the device memory (%s): give a smaller cap or --device-memory\n",

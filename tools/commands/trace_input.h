@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -32,6 +33,11 @@ inline bool size_option(const char* cmd, const char* option, const std::string& 
     std::fprintf(stderr, "cachet %s: --cap %s: a cap of 0 bytes; leave --cap out for no cap\n", cmd, text.c_str());
     return false;
   }
+  if (out && *out > static_cast<Bytes>(std::numeric_limits<std::int64_t>::max())) {
+    std::fprintf(stderr, "cachet %s: %s %s: too large (more than 8 EiB); give the size in bytes or with K/M/G/T\n", cmd,
+                 option, text.c_str());
+    return false;
+  }
   if (!out || *out == 0) {
     std::fprintf(stderr,
                  "cachet %s: %s: not a positive size: '%s' (bytes, or with a suffix K, M, G or T, powers of 1024: "
@@ -43,12 +49,24 @@ inline bool size_option(const char* cmd, const char* option, const std::string& 
 }
 
 // A cap over a known device memory is refused (set_per_process_memory_fraction takes a fraction
-// in (0, 1]). Where the device memory comes from an out-of-memory entry or is unknown, it is at
-// least the cap (load_trace).
+// in (0, 1]), and so is one over what the trace's out-of-memory entry shows the process could get
+// (its reserved bytes + the device's free bytes): the device refuses before such a cap would.
+// Where the device memory is unknown, it is at least the cap (load_trace).
 inline bool cap_fits(const char* cmd, const replay::LoadedTrace& lt, const std::string& text, std::optional<Bytes> cap) {
   using Source = replay::DeviceMemoryFacts::Source;
-  if (!cap || *cap <= lt.run.total_memory ||
-      (lt.memory.source != Source::Option && lt.memory.source != Source::Recorded))
+  if (!cap) return true;
+  const replay::DeviceMemoryFacts& m = lt.memory;
+  if (lt.memory.source == Source::OomEntry && *cap > m.oom_reserved + m.oom_free) {
+    std::fprintf(stderr,
+                 "cachet %s: --cap %s: more than this process could get on the device (%s: reserved %s + %s free at "
+                 "the trace's out-of-memory entry); a cap above it changes nothing. Give a smaller cap, or the device's "
+                 "memory with --device-memory if the device had more\n",
+                 cmd, text.c_str(), replay::human_bytes(static_cast<std::int64_t>(m.oom_reserved + m.oom_free)).c_str(),
+                 replay::human_bytes(static_cast<std::int64_t>(m.oom_reserved)).c_str(),
+                 replay::human_bytes(static_cast<std::int64_t>(m.oom_free)).c_str());
+    return false;
+  }
+  if (*cap <= lt.run.total_memory || (lt.memory.source != Source::Option && lt.memory.source != Source::Recorded))
     return true;
   std::fprintf(stderr,
                "cachet %s: --cap %s: more than the device's memory (%s, %s); give a smaller cap, or the device's "

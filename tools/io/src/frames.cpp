@@ -77,4 +77,17 @@ bool is_pytorch_frame(const Frame& f) {
          f.filename.find("dist-packages/torch/") != std::string::npos;
 }
 
+bool is_python_frame(const Frame& f) {
+  const std::string& n = f.filename;
+  return n.size() >= 3 && n.compare(n.size() - 3, 3, ".py") == 0;
+}
+
+std::size_t site_frame(const std::vector<Frame>& frames) {
+  for (std::size_t i = 0; i < frames.size(); ++i)
+    if (is_python_frame(frames[i]) && !is_pytorch_frame(frames[i])) return i;
+  for (std::size_t i = 0; i < frames.size(); ++i)
+    if (is_python_frame(frames[i])) return i;
+  return frames.empty() ? frames.size() : 0;
+}
+
 }  // namespace cachet::io

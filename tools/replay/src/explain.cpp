@@ -57,6 +57,14 @@ std::vector<std::string> changed_keys(const Config& a, const Config& b) {
   return k;
 }
 
+std::string clip_line(std::string s, std::size_t width) {
+  if (s.size() > width) {
+    s.resize(width - 3);
+    s += "...";
+  }
+  return s;
+}
+
 void take_apart(const LoadedTrace& lt, const Config& config, const ReplayOptions& o, Moment& m) {
   ReplayOptions at = o;
   at.observer = nullptr;
@@ -150,13 +158,8 @@ std::vector<Site> sites_at(const Trace& t, std::size_t op, const std::vector<std
     if (!live[s]) continue;
     const Op& x = t.ops[alloc_op[s]];
     const auto& fr = x.event < frames.size() ? frames[x.event] : none;
-    std::string where = "(no frames recorded)";
-    for (const auto& f : fr)
-      if (!io::is_pytorch_frame(f)) {
-        where = io::to_string(f);
-        break;
-      }
-    if (where == "(no frames recorded)" && !fr.empty()) where = io::to_string(fr.front());
+    const std::size_t at = io::site_frame(fr);
+    std::string where = at < fr.size() ? clip_line(io::to_string(fr[at]), kMaxFrameLine) : "(no frames recorded)";
     Site& site = by[where];
     if (site.blocks == 0) {
       site.where = where;

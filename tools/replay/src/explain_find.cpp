@@ -47,6 +47,7 @@ Explanation explain(const LoadedTrace& lt, const ReplayOptions& o, const std::ve
   e.trace = lt.file.name;
   e.conf = to_string(config);
   e.device_memory = o.device_memory;
+  e.device_memory_known = lt.memory.source != DeviceMemoryFacts::Source::Unknown;
   e.cap = o.cap;
   e.frames_recorded = !frames.empty();
   if (t.ops.empty()) throw std::invalid_argument(lt.file.name + ": the trace has no allocations to explain");
@@ -93,9 +94,28 @@ Explanation explain(const LoadedTrace& lt, const ReplayOptions& o, const std::ve
     e.notes.push_back("peak reserved was reached by an op that is not an allocation");
   }
   if (m.event < frames.size()) m.frames = frames[m.event];
+  if (m.frames.empty() && !frames.empty() && dt)
+    for (std::uint64_t k = std::min<std::uint64_t>(m.event, frames.size()); k-- > 0;)
+      if (!frames[k].empty() && k < dt->events.size()) {
+        m.nearest_event = k;
+        m.nearest_what = fmt::format("{} of {}, {} events before", to_string(dt->events[k].action),
+                                     human_bytes(static_cast<std::int64_t>(dt->events[k].size)), m.event - k);
+        m.nearest_frames = frames[k];
+        break;
+      }
   if (const TraceEvent* ev = event_of(m.op); ev && ev->action == TraceAction::Oom) m.device_free = ev->addr;
   take_apart(lt, config, o, m);
+  if (op.kind == OpKind::OomRequest && m.size > 0) {
+    Bytes lo = 1, hi = m.size;  // pytorch_round_size is monotone: the least x rounding to m.size
+    while (lo < hi) {
+      const Bytes mid = lo + (hi - lo) / 2;
+      (pytorch_round_size(mid, config) >= m.size ? hi : lo) = mid + (pytorch_round_size(mid, config) >= m.size ? 0 : 1);
+    }
+    m.request_min = lo;
+  }
   e.sites = sites_at(t, m.op, frames, eo.top_sites);
+  if (std::string note = recorded_peak_note(lt, e.baseline, o.cap); !note.empty()) e.notes.push_back(note);
+  if (std::string c = oom_end_caveat(lt); !c.empty() && m.oom) e.notes.push_back(c);
   if (std::string line = device_memory_line(lt, o.cap); !line.empty())
     e.notes.push_back(line.starts_with("note: ") ? line.substr(6) : line);
 

@@ -33,6 +33,27 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
   return s;
 }
 
+// The Python frames of a stack, one a line (clipped to kMaxFrameLine); its C++ frames (stacks="all")
+// counted in one line.
+std::string stack_lines(const std::vector<io::Frame>& fr) {
+  std::string o;
+  std::size_t cpp = 0;
+  const io::Frame* first_cpp = nullptr;
+  for (const auto& f : fr) {
+    if (!io::is_python_frame(f)) {
+      if (cpp++ == 0) first_cpp = &f;
+      continue;
+    }
+    o += clip_line(fmt::format("    {} {}:{}", f.name, f.filename, f.line), kMaxFrameLine) + "\n";
+  }
+  if (cpp > 0)
+    o += clip_line(fmt::format("    ({} C++ frame{} left out, the innermost {}; --json lists them)", cpp,
+                               cpp == 1 ? "" : "s", first_cpp->name),
+                   kMaxFrameLine) +
+         "\n";
+  return o;
+}
+
 std::string frames_json(const std::vector<io::Frame>& fr) {
   std::string s = "[";
   for (std::size_t i = 0; i < fr.size(); ++i)
@@ -47,7 +68,8 @@ std::string explain_text(const Explanation& e) {
   const Moment& m = e.at;
   std::string o;
   o += fmt::format("trace: {}\nconfiguration: {}; device memory {}{}\n", e.trace, e.conf.empty() ? "(default)" : e.conf,
-                   hb(e.device_memory), e.cap ? "; cap " + hb(e.cap) : std::string());
+                   e.device_memory_known ? hb(e.device_memory) : std::string("not recorded (no device limit)"),
+                   e.cap ? "; cap " + hb(e.cap) : std::string());
   for (const auto& n : e.notes) o += "note: " + n + "\n";
   o += "\n";
   if (m.oom)
@@ -58,10 +80,17 @@ std::string explain_text(const Explanation& e) {
                      "pool.\n",
                      m.event, hb(m.size), m.size, m.stream, m.small_pool ? "small" : "large");
   if (m.rounded != m.size) o += fmt::format("  rounded to {} bytes (docs/pytorch-allocator.md §1.2)\n", m.rounded);
+  if (m.request_min > 0 && m.size - m.request_min >= kMinBlockSize)
+    o += fmt::format("  PyTorch's oom entry records the size after its rounding (roundup_power2_divisions): the program "
+                     "asked for {} to {} bytes, replayed as {}\n",
+                     m.request_min, m.size, m.size);
   if (m.device_free) o += fmt::format("  the driver reported {} free on the device then\n", hb(*m.device_free));
   if (!m.frames.empty()) {
-    o += "  stack, innermost first, as PyTorch recorded it:\n";
-    for (const auto& f : m.frames) o += fmt::format("    {} {}:{}\n", f.name, f.filename, f.line);
+    o += "  stack, innermost first, as PyTorch recorded it:\n" + stack_lines(m.frames);
+  } else if (!m.nearest_frames.empty()) {
+    o += fmt::format("  (no stack recorded for this request; the nearest recorded one before it, trace event {}, {}):\n",
+                     m.nearest_event, m.nearest_what);
+    o += stack_lines(m.nearest_frames);
   } else {
     o += e.frames_recorded ? "  (no stack recorded for this request)\n"
                            : "  (no stacks recorded: _record_memory_history(stacks=\"python\") records them)\n";
@@ -95,11 +124,14 @@ std::string explain_text(const Explanation& e) {
     o += fmt::format("  {}=\"{}\"\n", variable(r.config), c.conf);
     o += fmt::format("  {} key{} changed: {}\n", c.keys.size(), c.keys.size() == 1 ? "" : "s", join(c.keys, ", "));
     o += fmt::format("  out-of-memory errors: {} instead of {}\n", r.stats.num_ooms, b.stats.num_ooms);
-    o += fmt::format("  peak reserved {} instead of {} (the recorded configuration, replayed the same way)\n"
+    o += fmt::format("  peak reserved {} instead of {} (the recorded configuration{})\n"
                      "  device calls (segment allocations and frees) {} instead of {}; allocation retries {} instead of {}\n",
-                     hb(r.peak_reserved()), hb(b.peak_reserved()), r.stats.num_device_alloc + r.stats.num_device_free,
+                     hb(r.peak_reserved()), hb(b.peak_reserved()),
+                     b.recorded_addresses ? ", replayed with its recorded addresses" : ", replayed the same way",
+                     r.stats.num_device_alloc + r.stats.num_device_free,
                      b.stats.num_device_alloc + b.stats.num_device_free, r.stats.num_alloc_retries,
                      b.stats.num_alloc_retries);
+    if (std::string h = headroom_text(r.peak_reserved(), e.cap); !h.empty()) o += "  " + h + "\n";
     if (r.config.policy == Policy::Cachet)
       o += "  (policy:cachet needs cachet's plug-in, python/; PyTorch rejects the key in its own variables)\n";
   };

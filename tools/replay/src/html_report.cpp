@@ -155,7 +155,7 @@ std::string render_html(const HtmlReport& r) {
   o += "<style>\n"
        "body{font-family:sans-serif;margin:24px;color:#222;max-width:1120px}\n"
        "h1{font-size:22px}h2{font-size:17px;margin-top:28px}\n"
-       "pre{background:#f7f7f7;padding:10px;overflow-x:auto;font-size:12px}\n"
+       "pre{background:#f7f7f7;padding:10px;white-space:pre-wrap;overflow-wrap:anywhere;font-size:12px}\n"
        "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}\n"
        "td.conf,th.conf{text-align:left}tr.recorded{background:#fff5e6}\n"
        ".tick{font-size:10px;fill:#444}.axis{font-size:12px;fill:#222}\n"
@@ -166,7 +166,7 @@ std::string render_html(const HtmlReport& r) {
   o += "<section id=\"timeline\">\n<h2>Memory over time</h2>\n";
   o += fmt::format("<p class=\"key\"><span style=\"background:{}\"></span>reserved<span style=\"background:{}\"></span>"
                    "allocated<span style=\"background:#c53030\"></span>out of memory ({})"
-                   "; the dashed line is peak reserved.</p>\n",
+                   "; the dashed vertical line marks when peak reserved was reached.</p>\n",
                    kReservedColor, kAllocColor, r.ooms.size());
   o += timeline_svg(r) + "</section>\n";
   o += fmt::format("<p class=\"key\"><span style=\"background:{}\"></span>allocated block<span style=\"background:{}\">"

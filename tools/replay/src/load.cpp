@@ -11,7 +11,7 @@ namespace cachet::replay {
 namespace {
 
 // The first out-of-memory entry with the device's free bytes, and the trace's reserved bytes
-// there (segment events up to it).
+// there (segment events up to it); the trace's peak reserved (all its segment events).
 DeviceMemoryFacts oom_facts(const std::vector<TraceEvent>& ev) {
   DeviceMemoryFacts f;
   Bytes reserved = 0;
@@ -21,19 +21,21 @@ DeviceMemoryFacts oom_facts(const std::vector<TraceEvent>& ev) {
       case TraceAction::SegmentAlloc:
       case TraceAction::SegmentMap:
         reserved += e.size;
+        f.trace_peak_reserved = std::max(f.trace_peak_reserved, reserved);
         break;
       case TraceAction::SegmentFree:
       case TraceAction::SegmentUnmap:
         reserved = e.size > reserved ? 0 : reserved - e.size;
         break;
       case TraceAction::Oom:
+        if (f.oom_seen) break;
         f.oom_seen = true;
         f.oom_event = i;
         f.oom_request = e.size;
         f.oom_free = e.addr;  // TraceEvent: an oom's addr is the device's free bytes
         f.oom_reserved = reserved;
         f.cap_in_force = e.addr > e.size + kCapEvidence;
-        return f;
+        break;
       default:
         break;
     }
@@ -89,8 +91,23 @@ LoadedTrace load_trace(const std::string& path, const LoadOptions& opt) {
   }
   lt.run.config = lt.recorded_config.value_or(Config{});
   lt.run.cap = opt.cap ? *opt.cap : lt.file.cap.value_or(0);
-  // Oracle recordings write an oom's free bytes as null (0): they record total_memory and the cap.
-  if (d != nullptr && lt.file.format != io::TraceFormat::OracleRecording) lt.memory = oom_facts(d->events);
+  if (d != nullptr) {
+    lt.memory = oom_facts(d->events);
+    // Oracle recordings write an oom's free bytes as null (0): they record total_memory and the cap.
+    if (lt.file.format == io::TraceFormat::OracleRecording) {
+      const Bytes peak = lt.memory.trace_peak_reserved;
+      lt.memory = DeviceMemoryFacts{};
+      lt.memory.trace_peak_reserved = peak;
+    }
+  }
+  // The limit the recorded allocator ran under, for telling its own releases from the user's
+  // empty_cache(): never a what-if --cap. A cap the trace shows but does not record was at least
+  // the trace's peak reserved: a release that a new segment needed beyond that peak was the
+  // allocator's (its free-and-retry, garbage collection), whatever --cap asks.
+  if (lt.file.cap)
+    lt.run.release_limit = *lt.file.cap;
+  else if (lt.memory.cap_in_force)
+    lt.run.release_limit = lt.memory.trace_peak_reserved;
   using Source = DeviceMemoryFacts::Source;
   if (opt.device_memory) {
     lt.memory.source = Source::Option;
@@ -155,6 +172,92 @@ std::string device_memory_line(const LoadedTrace& lt, Bytes cap) {
         "memory with --device-memory BYTES, e.g. --device-memory 80GiB)",
         cap > 0 ? ", only the cap" : "");
   return "device memory: not recorded in the trace (no cap, no out-of-memory error: replayed with no device limit)";
+}
+
+std::string own_releases_line(const LoadedTrace& lt) {
+  const Trace& t = lt.trace;
+  std::string out;
+  const std::uint64_t n = t.retry_releases + t.retry_releases_before_oom;
+  if (n > 0)
+    out += fmt::format(
+        "the recorded allocator's own segment releases (its free-and-retry, garbage collection): {} ({} before a new "
+        "segment, {} before an out-of-memory error); not replayed as empty_cache(): the replayed allocator releases "
+        "when its own limit requires\n",
+        n, t.retry_releases, t.retry_releases_before_oom);
+  return out;
+}
+
+std::optional<Bytes> recorded_peak_reserved(const LoadedTrace& lt, std::string* source) {
+  if (auto it = lt.file.final_stats.find("reserved_bytes.all.peak"); it != lt.file.final_stats.end()) {
+    if (source) *source = "PyTorch's reserved_bytes.all.peak";
+    return static_cast<Bytes>(it->second);
+  }
+  if (lt.memory.trace_peak_reserved > 0) {
+    if (source) *source = "the trace's segment events";
+    return lt.memory.trace_peak_reserved;
+  }
+  return std::nullopt;
+}
+
+std::string recorded_peak_note(const LoadedTrace& lt, const ReplayResult& r, Bytes cap) {
+  std::string source;
+  const auto rec = recorded_peak_reserved(lt, &source);
+  if (!rec || static_cast<Bytes>(r.peak_reserved()) == *rec) return {};
+  std::vector<std::string> why;
+  const DeviceMemoryFacts& m = lt.memory;
+  if (lt.file.cap) {
+    if (cap != *lt.file.cap)
+      why.push_back(fmt::format("the cap, {}, is not the recorded run's, {}", human_bytes(static_cast<std::int64_t>(cap)),
+                                human_bytes(static_cast<std::int64_t>(*lt.file.cap))));
+  } else if (m.cap_in_force && m.oom_seen && cap >= m.oom_reserved + m.oom_request) {
+    why.push_back(fmt::format("the cap, {}, is above the recorded run's (there a request of {} failed with {} reserved)",
+                              human_bytes(static_cast<std::int64_t>(cap)), human_bytes_exact(m.oom_request),
+                              human_bytes(static_cast<std::int64_t>(m.oom_reserved))));
+  } else if (cap > 0 && cap < m.trace_peak_reserved) {
+    why.push_back(fmt::format("the cap, {}, is below what the recorded run reserved",
+                              human_bytes(static_cast<std::int64_t>(cap))));
+  }
+  if (!r.recorded_addresses) why.push_back("synthetic addresses (best-fit ties between equal sizes differ)");
+  if (lt.trace.stats.starts_mid_run() || lt.trace.ignored_events > 0)
+    why.push_back("the trace starts mid-run: segments reserved before it are missing from its own figure");
+  if (why.empty()) why.push_back("the replay differs from the recorded run: please report");
+  std::string list;
+  for (std::size_t i = 0; i < why.size(); ++i) list += (i ? "; " : "") + why[i];
+  return fmt::format("peak reserved of the recorded configuration: {} replayed, {} recorded ({}); they differ: {}",
+                     human_bytes_exact(static_cast<Bytes>(r.peak_reserved())), human_bytes_exact(*rec), source, list);
+}
+
+std::string oom_end_caveat(const LoadedTrace& lt) {
+  const io::DeviceTrace* d = lt.file.device(lt.device);
+  if (d == nullptr) return {};
+  std::size_t first_oom = d->events.size();
+  for (std::size_t i = 0; i < d->events.size(); ++i)
+    if (d->events[i].action == TraceAction::Oom) {
+      first_oom = i;
+      break;
+    }
+  if (first_oom == d->events.size()) return {};
+  for (std::size_t i = first_oom + 1; i < d->events.size(); ++i)
+    if (d->events[i].action == TraceAction::Alloc || d->events[i].action == TraceAction::Oom) return {};
+  return fmt::format(
+      "the trace ends at its out-of-memory error (trace event {}; nothing is allocated after it): what the "
+      "program would have done next is not in the trace, so a configuration or cap that avoids the error is judged on "
+      "the steps before it only; record a run that gets past it (a larger cap) to see the rest",
+      first_oom);
+}
+
+std::string headroom_text(std::int64_t peak, Bytes cap) {
+  if (cap == 0) return {};
+  const auto p = static_cast<Bytes>(std::max<std::int64_t>(peak, 0));
+  if (p > cap) return {};
+  const Bytes room = cap - p;
+  std::string s = fmt::format("headroom under the cap: {} (peak reserved {} of {})", human_bytes_exact(room),
+                              human_bytes(peak), human_bytes(static_cast<std::int64_t>(cap)));
+  if (room < kSafeHeadroom)
+    s += fmt::format("; close to the cap (under {}): on the GPU, other libraries' memory or another allocation order "
+                     "can still make it fail, so prefer a pick with more headroom or a slightly larger cap",
+                     human_bytes(static_cast<std::int64_t>(kSafeHeadroom)));
+  return s;
 }
 
 ReplayOptions recorded_options(const LoadedTrace& lt, AddressMode addresses) {

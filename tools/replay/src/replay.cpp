@@ -31,10 +31,11 @@ bool release_inside_malloc(const RecordedRun& run, Bytes reserved, const TraceEv
   if (next->action == TraceAction::Oom) return true;
   if (!is_segment_grow(next->action)) return false;
   const Bytes want = reserved + next->size;
-  if (run.cap > 0) {
-    if (want > run.cap) return true;
+  const Bytes limit = run.release_limit.value_or(run.cap);
+  if (limit > 0) {
+    if (want > limit) return true;
     const double gc = run.config.garbage_collection_threshold;
-    return gc > 0 && static_cast<double>(reserved) > gc * static_cast<double>(run.cap);
+    return gc > 0 && static_cast<double>(reserved) > gc * static_cast<double>(limit);
   }
   // No cap: cudaMalloc fails only near the device's size (the CUDA context and other processes
   // take some of it).
@@ -149,7 +150,10 @@ Trace prepare_trace(std::span<const TraceEvent> ev, const RecordedRun& run, std:
           std::size_t j = i;
           while (j < ev.size() && (is_segment_release(ev[j].action) || ev[j].action == TraceAction::FreeCompleted)) ++j;
           release_end = j;
-          if (!release_inside_malloc(run, reserved, j < ev.size() ? &ev[j] : nullptr)) {
+          const TraceEvent* next = j < ev.size() ? &ev[j] : nullptr;
+          if (release_inside_malloc(run, reserved, next)) {
+            ++(next->action == TraceAction::Oom ? t.retry_releases_before_oom : t.retry_releases);
+          } else {
             push(Op{.kind = OpKind::EmptyCache}, i);
             ++t.empty_cache_calls;
             // empty_cache synchronizes: completions before it are done by then.

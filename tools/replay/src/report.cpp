@@ -241,7 +241,7 @@ std::string fmt_num(double v) {
 constexpr const char* kAllocColor = "#3b78c3";
 constexpr const char* kReservedColor = "#e8833a";
 constexpr const char* kPendingColor = "#f2c14e";
-constexpr const char* kInactiveColor = "#f3c9c4";
+constexpr const char* kInactiveColor = "#e2e8f0";  // free: the same grey as the report's
 
 }  // namespace
 

@@ -124,6 +124,11 @@ TuneResult tune(const Trace& t, const Config& recorded, const std::vector<TuneCa
   ReplayOptions o = opts;
   o.observer = nullptr;
   o.keep_allocator = false;
+  // The recorded configuration (and a candidate equal to it) with the trace's own addresses, as
+  // `cachet replay` does: one figure for it everywhere (synthetic addresses change best-fit
+  // ties); it falls back to synthetic addresses, with a note, where the addresses do not hold.
+  ReplayOptions ob = o;
+  ob.addresses = AddressMode::Recorded;
   tr.results.resize(space.size());
   std::atomic<std::size_t> next{0};
   std::mutex mu;
@@ -135,7 +140,8 @@ TuneResult tune(const Trace& t, const Config& recorded, const std::vector<TuneCa
       const std::size_t i = next.fetch_add(1);
       if (i > space.size()) return;
       try {
-        ReplayResult r = replay(t, i == 0 ? recorded : space[i - 1].config, o);
+        const Config& c = i == 0 ? recorded : space[i - 1].config;
+        ReplayResult r = replay(t, c, c == recorded ? ob : o);
         std::lock_guard lock(mu);
         (i == 0 ? tr.baseline : tr.results[i - 1]) = std::move(r);
         ++done;

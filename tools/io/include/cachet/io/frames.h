@@ -37,4 +37,12 @@ std::string to_string(const Frame& f);
 // outside it is where the user's code (or a library such as transformers) asked for memory.
 bool is_pytorch_frame(const Frame& f);
 
+// A Python frame (its file ends in .py): with _record_memory_history(stacks="all") PyTorch puts
+// C++ frames first (torch::unwind::unwind(), c10, ATen; file "??", line 0, or a .cpp/.h/.so).
+bool is_python_frame(const Frame& f);
+
+// Where memory was asked for: the innermost Python frame outside PyTorch's own code; else the
+// innermost Python frame; else the innermost frame; frames.size() when there is none.
+std::size_t site_frame(const std::vector<Frame>& frames);
+
 }  // namespace cachet::io

@@ -26,6 +26,11 @@
 
 namespace cachet::replay {
 
+// Frames are printed one a line, each at most this long (C++ template names run to thousands of
+// characters): longer ones end in "...".
+inline constexpr std::size_t kMaxFrameLine = 160;
+std::string clip_line(std::string s, std::size_t width);
+
 // PyTorch's round_size (docs/pytorch-allocator.md §1.2) under `c`.
 Bytes pytorch_round_size(Bytes size, const Config& c);
 
@@ -51,9 +56,16 @@ struct Moment {
   std::uint64_t event = 0;  // index of the trace event
   Bytes size = 0;           // requested bytes (an `oom` event records the rounded size)
   Bytes rounded = 0;        // pytorch_round_size
+  // An `oom` event records the size after PyTorch's rounding: the smallest request that rounds
+  // to it under the recorded configuration (the program asked for request_min..size bytes).
+  Bytes request_min = 0;
   StreamId stream = 0;
   bool small_pool = false;  // rounded <= 1 MiB
   std::vector<io::Frame> frames;
+  // When the request has no frames but others do: the nearest earlier event with frames.
+  std::uint64_t nearest_event = 0;
+  std::string nearest_what;  // its action and size, e.g. "alloc of 1.53 GiB"
+  std::vector<io::Frame> nearest_frames;
   std::optional<Bytes> device_free;  // the `oom` event's driver figure
   std::int64_t reserved = 0, allocated = 0, requested = 0;
   std::vector<FreePart> parts;       // sums to reserved - allocated
@@ -70,6 +82,7 @@ struct Explanation {
   std::string trace;   // file name
   std::string conf;    // recorded configuration ("" = default)
   Bytes device_memory = 0;
+  bool device_memory_known = true;  // false: nothing told it (kNoDeviceLimit), said as such
   Bytes cap = 0;
   Moment at;
   std::vector<Site> sites;            // most bytes first

@@ -6,7 +6,9 @@
 // requests that ran out of memory. The allocator's own device calls (segment_alloc/free/map/
 // unmap) are not actions: the replayed allocator makes its own. Segment frees that the recorded
 // allocator could not have made by itself (no memory limit near, no garbage collection due)
-// are the user's empty_cache() calls.
+// are the user's empty_cache() calls; the others (its free-and-retry before a new segment or an
+// out-of-memory error, garbage collection) are its reactions to the limit it ran under, which
+// the replayed allocator makes again, or not, under the limit it is given (README.md).
 //
 // replay() then runs those actions with no per-event heap allocation or string work (blocks are
 // found by their slot index, not by address), so one Trace can be replayed under many
@@ -81,6 +83,11 @@ struct Trace {
   std::vector<gpu::DevicePtr> recorded_addresses;  // segment_alloc/segment_map addresses, in order
   io::TraceStats stats;              // counts and anomalies (mid-run traces)
   std::uint64_t empty_cache_calls = 0;
+  // Runs of segment releases made by the recorded allocator itself inside a malloc, not
+  // replayed: followed by the out-of-memory error (its last free-and-retry), or by the new
+  // segment it needed (a free-and-retry, the release of oversize blocks or garbage collection).
+  std::uint64_t retry_releases_before_oom = 0;
+  std::uint64_t retry_releases = 0;
   std::uint64_t ignored_events = 0;  // frees of unknown blocks, completions without request
   PoolInference pools;  // private pools (route_to_pools); none: everything in the default pools
 };
@@ -90,7 +97,12 @@ struct Trace {
 struct RecordedRun {
   Config config;
   Bytes total_memory = 80 * GiB;  // load_trace: see LoadedTrace::memory
-  Bytes cap = 0;  // set_per_process_memory_fraction in bytes; 0 = none
+  Bytes cap = 0;  // the cap to replay under (set_per_process_memory_fraction in bytes); 0 = none
+  // The limit the recorded allocator ran under, to tell its own releases from empty_cache():
+  // never a what-if cap (load_trace: the recorded cap; else, when an out-of-memory entry shows a
+  // cap whose size the trace does not record, the trace's peak reserved, the least that cap can
+  // be; else the cap given). nullopt: `cap`.
+  std::optional<Bytes> release_limit;
 };
 
 Trace prepare_trace(std::span<const TraceEvent> events, const RecordedRun& run, std::string name = {});
@@ -187,6 +199,8 @@ struct DeviceMemoryFacts {
   // oom_free exceeds the request by more than kCapEvidence: the device had room, so a cap
   // (set_per_process_memory_fraction) refused the request. Its value is not in the trace.
   bool cap_in_force = false;
+  // The highest reserved bytes of the trace's segment events (from its start).
+  Bytes trace_peak_reserved = 0;
 };
 
 // Free bytes beyond the request that prove a cap (cudaMalloc fails only when the device lacks
@@ -233,6 +247,34 @@ std::string missing_cap_error(const LoadedTrace& lt);
 // One line on where the device memory came from, or a note naming --device-memory when nothing
 // told and it matters (a cap, out-of-memory errors in the trace). `cap`: the cap in force.
 std::string device_memory_line(const LoadedTrace& lt, Bytes cap);
+
+// The recorded allocator's own segment releases (Trace::retry_releases, retry_releases_before_oom)
+// in one line, "" when none.
+std::string own_releases_line(const LoadedTrace& lt);
+
+// The recorded run's peak reserved: PyTorch's reserved_bytes.all.peak when recorded beside the
+// trace (a stats sidecar, a recording), else the trace's own segment events (from its start);
+// nullopt when neither tells. `source` (when given) names where it came from.
+std::optional<Bytes> recorded_peak_reserved(const LoadedTrace& lt, std::string* source = nullptr);
+
+// For a replay `r` of the recorded configuration under `cap`: "" when its peak reserved is the
+// recorded one (recorded_peak_reserved), else one line giving both figures and why they differ
+// (a cap other than the recorded run's, the recorded addresses given up, a trace that starts
+// mid-run).
+std::string recorded_peak_note(const LoadedTrace& lt, const ReplayResult& r, Bytes cap);
+
+// When the trace ends at its first out-of-memory error (no allocation after it): one sentence
+// saying that what the program did next is unseen, so a configuration that avoids the error is
+// judged on the steps before it only. "" otherwise.
+std::string oom_end_caveat(const LoadedTrace& lt);
+
+// How close peak reserved `peak` comes to `cap`: "headroom under the cap: X (peak reserved P of
+// cap C)", with a warning below kSafeHeadroom. "" when cap is 0.
+std::string headroom_text(std::int64_t peak, Bytes cap);
+// Under this much headroom a pick is close to the cap: a replay is exact only for the recorded
+// configuration with its addresses, and other libraries (cuBLAS workspaces, NCCL) take memory
+// outside the allocator.
+inline constexpr Bytes kSafeHeadroom = 256 * MiB;
 
 // The options that replay `lt` as it was recorded (capacity, cap; addresses as given).
 ReplayOptions recorded_options(const LoadedTrace& lt, AddressMode addresses);

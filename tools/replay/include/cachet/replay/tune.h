@@ -59,7 +59,10 @@ struct TuneResult {
   const ReplayResult& at(std::size_t i) const { return i == kRecorded ? baseline : results.at(i); }
 };
 
-// Replays every candidate on `threads` (>= 1) worker threads (std::thread), then ranks them.
+// Replays every candidate on `threads` (>= 1) worker threads (std::thread), then ranks them. The
+// recorded configuration, and a candidate equal to it, replay with the trace's addresses
+// (AddressMode::Recorded, synthetic where they do not hold, ReplayResult::note), as `cachet
+// replay` does; the other candidates with opts.addresses.
 // `progress(done, total)` is called from the workers (under a lock) when set.
 TuneResult tune(const Trace& t, const Config& recorded, const std::vector<TuneCandidate>& space,
                 const ReplayOptions& opts, unsigned threads,

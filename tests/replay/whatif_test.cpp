@@ -1,0 +1,270 @@
+// Issue 25: what-if answers off the recorded path. Each test runs the `cachet` binary on the
+// repository's traces and asserts the exact text or number.
+// Data: tests/data/oracle/snapshots/gpt2_train_oom_cap12g.pickle.gz (a real OOM under a 12 GiB
+// cap, PyTorch 2.11, H100; PyTorch's figures in gpt2_train_oom_cap12g.json: peak reserved
+// 12750684160, num_ooms 1, num_alloc_retries 2). Its trace events 1267-1270 are the allocator's
+// free-and-retry (segment_free of four cached segments, no frames recorded) for the 1.53 GiB
+// segment_alloc of event 1271 that the 12 GiB cap did not allow otherwise.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kData = std::string(CACHET_TEST_DATA) + "/oracle/";
+const std::string kOom = kData + "snapshots/gpt2_train_oom_cap12g.pickle.gz";
+
+struct Out {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+fs::path tmp_dir() {
+  fs::path d = fs::temp_directory_path() / ("cachet_whatif_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+
+Out run(const std::string& args) {
+  const fs::path d = tmp_dir();
+  const std::string cmd = std::string(CACHET_EXE) + " " + args + " >" + (d / "out").string() + " 2>" + (d / "err").string();
+  Out o;
+  const int st = std::system(cmd.c_str());
+  o.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  o.out = slurp(d / "out");
+  o.err = slurp(d / "err");
+  return o;
+}
+
+// The text with its wrapped lines joined (fit_lines wraps at 100 columns, continuation lines
+// indented by two).
+std::string flat(std::string s) {
+  for (std::size_t at; (at = s.find("\n  ")) != std::string::npos;) s.replace(at, 3, " ");
+  return s;
+}
+
+long long json_number(const std::string& s, const std::string& key) {
+  const auto at = s.find("\"" + key + "\": ");
+  if (at == std::string::npos) return -1;
+  return std::stoll(s.substr(at + key.size() + 4));
+}
+
+// 1: a cap above the recorded one never turns the free-and-retry into an empty_cache(), and the
+// default configuration's peak reserved never falls as the cap rises.
+TEST(WhatIf, LargerCapsInventNoEmptyCacheAndPeaksNeverFall) {
+  long long last = 0;
+  for (int gib = 12; gib <= 20; ++gib) {
+    const std::string cap = std::to_string(gib) + "G";
+    Out o = run("replay " + kOom + " --cap " + cap);
+    ASSERT_EQ(o.rc, 0) << o.err;
+    EXPECT_EQ(o.out.find("empty_cache() calls"), std::string::npos) << cap << "\n" << o.out;
+    EXPECT_NE(flat(o.out).find("the recorded allocator's own segment releases (its free-and-retry, garbage collection): 1 "
+                         "(1 before a new segment, 0 before an out-of-memory error)"),
+              std::string::npos)
+        << o.out;
+    Out j = run("replay " + kOom + " --cap " + cap + " --json");
+    ASSERT_EQ(j.rc, 0) << j.err;
+    const long long peak = json_number(j.out, "peak_reserved");
+    EXPECT_GE(peak, last) << cap;
+    if (gib == 12) EXPECT_EQ(peak, 12750684160LL);  // PyTorch's reserved_bytes.all.peak
+    // No release: 11987320832 + the 1648361472 segment of event 1271 + the 2 MiB one of event 5614.
+    if (gib >= 13) EXPECT_EQ(peak, 13637779456LL) << cap;
+    last = peak;
+  }
+}
+
+}  // namespace
+
+// The first "peak_reserved" of a JSON text (replay --json: the first configuration; tune --json:
+// results[0], the recorded configuration).
+long long first_peak(const std::string& s) { return json_number(s, "peak_reserved"); }
+
+// 2: one peak reserved for the recorded configuration in replay, tune, explain, summary and plot
+// (report: tests/report). tune replays it with the recorded addresses, as replay does.
+TEST(WhatIf, OnePeakForTheRecordedConfigurationEverywhere) {
+  struct Case {
+    std::string trace, cap, human, mib;
+  };
+  for (const Case& c : {Case{kOom, " --cap 12G", "11.88 GiB", "12160 MiB"},
+                        Case{kData + "snapshots/mlp_train.pickle.gz", "", "", ""},
+                        Case{kData + "workloads/gpt2_train.trace.json.gz", "", "14.24 GiB", "14578 MiB"}}) {
+    Out r = run("replay " + c.trace + c.cap + " --json");
+    ASSERT_EQ(r.rc, 0) << r.err;
+    const long long peak = first_peak(r.out);
+    ASSERT_GT(peak, 0);
+    Out t = run("tune " + c.trace + c.cap + " --json --threads 2");
+    ASSERT_EQ(t.rc, 0) << t.err;
+    EXPECT_EQ(first_peak(t.out.substr(t.out.find("\"results\""))), peak) << c.trace;
+    Out e = run("explain " + c.trace + c.cap + " --json");
+    ASSERT_EQ(e.rc, 0) << e.err;
+    if (e.out.find("\"baseline_peak_reserved\"") != std::string::npos)
+      EXPECT_EQ(json_number(e.out, "baseline_peak_reserved"), peak) << c.trace;
+    else
+      EXPECT_EQ(json_number(e.out, "reserved"), peak) << c.trace;  // no OOM: explained at the peak
+    if (c.human.empty()) continue;
+    Out s = run("summary " + c.trace + c.cap);
+    ASSERT_EQ(s.rc, 0) << s.err;
+    EXPECT_NE(s.out.find("| GPU reserved memory   |"), std::string::npos);
+    EXPECT_NE(s.out.substr(s.out.find("| GPU reserved memory   |")).find(c.mib), std::string::npos) << s.out;
+    const fs::path svg = tmp_dir() / "p.svg";
+    Out p = run("plot " + c.trace + c.cap + " -o " + svg.string());
+    ASSERT_EQ(p.rc, 0) << p.err;
+    EXPECT_NE(slurp(svg).find("peak reserved " + c.human), std::string::npos) << c.trace;
+  }
+}
+
+// 5: impossible caps are refused, ignored or replaced keys said.
+TEST(WhatIf, ImpossibleCapsAndIgnoredKeysAreSaid) {
+  for (const char* cmd : {"replay ", "tune ", "explain ", "summary "}) {
+    Out o = run(cmd + kOom + " --cap 100G");
+    EXPECT_EQ(o.rc, 2) << cmd;
+    EXPECT_EQ(o.err.substr(o.err.find(':') + 2),
+              "--cap 100G: more than this process could get on the device (78.43 GiB: reserved 11.88 GiB + 66.55 GiB "
+              "free at the trace's out-of-memory entry); a cap above it changes nothing. Give a smaller cap, or the "
+              "device's memory with --device-memory if the device had more\n")
+        << cmd;
+  }
+  Out o = run("replay " + kOom + " --cap 18446744073709551615");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet replay: --cap 18446744073709551615: too large (more than 8 EiB); give the size in bytes or "
+                   "with K/M/G/T\n");
+  o = run("replay " + kOom + " --cap 12G --conf backend:cudaMallocAsync");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(flat(o.out).find("warning: backend:cudaMallocAsync (in 'backend:cudaMallocAsync') is CUDA's own "
+                             "stream-ordered allocator, not the caching allocator: there is nothing of it to replay; its "
+                             "row is the native caching allocator's\n"),
+            std::string::npos)
+      << o.out;
+  o = run("replay " + kOom + " --cap 12G --conf per_process_memory_fraction:0.05");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(flat(o.out).find("warning: per_process_memory_fraction (in 'per_process_memory_fraction:0.05'): 0.05, a cap "
+                             "of 3.92 GiB, is replaced by the cap in force, 12.00 GiB, as a program's "
+                             "set_per_process_memory_fraction() call replaces it in PyTorch; leave --cap out to replay "
+                             "under it\n"),
+            std::string::npos)
+      << o.out;
+}
+
+// 4: C++ frames (stacks="all") do not break explain: the site is the first Python frame outside
+// PyTorch, the C++ frames are counted in one line, no frame line is longer than 200 characters.
+// tests/data/derived/gpt2_oom_cpp_stacks.pickle.gz: the OOM snapshot with 29 C++ frames put
+// before every stack (tests/data/derived/make_cpp_stacks.py).
+TEST(WhatIf, CppStacksDoNotBreakExplain) {
+  Out o = run("explain " + std::string(CACHET_TEST_DATA) + "/derived/gpt2_oom_cpp_stacks.pickle.gz --cap 12G");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  std::istringstream in(o.out);
+  for (std::string line; std::getline(in, line);)  // stack frames and sites, indented by four
+    if (line.starts_with("    ")) EXPECT_LE(line.size(), 200u) << line.substr(0, 120);
+  EXPECT_EQ(o.out.find("torch::unwind::unwind() (??:0)"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("     3.94 GiB     48 blocks  forward (activations.py:66)\n"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("    cross_entropy /opt/torch/.venv/lib/python3.12/site-packages/torch/nn/functional.py:3504\n"),
+            std::string::npos);
+  EXPECT_NE(o.out.find("    (29 C++ frames left out, the innermost torch::unwind::unwind(); --json lists them)\n"),
+            std::string::npos)
+      << o.out;
+}
+
+// Expectations: the headroom of each pick under the cap, and the caveat of a trace that ends at
+// its out-of-memory error (explain and tune).
+TEST(WhatIf, HeadroomAndTheCaveatOfATraceThatEndsAtTheOom) {
+  Out e = run("explain " + kOom + " --cap 12G");
+  ASSERT_EQ(e.rc, 0) << e.err;
+  EXPECT_NE(e.out.find("  headroom under the cap: 2.00 MiB = 2097152 bytes (peak reserved 12.00 GiB of 12.00 GiB); close "
+                       "to the cap (under 256.00 MiB): on the GPU, other libraries' memory or another allocation order "
+                       "can still make it fail, so prefer a pick with more headroom or a slightly larger cap\n"),
+            std::string::npos)
+      << e.out;
+  EXPECT_NE(e.out.find("note: the trace ends at its out-of-memory error (trace event 5754; nothing is allocated after "
+                       "it): what the program would have done next is not in the trace, so a configuration or cap that "
+                       "avoids the error is judged on the steps before it only; record a run that gets past it (a "
+                       "larger cap) to see the rest\n"),
+            std::string::npos)
+      << e.out;
+  Out t = run("tune " + kOom + " --cap 12G");
+  ASSERT_EQ(t.rc, 0) << t.err;
+  EXPECT_NE(flat(t.out).find("Headroom under the cap: 2.00 MiB = 2097152 bytes (peak reserved 12.00 GiB of 12.00 GiB)"),
+            std::string::npos)
+      << t.out;
+  EXPECT_NE(flat(t.out).find("Caveat: the trace ends at its out-of-memory error (trace event 5754;"), std::string::npos)
+      << t.out;
+}
+
+// 6 (part): `cachet help`, tune --top 0, the device memory when nothing tells it (explain, report).
+TEST(WhatIf, SmallerItems) {
+  Out h = run("help");
+  EXPECT_EQ(h.rc, 0);
+  EXPECT_NE(h.out.find("Usage: "), std::string::npos) << h.out << h.err;
+  h = run("help replay");
+  EXPECT_EQ(h.rc, 0);
+  EXPECT_NE(h.out.find(" replay [OPTIONS] TRACE"), std::string::npos) << h.out << h.err;
+  const std::string mlp = kData + "snapshots/mlp_train.pickle.gz";
+  Out t = run("tune " + mlp + " --top 0");
+  ASSERT_EQ(t.rc, 0) << t.err;
+  const auto from = t.out.find("(0 of 57):\n");
+  ASSERT_NE(from, std::string::npos) << t.out;
+  const std::string rows = t.out.substr(from, t.out.find("\nWith PyTorch's") - from);
+  EXPECT_EQ(rows.find("policy:cachet"), std::string::npos) << rows;
+  EXPECT_EQ(std::count(rows.begin(), rows.end(), '\n'), 4) << rows;  // the header and the table's head only
+  Out e = run("explain " + mlp);
+  ASSERT_EQ(e.rc, 0) << e.err;
+  EXPECT_NE(e.out.find("configuration: (default); device memory not recorded (no device limit)\n"), std::string::npos)
+      << e.out;
+}
+
+// 7 (part): the report's explain block wraps instead of overflowing, its legend says what the
+// dashed line is; free memory is the same grey in plot and report.
+TEST(WhatIf, ChartsSayWhatTheyDraw) {
+  const fs::path html = tmp_dir() / "r.html", svg = tmp_dir() / "r.svg";
+  Out r = run("report " + kOom + " --cap 12G -o " + html.string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string page = slurp(html);
+  EXPECT_NE(page.find("pre{background:#f7f7f7;padding:10px;white-space:pre-wrap;overflow-wrap:anywhere;"),
+            std::string::npos);
+  EXPECT_NE(page.find("the dashed vertical line marks when peak reserved was reached"), std::string::npos);
+  EXPECT_NE(page.find("#e2e8f0"), std::string::npos);
+  Out p = run("plot " + kOom + " --cap 12G -o " + svg.string());
+  ASSERT_EQ(p.rc, 0) << p.err;
+  EXPECT_NE(slurp(svg).find("fill=\"#e2e8f0\""), std::string::npos);
+}
+
+// 3 (in part): an oom entry records the size after rounding; explain says which requests round to
+// it under the recorded configuration (roundup_power2_divisions:4 here). The request itself is
+// not in the trace, so the replay keeps the rounded size.
+TEST(WhatIf, TheFailedRequestsRoundingIsSaid) {
+  Out e = run("explain " + kData + "results/res_pressure_msplit256_r4.json.gz");
+  ASSERT_EQ(e.rc, 0) << e.err;
+  EXPECT_NE(e.out.find("  PyTorch's oom entry records the size after its rounding (roundup_power2_divisions): the "
+                       "program asked for 1073741825 to 1342177280 bytes, replayed as 1342177280\n"),
+            std::string::npos)
+      << e.out;
+}
+
+// 6 (part): check-conf's suggestion for options split by the shell is a string it accepts, and
+// --source cachet names the keys policy:cachet ignores, as replay does.
+TEST(WhatIf, CheckConfSuggestsWhatItAcceptsAndNamesIgnoredKeys) {
+  Out c = run("check-conf expandable_segments:True, max_split_size_mb:128");
+  EXPECT_EQ(c.rc, 2);
+  EXPECT_EQ(c.err, "error: check-conf takes one string, got 2 arguments; quote the string, with its options separated "
+                   "by ',': cachet check-conf 'expandable_segments:True,max_split_size_mb:128'\n");
+  EXPECT_EQ(run("check-conf 'expandable_segments:True,max_split_size_mb:128'").rc, 0);
+  c = run("check-conf --source cachet 'policy:cachet,roundup_power2_divisions:4'");
+  EXPECT_EQ(c.rc, 0);
+  EXPECT_EQ(c.err, "warning: policy:cachet does not use roundup_power2_divisions: it has no effect under it\n");
+}

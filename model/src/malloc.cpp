@@ -104,7 +104,10 @@ bool Allocator::alloc_block(AllocParams& p, bool is_retry) {
   if (is_retry) ++stats_.num_alloc_retries;
   const Bytes size = p.alloc_size;
   // The cap is inclusive (§13.4); expandable segments check the segment size too (§13.5).
-  if (allowed_max_ && total_allocated_ + size > *allowed_max_) return false;
+  // Sleeping bytes do not count against the cap (docs/sleep-wake.md, section 4).
+  if (allowed_max_ &&
+      total_allocated_ - static_cast<Bytes>(sleep_stats_.sleeping_bytes.current) + size > *allowed_max_)
+    return false;
   if (config_.expandable_segments) {
     p.block = try_allocate_expandable_block(p);
     if (p.block != nullptr) count_device_alloc(*p.pool);  // §14.5
@@ -183,6 +186,7 @@ Block* Allocator::alloc_found_block(AllocParams& p, Bytes orig_size, bool split_
 
   block->set_state(BlockState::Allocated);  // Free -> Allocated
   block->requested_size = orig_size;
+  block->tag = current_tag();
   record(TraceAction::Alloc, block->ptr, orig_size, block->stream);
   active_blocks_.emplace(block->ptr, block);
   const auto size = static_cast<std::int64_t>(block->size);

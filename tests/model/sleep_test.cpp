@@ -1,0 +1,165 @@
+// Sleep and wake in the model of policy:pytorch (issue 24; cachet's rules, docs/sleep-wake.md):
+// exact bytes, addresses and stats over the synthetic source.
+#include "cachet/errors.h"
+#include "cachet/tags.h"
+#include "harness.h"
+
+namespace cachet::model::test {
+namespace {
+
+constexpr std::uint64_t kSeg0 = 0x7f0000000000;  // the synthetic source's first cudaMalloc
+
+TEST(Sleep, WeightsSleepAndWakeAtTheSameAddresses) {
+  Device d(Config{}, 1 * GiB);
+  std::uint64_t w = 0, kv = 0;
+  {
+    TagScope t("weights");
+    w = d.malloc(30 * MiB);  // a 30 MiB segment
+  }
+  {
+    TagScope t("kv_cache");
+    kv = d.malloc(8 * MiB);  // a 20 MiB segment, 12 MiB of it free
+  }
+  // "default", on another stream (placement does not keep tags apart yet, docs/sleep-wake.md
+  // section 9): a 20 MiB segment of its own.
+  const auto other = d.malloc(4 * MiB, 7);
+  EXPECT_EQ(w, kSeg0);
+  EXPECT_EQ(d.source.in_use(), 70 * MiB);
+  const DeviceStats before = d.alloc.stats();
+
+  EXPECT_EQ(d.alloc.sleep({"weights", "kv_cache"}, {"weights"}), 50 * MiB);
+  d.alloc.check_invariants();
+  EXPECT_EQ(d.source.in_use(), 20 * MiB);
+  DeviceStats expected = before;
+  expected.num_sync_all_streams += 1;  // sleep synchronizes, as empty_cache does
+  EXPECT_EQ(d.alloc.stats(), expected);  // PyTorch's 122 keys keep their meaning
+  const SleepStats& s = d.alloc.sleep_stats();
+  EXPECT_EQ(s.sleeping_segments.current, 2);
+  EXPECT_EQ(s.sleeping_bytes.current, 50 * 1048576);
+  EXPECT_EQ(s.sleeping_allocated_bytes.current, 38 * 1048576);
+  EXPECT_EQ(s.backup_bytes.current, 30 * 1048576);
+  EXPECT_EQ(d.alloc.sleeping(), (TagList{"kv_cache", "weights"}));
+  const Snapshot snap = d.alloc.snapshot();
+  ASSERT_EQ(snap.size(), 3u);
+  EXPECT_TRUE(snap[0].is_sleeping);
+  EXPECT_EQ(snap[0].backup_size, 30 * MiB);
+  EXPECT_TRUE(snap[1].is_sleeping);
+  EXPECT_EQ(snap[1].backup_size, 0u);
+  EXPECT_FALSE(snap[2].is_sleeping);
+
+  // No allocation lands in a sleeping range: best fit would be kv_cache's free 12 MiB.
+  const auto fresh = d.malloc(8 * MiB, 7);
+  EXPECT_EQ(fresh, other + 4 * MiB);
+  d.alloc.check_invariants();
+
+  d.alloc.wake({});
+  d.alloc.check_invariants();
+  EXPECT_EQ(d.source.in_use(), 70 * MiB);
+  EXPECT_EQ(d.alloc.sleep_stats().sleeping_bytes.current, 0);
+  EXPECT_EQ(d.alloc.sleep_stats().backup_bytes.current, 0);
+  EXPECT_EQ(d.alloc.sleep_stats().num_sleeps, 1);
+  EXPECT_EQ(d.alloc.sleep_stats().num_wakes, 1);
+  EXPECT_TRUE(d.alloc.sleeping().empty());
+  // kv_cache's free 12 MiB is found again.
+  EXPECT_EQ(d.malloc(12 * MiB), kv + 8 * MiB);
+  d.free(w);
+  d.free(kv);
+  d.free(other);
+  d.alloc.check_invariants();
+}
+
+TEST(Sleep, FreeWhileAsleepTakesEffectAtWake) {
+  Device d(Config{}, 1 * GiB);
+  std::uint64_t a = 0, b = 0;
+  {
+    TagScope t("weights");
+    a = d.malloc(4 * MiB);
+    b = d.malloc(4 * MiB);  // one 20 MiB segment, 12 MiB free
+  }
+  EXPECT_EQ(d.alloc.sleep({"weights"}, {"weights"}), 20 * MiB);
+  d.free(a);
+  d.alloc.check_invariants();
+  EXPECT_EQ(d.alloc.stats().allocated_bytes[0].current, 4 * 1048576);
+  EXPECT_EQ(d.alloc.sleep_stats().sleeping_allocated_bytes.current, 4 * 1048576);
+  EXPECT_EQ(d.alloc.sleep_stats().backup_bytes.current, 4 * 1048576);
+  EXPECT_EQ(d.alloc.sleep_stats().num_frees_while_asleep, 1);
+  EXPECT_THROW(d.alloc.free(a), UsageError);  // no double free
+  EXPECT_NE(d.malloc(4 * MiB), a);            // still asleep: not reused
+  d.alloc.wake({"weights"});
+  d.alloc.check_invariants();
+  EXPECT_EQ(d.malloc(4 * MiB), a);  // the free took effect at wake
+  d.free(b);
+}
+
+TEST(Sleep, WakeOutOfMemoryStaysAsleepAndSucceedsLater) {
+  Device d(Config{}, 64 * MiB);
+  std::uint64_t w = 0;
+  {
+    TagScope t("weights");
+    w = d.malloc(30 * MiB);
+  }
+  EXPECT_EQ(d.alloc.sleep({}, {"weights"}), 30 * MiB);
+  const auto big = d.malloc(50 * MiB);  // takes the memory the sleep gave back
+  EXPECT_THROW(d.alloc.wake({}), OutOfMemory);
+  d.alloc.check_invariants();
+  EXPECT_EQ(d.alloc.sleep_stats().num_wake_ooms, 1);
+  EXPECT_EQ(d.alloc.sleep_stats().sleeping_bytes.current, 30 * 1048576);
+  EXPECT_EQ(d.alloc.sleep_stats().backup_bytes.current, 30 * 1048576);
+  EXPECT_EQ(d.source.in_use(), 50 * MiB);
+  d.free(big);
+  d.alloc.empty_cache();
+  d.alloc.wake({});
+  EXPECT_EQ(d.source.in_use(), 30 * MiB);
+  EXPECT_EQ(d.alloc.sleep_stats().backup_bytes.current, 0);
+  d.free(w);
+  d.alloc.check_invariants();
+}
+
+TEST(Sleep, FreeCachedSegmentsSleepWhateverTheTag) {
+  Device d(Config{}, 1 * GiB);
+  d.free(d.malloc(1 * MiB));  // a free cached small segment (2 MiB) of "default"
+  std::uint64_t w = 0;
+  {
+    TagScope t("weights");
+    w = d.malloc(12 * MiB);  // a 12 MiB segment
+  }
+  const auto def = d.malloc(12 * MiB);  // "default", live: stays awake
+  EXPECT_EQ(d.alloc.sleep({"weights"}, {}), 14 * MiB);
+  EXPECT_EQ(d.alloc.sleep({"weights"}, {}), 0u);  // already asleep
+  EXPECT_EQ(d.source.in_use(), 12 * MiB);
+  EXPECT_EQ(d.alloc.sleep_stats().backup_bytes.current, 0);
+  d.alloc.wake({"weights"});  // the run with no live block wakes with any wake
+  EXPECT_EQ(d.source.in_use(), 26 * MiB);
+  d.free(w);
+  d.free(def);
+  d.alloc.check_invariants();
+}
+
+TEST(Sleep, RefusalsChangeNothing) {
+  Device d(Config{}, 1 * GiB);
+  const auto a = d.malloc(4 * MiB);  // "default"
+  std::uint64_t w = 0;
+  {
+    TagScope t("weights");
+    w = d.malloc(4 * MiB);  // shares a's segment
+  }
+  try {
+    d.alloc.sleep({"weights"}, {});
+    ADD_FAILURE() << "no exception";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "sleep(): the segment at 0x7f0000000000 holds live blocks of the tags 'default', 'weights', some not "
+              "named; name them all, or allocate them apart (nothing was put to sleep)");
+  }
+  EXPECT_EQ(d.source.in_use(), 20 * MiB);
+  EXPECT_EQ(d.alloc.sleep_stats().num_sleeps, 0);
+  EXPECT_THROW(d.alloc.sleep({"all"}, {}), UsageError);
+  Device e(conf("expandable_segments:True"), 1 * GiB);
+  e.malloc(4 * MiB);
+  EXPECT_THROW(e.alloc.sleep({}, {}), UsageError);
+  d.free(a);
+  d.free(w);
+}
+
+}  // namespace
+}  // namespace cachet::model::test

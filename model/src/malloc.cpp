@@ -37,7 +37,7 @@ std::uint64_t Allocator::malloc(Bytes orig_size, StreamId stream) {
   p.expandable = config_.expandable_segments;
 
   // 3. Best fit in the pool; then the ladder of ways to get memory (§3.1 step 5).
-  bool found = get_free_block(p);
+  bool found = get_free_block_for_tag(p);
   if (!found) {
     if (gc_enabled()) garbage_collect_cached_blocks();
     found = alloc_block(p, false) ||
@@ -187,6 +187,7 @@ Block* Allocator::alloc_found_block(AllocParams& p, Bytes orig_size, bool split_
   block->set_state(BlockState::Allocated);  // Free -> Allocated
   block->requested_size = orig_size;
   block->tag = current_tag();
+  if (block->tag != kDefaultTag) tags_seen_ = true;
   record(TraceAction::Alloc, block->ptr, orig_size, block->stream);
   active_blocks_.emplace(block->ptr, block);
   const auto size = static_cast<std::int64_t>(block->size);

@@ -3,8 +3,9 @@
 // blocks, addresses and stats; its memory goes back through the source's unmap and comes again
 // through its map; its free blocks are in no pool while it sleeps, so no allocation lands there.
 //
-// Not in the model yet (UsageError, nothing changes): expandable segments; a segment whose live
-// blocks mix a named tag with another (placement does not keep segments tag-homogeneous yet).
+// Placement keeps cudaMalloc segments tag-homogeneous (get_free_block_for_tag). Not in the model
+// yet (UsageError, nothing changes): expandable segments, and so a segment whose live blocks mix
+// a named tag with another (reachable only through a use_on_oom pool's fallback).
 #include <algorithm>
 #include <set>
 #include <string>
@@ -36,6 +37,27 @@ const Allocator::SleepingRange* Allocator::sleeping_range_of(const Block* b) con
 void Allocator::hide_free_blocks(const Block* head) {
   for (const Block* b = head; b != nullptr && b->is_mapped(); b = b->next)
     if (b->is_free()) b->pool->blocks.erase(const_cast<Block*>(b));
+}
+
+bool Allocator::get_free_block_for_tag(AllocParams& p) {
+  if (!tags_seen_ && current_tag() == kDefaultTag) return get_free_block(p);
+  const Tag& tag = current_tag();
+  // Tag-homogeneous segments: hide, for this one search, the free blocks of segments whose live
+  // blocks carry another tag; the search then takes the next candidate in PyTorch's order.
+  BlockPool& pool = *p.pool;
+  std::vector<Block*> hidden;
+  for (Block* b : pool.blocks) {
+    if (b->stream != p.stream) continue;
+    for (const Block* x = run_head(b); x != nullptr && x->is_mapped(); x = x->next)
+      if (x->is_active() && x->tag != tag) {
+        hidden.push_back(b);
+        break;
+      }
+  }
+  for (Block* b : hidden) pool.blocks.erase(b);
+  const bool found = get_free_block(p);
+  for (Block* b : hidden) pool.blocks.insert(b);  // back, keeping their GC age
+  return found;
 }
 
 Bytes Allocator::sleep(const TagList& tags, const TagList& backup_tags) {

@@ -60,8 +60,10 @@ TEST(Sleep, WeightsSleepAndWakeAtTheSameAddresses) {
   EXPECT_EQ(d.alloc.sleep_stats().num_sleeps, 1);
   EXPECT_EQ(d.alloc.sleep_stats().num_wakes, 1);
   EXPECT_TRUE(d.alloc.sleeping().empty());
-  // kv_cache's free 12 MiB is found again.
-  EXPECT_EQ(d.malloc(12 * MiB), kv + 8 * MiB);
+  {  // kv_cache's free 12 MiB is found again (by kv_cache only: segments are tag-homogeneous).
+    TagScope t("kv_cache");
+    EXPECT_EQ(d.malloc(12 * MiB), kv + 8 * MiB);
+  }
   d.free(w);
   d.free(kv);
   d.free(other);
@@ -84,7 +86,8 @@ TEST(Sleep, FreeWhileAsleepTakesEffectAtWake) {
   EXPECT_EQ(d.alloc.sleep_stats().backup_bytes.current, 4 * 1048576);
   EXPECT_EQ(d.alloc.sleep_stats().num_frees_while_asleep, 1);
   EXPECT_THROW(d.alloc.free(a), UsageError);  // no double free
-  EXPECT_NE(d.malloc(4 * MiB), a);            // still asleep: not reused
+  TagScope t("weights");
+  EXPECT_EQ(d.malloc(4 * MiB), a + 20 * MiB);  // still asleep: a new segment, a not reused
   d.alloc.wake({"weights"});
   d.alloc.check_invariants();
   EXPECT_EQ(d.malloc(4 * MiB), a);  // the free took effect at wake
@@ -135,30 +138,44 @@ TEST(Sleep, FreeCachedSegmentsSleepWhateverTheTag) {
   d.alloc.check_invariants();
 }
 
-TEST(Sleep, RefusalsChangeNothing) {
+TEST(Sleep, SegmentsAreTagHomogeneous) {
   Device d(Config{}, 1 * GiB);
-  const auto a = d.malloc(4 * MiB);  // "default"
+  const auto a = d.malloc(4 * MiB);  // "default": a 20 MiB segment, 16 MiB free
   std::uint64_t w = 0;
   {
     TagScope t("weights");
-    w = d.malloc(4 * MiB);  // shares a's segment
+    w = d.malloc(4 * MiB);  // would fit a's segment: a segment of its own
   }
-  try {
-    d.alloc.sleep({"weights"}, {});
-    ADD_FAILURE() << "no exception";
-  } catch (const UsageError& e) {
-    EXPECT_EQ(std::string(e.what()),
-              "sleep(): the segment at 0x7f0000000000 holds live blocks of the tags 'default', 'weights', some not "
-              "named; name them all, or allocate them apart (nothing was put to sleep)");
-  }
+  EXPECT_EQ(w, kSeg0 + 20 * MiB);
+  EXPECT_EQ(d.malloc(4 * MiB), a + 4 * MiB);  // "default" again: a's segment
+  d.free(a);
+  EXPECT_EQ(d.alloc.sleep({"weights"}, {}), 20 * MiB);
   EXPECT_EQ(d.source.in_use(), 20 * MiB);
-  EXPECT_EQ(d.alloc.sleep_stats().num_sleeps, 0);
+  d.alloc.wake({});
+  d.free(w);
+  // A segment with no live block takes any tag.
+  {
+    TagScope t("kv_cache");
+    EXPECT_EQ(d.malloc(8 * MiB), kSeg0 + 20 * MiB);
+  }
+}
+
+TEST(Sleep, RefusalsChangeNothing) {
+  Device d(Config{}, 1 * GiB);
+  d.malloc(4 * MiB);
   EXPECT_THROW(d.alloc.sleep({"all"}, {}), UsageError);
   Device e(conf("expandable_segments:True"), 1 * GiB);
   e.malloc(4 * MiB);
-  EXPECT_THROW(e.alloc.sleep({}, {}), UsageError);
-  d.free(a);
-  d.free(w);
+  try {
+    e.alloc.sleep({}, {});
+    ADD_FAILURE() << "no exception";
+  } catch (const UsageError& x) {
+    EXPECT_EQ(std::string(x.what()).rfind("sleep(): the segment at 0x300000000 is part of an expandable segment", 0),
+              0u)
+        << x.what();
+  }
+  EXPECT_EQ(e.alloc.sleep_stats().num_sleeps, 0);
+  EXPECT_EQ(e.source.in_use(), 20 * MiB);
 }
 
 }  // namespace

@@ -265,6 +265,11 @@ class Allocator {
   // Takes the free blocks of the run starting at `head` out of their pool (no search finds them).
   void hide_free_blocks(const Block* head);
   void free_while_asleep(Block* b);
+  // get_free_block over the free blocks whose segment holds no live block of another tag than the
+  // current one (docs/sleep-wake.md, section 2); get_free_block itself until a tag other than
+  // "default" was ever used.
+  bool get_free_block_for_tag(AllocParams& p);
+  bool tags_seen_ = false;
   // No-caching mode (Config::no_caching): live raw device allocations, address -> size.
   std::map<std::uint64_t, Bytes> raw_allocations_;
 };

@@ -210,6 +210,31 @@ void Allocator::check_invariants() const {
   check("inactive_split", inactive_split, stats_.inactive_split[0].current);
   check("inactive_split_bytes", inactive_split_bytes, stats_.inactive_split_bytes[0].current);
   check("total_allocated_memory", reserved, static_cast<std::int64_t>(total_allocated_));
+  // Sleeping segments (docs/sleep-wake.md): no free set holds their blocks, and the sleep stats
+  // agree with a recount.
+  std::int64_t sl_segments = 0, sl_bytes = 0, sl_allocated = 0, sl_backup = 0;
+  for (const auto& [base, r] : sleeping_) {
+    ++sl_segments;
+    sl_bytes += static_cast<std::int64_t>(r.size);
+    for (const auto& [key, owned] : owned_) {
+      const Block* b = owned.get();
+      if (b->ptr < base || b->ptr >= base + r.size) continue;
+      if (b->is_free() && b->pool->blocks.contains(const_cast<Block*>(b)))
+        fail("[INV-SLEEP-1]", "a free block at " + std::to_string(b->ptr) + " of the sleeping segment at " +
+                                  std::to_string(base) + " is in its pool's free set");
+      if (b->is_allocated()) sl_allocated += static_cast<std::int64_t>(b->size);
+      if (r.backed_up && b->is_active()) sl_backup += static_cast<std::int64_t>(b->size);
+    }
+  }
+  auto check_sleep = [&](const char* name, std::int64_t counted, std::int64_t stat) {
+    if (counted != stat)
+      fail("[INV-SLEEP-2]", std::string(name) + ": the sleeping segments have " + std::to_string(counted) +
+                                ", the sleep stats say " + std::to_string(stat));
+  };
+  check_sleep("sleeping_segments", sl_segments, sleep_stats_.sleeping_segments.current);
+  check_sleep("sleeping_bytes", sl_bytes, sleep_stats_.sleeping_bytes.current);
+  check_sleep("sleeping_allocated_bytes", sl_allocated, sleep_stats_.sleeping_allocated_bytes.current);
+  check_sleep("backup_bytes", sl_backup, sleep_stats_.backup_bytes.current);
 }
 
 }  // namespace cachet::model

@@ -178,5 +178,44 @@ TEST(Sleep, RefusalsChangeNothing) {
   EXPECT_EQ(e.source.in_use(), 20 * MiB);
 }
 
+TEST(Sleep, PrivatePoolSegmentsSleepAndWakeInTheirPool) {
+  Device d(Config{}, 1 * GiB);
+  const PoolId pool{0, 1};
+  std::uint64_t g = 0, scratch = 0;
+  d.alloc.begin_allocate_to_pool(pool, PoolRoute{});
+  {
+    TagScope t("graph");
+    g = d.malloc(8 * MiB);        // the pool's 20 MiB segment
+    scratch = d.malloc(4 * MiB);  // the same segment
+  }
+  try {
+    d.alloc.sleep({}, {});
+    ADD_FAILURE() << "no exception";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("sleep(): a CUDA graph capture or use_mem_pool is under way", 0), 0u);
+  }
+  d.free(scratch);
+  d.alloc.end_allocate_to_pool(pool);
+  const Snapshot before = d.alloc.snapshot();
+  ASSERT_EQ(before.size(), 1u);
+  EXPECT_EQ(before[0].pool_id, pool);
+  EXPECT_EQ(d.alloc.sleep({"graph"}, {"graph"}), 20 * MiB);
+  EXPECT_EQ(d.alloc.sleep_stats().backup_bytes.current, 8 * 1048576);
+  EXPECT_EQ(d.malloc(4 * MiB), kSeg0 + 20 * MiB);  // the default pool: a segment of its own
+  d.alloc.wake({"graph"});
+  d.alloc.check_invariants();
+  EXPECT_EQ(d.alloc.pool_use_count(pool), 1);
+  Snapshot after = d.alloc.snapshot();
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_EQ(after[0], before[0]);  // the pool's segment as before: blocks, states, pool id
+  d.alloc.begin_allocate_to_pool(pool, PoolRoute{});
+  {
+    TagScope t("graph");
+    EXPECT_EQ(d.malloc(4 * MiB), scratch);  // the pool's free block again, at its address
+  }
+  d.alloc.end_allocate_to_pool(pool);
+  d.free(g);
+}
+
 }  // namespace
 }  // namespace cachet::model::test

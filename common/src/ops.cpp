@@ -44,12 +44,39 @@ bool prefixed(std::string_view w, char c, std::uint64_t& v) {
 
 std::string n(std::uint64_t v) { return std::to_string(v); }
 
+// "all" / "none" for an empty list, else the tags joined by ','.
+std::string tag_list(const TagList& tags, const char* empty) {
+  if (tags.empty()) return empty;
+  std::string r;
+  for (const Tag& t : tags) r += (r.empty() ? "" : ",") + t;
+  return r;
+}
+
+// The inverse of tag_list; false on a bad tag, a repeated tag or an empty item.
+bool parse_tag_list(std::string_view w, std::string_view empty, TagList& out) {
+  out.clear();
+  if (w == empty) return true;
+  while (true) {
+    const std::size_t comma = w.find(',');
+    const std::string_view t = w.substr(0, comma);
+    if (!valid_tag(t)) return false;
+    if (lists_tag(out, t)) return false;
+    out.emplace_back(t);
+    if (comma == std::string_view::npos) return true;
+    w.remove_prefix(comma + 1);
+  }
+}
+
 }  // namespace
 
 bool is_pool_op(const Op& op) {
   return std::holds_alternative<UseMemPoolBegin>(op) || std::holds_alternative<UseMemPoolEnd>(op) ||
          std::holds_alternative<ReleasePool>(op) || std::holds_alternative<CaptureBegin>(op) ||
          std::holds_alternative<CaptureEnd>(op) || std::holds_alternative<GraphReset>(op);
+}
+
+bool is_sleep_op(const Op& op) {
+  return std::holds_alternative<SetTag>(op) || std::holds_alternative<Sleep>(op) || std::holds_alternative<Wake>(op);
 }
 
 Addressing addressing(const std::vector<Op>& ops) {
@@ -86,6 +113,11 @@ std::string show(const Op& op) {
           },
           [](const CaptureEnd& o) { return "capture_end g" + n(o.graph); },
           [](const GraphReset& o) { return "graph_reset g" + n(o.graph); },
+          [](const SetTag& o) { return "tag " + o.tag; },
+          [](const Sleep& o) {
+            return "sleep tags " + tag_list(o.tags, "all") + " backup " + tag_list(o.backup_tags, "none");
+          },
+          [](const Wake& o) { return "wake tags " + tag_list(o.tags, "all"); },
       },
       op);
 }
@@ -131,6 +163,15 @@ std::optional<Op> parse_op(std::string_view line) {
     if (w[4] == "new") return CaptureBegin{a, b, std::nullopt};
     if (prefixed(w[4], 'g', c)) return CaptureBegin{a, b, c};
   }
+  if (k == "tag" && w.size() == 2 && valid_tag(w[1])) return SetTag{Tag(w[1])};
+  if (k == "sleep" && w.size() == 5 && w[1] == "tags" && w[3] == "backup") {
+    Sleep op;
+    if (parse_tag_list(w[2], "all", op.tags) && parse_tag_list(w[4], "none", op.backup_tags)) return op;
+  }
+  if (k == "wake" && w.size() == 3 && w[1] == "tags") {
+    Wake op;
+    if (parse_tag_list(w[2], "all", op.tags)) return op;
+  }
   return std::nullopt;
 }
 
@@ -158,7 +199,8 @@ std::vector<Op> parse_ops(std::string_view text) {
           "free h<handle> | "
           "record h<handle> s<stream> | complete s<stream> | complete_all | empty_cache | fraction <double> | "
           "use_pool p<k> [t<thread>] | end_pool p<k> | release_pool p<k> | capture_begin g<k> s<stream> pool new|g<j> | "
-          "capture_end g<k> | graph_reset g<k>)");
+          "capture_end g<k> | graph_reset g<k> | tag <name> | sleep tags all|<t>,.. backup none|<t>,.. | "
+          "wake tags all|<t>,..; a tag is 1 to 64 of [A-Za-z0-9_.-], not 'all' or 'none')");
     if (const auto* a = std::get_if<Allocate>(&*op)) ++(a->id ? id_allocs : handle_allocs);
     if (handle_allocs > 0 && id_allocs > 0)
       throw std::invalid_argument("line " + std::to_string(line_no) +

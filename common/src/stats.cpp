@@ -115,3 +115,55 @@ std::array<std::int64_t, 6> step_stats(const DeviceStats& s) {
 }
 
 }  // namespace cachet
+
+// The sleep stats (cachet/stats.h SleepStats, docs/sleep-wake.md, section 5).
+namespace cachet {
+namespace {
+struct SleepStatField {
+  const char* name;
+  Stat SleepStats::*member;
+};
+constexpr SleepStatField kSleepStats[] = {
+    {"sleep.backup_bytes", &SleepStats::backup_bytes},
+    {"sleep.sleeping_allocated_bytes", &SleepStats::sleeping_allocated_bytes},
+    {"sleep.sleeping_bytes", &SleepStats::sleeping_bytes},
+    {"sleep.sleeping_segments", &SleepStats::sleeping_segments},
+};
+struct SleepCounter {
+  const char* name;
+  std::int64_t SleepStats::*member;
+};
+constexpr SleepCounter kSleepCounters[] = {
+    {"sleep.num_backup_failures", &SleepStats::num_backup_failures},
+    {"sleep.num_frees_while_asleep", &SleepStats::num_frees_while_asleep},
+    {"sleep.num_sleeps", &SleepStats::num_sleeps},
+    {"sleep.num_wake_ooms", &SleepStats::num_wake_ooms},
+    {"sleep.num_wakes", &SleepStats::num_wakes},
+};
+}  // namespace
+
+void SleepStats::reset_accumulated() {
+  for (const auto& f : kSleepStats) (this->*f.member).reset_accumulated();
+  for (const auto& c : kSleepCounters) this->*c.member = 0;
+}
+
+void SleepStats::reset_peak() {
+  for (const auto& f : kSleepStats) (this->*f.member).reset_peak();
+}
+
+std::vector<std::pair<std::string, std::int64_t>> flatten(const SleepStats& s) {
+  std::vector<std::pair<std::string, std::int64_t>> out;
+  for (const auto& f : kSleepStats) {
+    const Stat& st = s.*f.member;
+    const std::string p = f.name;
+    out.emplace_back(p + ".allocated", st.allocated);
+    out.emplace_back(p + ".current", st.current);
+    out.emplace_back(p + ".freed", st.freed);
+    out.emplace_back(p + ".peak", st.peak);
+  }
+  for (const auto& c : kSleepCounters) out.emplace_back(c.name, s.*c.member);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace cachet

@@ -159,3 +159,16 @@ std::string oom_message(const OomFacts& f) {
 }
 
 }  // namespace cachet
+
+namespace cachet {
+
+std::string sleep_summary(const SleepStats& s) {
+  if (s.num_sleeps == 0) return "";
+  const auto sz = [](std::int64_t v) { return format_size(static_cast<Bytes>(v)); };
+  return fmt::format("Sleeping: {} segments, {} ({} of it allocated); host backups: {}\n",
+                     s.sleeping_segments.current, sz(s.sleeping_bytes.current),
+                     sz(s.sleeping_allocated_bytes.current), sz(s.backup_bytes.current)) +
+         fmt::format("Sleeps: {}, wakes: {}, wakes out of memory: {}\n", s.num_sleeps, s.num_wakes, s.num_wake_ooms);
+}
+
+}  // namespace cachet

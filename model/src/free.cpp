@@ -48,7 +48,9 @@ void Allocator::free(std::uint64_t ptr) {
   DeviceStats::for_all_and(stats_.allocated_bytes, type, [&](Stat& s) { s.decrease(size); });
   record(TraceAction::FreeRequested, block->ptr, block->requested_size, block->stream);
   if (is_oversize(block->size)) stats_.oversize_allocations.decrease(1);
-  if (!block->stream_uses.empty() && !captures_underway_.empty()) {
+  if (!sleeping_.empty() && sleeping_range_of(block) != nullptr) {
+    free_while_asleep(block);  // docs/sleep-wake.md, section 4: no event, free at wake
+  } else if (!block->stream_uses.empty() && !captures_underway_.empty()) {
     // graph_capture_record_stream_reuse: record_free_markers first (§14.10.1); PyTorch's state at
     // its assertion is this one (the free requested, nothing deferred).
     if (config_.graph_capture_record_stream_reuse) refuse_free_markers_across_graphs(*block);

@@ -40,7 +40,7 @@ std::uint64_t Allocator::malloc(Bytes orig_size, StreamId stream, ThreadIndex th
   p.expandable = config_.expandable_segments;
 
   // 3. Best fit in the pool; then the ladder of ways to get memory (§3.1 step 5).
-  bool found = get_free_block(p);
+  bool found = get_free_block_for_tag(p);
   if (!found) {
     // Rule flip alloc_before_gc: a new segment is tried first.
     if (flipped(RuleFlip::AllocBeforeGc)) found = alloc_block(p, false);
@@ -139,9 +139,10 @@ bool Allocator::alloc_block(AllocParams& p, bool is_retry) {
   if (is_retry && !flipped(RuleFlip::RetryCountedIfAllowed)) ++stats_.num_alloc_retries;
   const Bytes size = p.alloc_size;
   // The cap is inclusive (§13.4; rule flip cap_exclusive); expandable segments check the segment
-  // size too (§13.5).
-  if (allowed_max_ && (flipped(RuleFlip::CapExclusive) ? total_allocated_ + size >= *allowed_max_
-                                                       : total_allocated_ + size > *allowed_max_))
+  // size too (§13.5). Sleeping bytes do not count against the cap (docs/sleep-wake.md, section 4).
+  const Bytes counted = total_allocated_ - static_cast<Bytes>(sleep_stats_.sleeping_bytes.current);
+  if (allowed_max_ && (flipped(RuleFlip::CapExclusive) ? counted + size >= *allowed_max_
+                                                       : counted + size > *allowed_max_))
     return false;
   if (is_retry && flipped(RuleFlip::RetryCountedIfAllowed)) ++stats_.num_alloc_retries;  // rule flip
   if (config_.expandable_segments) {
@@ -234,6 +235,8 @@ Block* Allocator::alloc_found_block(AllocParams& p, Bytes orig_size, bool split_
 
   block->set_state(BlockState::Allocated);  // Free -> Allocated
   block->requested_size = orig_size;
+  block->tag = current_tag();
+  if (block->tag != kDefaultTag) tags_seen_ = true;
   record(TraceAction::Alloc, block->ptr, orig_size, block->stream);
   active_blocks_.emplace(block->ptr, block);
   const auto size = static_cast<std::int64_t>(block->size);

@@ -36,6 +36,11 @@ Snapshot Allocator::snapshot_of(bool orphaned) const {
   for_each_block_pool([&](const BlockPool& pool) { all.insert(all.end(), pool.blocks.begin(), pool.blocks.end()); },
                       orphaned);
   for (const auto& [ptr, b] : active_blocks_) all.push_back(b);
+  // Sleeping runs with no live block are in no pool (docs/sleep-wake.md): their heads.
+  for (const auto& [key, owned] : owned_)
+    if (owned->prev == nullptr && sleeping_.contains(owned->ptr)) all.push_back(owned.get());
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
   for (const Block* head : all) {
     // One segment per contiguous mapped run (a whole cudaMalloc, or a mapped range of an
     // expandable segment).
@@ -47,6 +52,12 @@ Snapshot Allocator::snapshot_of(bool orphaned) const {
     seg.is_expandable = head->expandable != nullptr;
     // segment_pool_id: the owner of the head block's pool (§14.1).
     if (head->pool->owner != nullptr) seg.pool_id = head->pool->owner->id;
+    if (auto it = sleeping_.find(head->ptr); it != sleeping_.end()) {
+      seg.is_sleeping = true;
+      if (it->second.backed_up)
+        for (const Block* b = head; b != nullptr; b = b->next)
+          if (b->is_active()) seg.backup_size += b->size;
+    }
     for (const Block* b = head; b != nullptr && b->is_mapped(); b = b->next) {
       seg.total_size += b->size;
       seg.blocks.push_back(BlockSnapshot{b->ptr, b->size, b->requested_size, state_of(b)});
@@ -125,12 +136,16 @@ void Allocator::check_invariants() const {
     const bool active = b->is_active();
     if (active != (find_active(b->ptr) == b))
       fail("[INV-POOL-1]", std::string("active_blocks disagrees with state ") + state_name(s) + at);
-    if (s == BlockState::Free && !b->pool->blocks.contains(const_cast<Block*>(b)))
+    if (s == BlockState::Free && !b->pool->blocks.contains(const_cast<Block*>(b)) &&
+        sleeping_range_of(b) == nullptr)
       fail("[INV-POOL-1]", "a Free block outside its pool" + at);
     if (s == BlockState::Unmapped && !b->pool->unmapped.contains(const_cast<Block*>(b)))
       fail("[INV-POOL-1]", "an Unmapped block outside its pool's unmapped set" + at);
   }
-  if (active_blocks_.size() + pooled != owned_.size())
+  std::size_t asleep_free = 0;  // the free blocks of sleeping runs are in no container
+  for (const auto& [key, owned] : owned_)
+    if (owned->is_free() && !sleeping_.empty() && sleeping_range_of(owned.get()) != nullptr) ++asleep_free;
+  if (active_blocks_.size() + pooled + asleep_free != owned_.size())
     fail("[INV-POOL-1]", "a block is in no container, or in two");
   // Private pools (§14.4, §14.5, §14.8.1).
   auto is_orphaned = [&](const PrivatePool* pp) {
@@ -195,6 +210,31 @@ void Allocator::check_invariants() const {
   check("inactive_split", inactive_split, stats_.inactive_split[0].current);
   check("inactive_split_bytes", inactive_split_bytes, stats_.inactive_split_bytes[0].current);
   check("total_allocated_memory", reserved, static_cast<std::int64_t>(total_allocated_));
+  // Sleeping segments (docs/sleep-wake.md): no free set holds their blocks, and the sleep stats
+  // agree with a recount.
+  std::int64_t sl_segments = 0, sl_bytes = 0, sl_allocated = 0, sl_backup = 0;
+  for (const auto& [base, r] : sleeping_) {
+    ++sl_segments;
+    sl_bytes += static_cast<std::int64_t>(r.size);
+    for (const auto& [key, owned] : owned_) {
+      const Block* b = owned.get();
+      if (b->ptr < base || b->ptr >= base + r.size) continue;
+      if (b->is_free() && b->pool->blocks.contains(const_cast<Block*>(b)))
+        fail("[INV-SLEEP-1]", "a free block at " + std::to_string(b->ptr) + " of the sleeping segment at " +
+                                  std::to_string(base) + " is in its pool's free set");
+      if (b->is_allocated()) sl_allocated += static_cast<std::int64_t>(b->size);
+      if (r.backed_up && b->is_active()) sl_backup += static_cast<std::int64_t>(b->size);
+    }
+  }
+  auto check_sleep = [&](const char* name, std::int64_t counted, std::int64_t stat) {
+    if (counted != stat)
+      fail("[INV-SLEEP-2]", std::string(name) + ": the sleeping segments have " + std::to_string(counted) +
+                                ", the sleep stats say " + std::to_string(stat));
+  };
+  check_sleep("sleeping_segments", sl_segments, sleep_stats_.sleeping_segments.current);
+  check_sleep("sleeping_bytes", sl_bytes, sleep_stats_.sleeping_bytes.current);
+  check_sleep("sleeping_allocated_bytes", sl_allocated, sleep_stats_.sleeping_allocated_bytes.current);
+  check_sleep("backup_bytes", sl_backup, sleep_stats_.backup_bytes.current);
 }
 
 }  // namespace cachet::model

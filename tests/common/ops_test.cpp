@@ -30,6 +30,13 @@ TEST(Ops, EveryOpHasOneLine) {
       {CaptureBegin{3, 1, 0}, "capture_begin g3 s1 pool g0"},
       {CaptureEnd{3}, "capture_end g3"},
       {GraphReset{1}, "graph_reset g1"},
+      {SetTag{"weights"}, "tag weights"},
+      {SetTag{"default"}, "tag default"},
+      {Sleep{{}, {}}, "sleep tags all backup none"},
+      {Sleep{{}, {"weights"}}, "sleep tags all backup weights"},
+      {Sleep{{"weights", "kv_cache"}, {"weights"}}, "sleep tags weights,kv_cache backup weights"},
+      {Wake{{}}, "wake tags all"},
+      {Wake{{"kv-cache.1", "w_2"}}, "wake tags kv-cache.1,w_2"},
   };
   for (const auto& [op, line] : rows) {
     EXPECT_EQ(show(op), line);
@@ -45,12 +52,25 @@ TEST(Ops, PoolOpsAreMarked) {
   EXPECT_TRUE(is_pool_op(GraphReset{0}));
   EXPECT_FALSE(is_pool_op(Allocate{1, 0, {}}));
   EXPECT_FALSE(is_pool_op(CompleteAllEvents{}));
+  EXPECT_FALSE(is_pool_op(Sleep{}));
+}
+
+TEST(Ops, SleepOpsAreMarked) {
+  EXPECT_TRUE(is_sleep_op(SetTag{"weights"}));
+  EXPECT_TRUE(is_sleep_op(Sleep{}));
+  EXPECT_TRUE(is_sleep_op(Wake{}));
+  EXPECT_FALSE(is_sleep_op(Allocate{1, 0, {}}));
+  EXPECT_FALSE(is_sleep_op(UseMemPoolBegin{0}));
 }
 
 TEST(Ops, RejectsMalformedLines) {
   for (const char* bad : {"alloc 12", "free 3", "alloc x s0", "alloc 1 0", "record h1", "fraction", "fraction 0.5x",
                           "use_pool 3", "capture_begin g0 s1", "capture_begin g0 s1 pool", "capture_begin g0 s1 pool 2",
-                          "graph_reset p1", "bogus", "complete_all s1", "alloc h1 2 3 s0"})
+                          "graph_reset p1", "bogus", "complete_all s1", "alloc h1 2 3 s0", "tag", "tag all", "tag none",
+                          "tag a b", "tag a,b", "tag we!ghts", "sleep", "sleep tags all", "sleep tags backup none",
+                          "sleep tags a,a backup none", "sleep tags a, backup none", "sleep tags none backup none",
+                          "sleep tags all backup all", "wake", "wake tags", "wake tags none", "wake all",
+                          "wake tags ,a"})
     EXPECT_FALSE(parse_op(bad).has_value()) << bad;
 }
 

@@ -42,6 +42,11 @@
 //                                      a new private pool or the pool of graph j (j = -1: new)
 //   capture_end g<k>                   CaptureEnd                                     ["ge", k]
 //   graph_reset g<k>                   GraphReset: graph k's reset()                  ["gx", k]
+//   tag <name>                         SetTag: the current tag of later allocations (issue 24,
+//                                      docs/sleep-wake.md; "default" until a list sets one)
+//   sleep tags all|<t>,<t>.. backup none|<t>,<t>..
+//                                      Sleep: sleep(tags, backup_tags); "all": every tag
+//   wake tags all|<t>,<t>..            Wake: wake(tags)
 // Streams are raw stream ids, except in io::read_ops lists: there a stream is the recording's
 // stream index (io::Recording::streams maps it). What the pool and capture ops call on an
 // allocator is tools/front_end's (cachet/front_end/pool_front_end.h, docs/pytorch-allocator.md
@@ -71,6 +76,7 @@
 #include <variant>
 #include <vector>
 
+#include "cachet/tags.h"
 #include "cachet/types.h"
 
 namespace cachet::ops {
@@ -139,12 +145,31 @@ struct GraphReset {
   friend bool operator==(const GraphReset&, const GraphReset&) = default;
 };
 
+// Tags, sleep and wake (issue 24, docs/sleep-wake.md). Tag lists hold valid tags (cachet/tags.h)
+// without repeats; an empty list names every tag (Sleep::tags, Wake::tags) or none
+// (Sleep::backup_tags).
+struct SetTag {
+  Tag tag{kDefaultTag};
+  friend bool operator==(const SetTag&, const SetTag&) = default;
+};
+struct Sleep {
+  TagList tags;         // empty: every tag
+  TagList backup_tags;  // empty: no backups
+  friend bool operator==(const Sleep&, const Sleep&) = default;
+};
+struct Wake {
+  TagList tags;  // empty: every tag
+  friend bool operator==(const Wake&, const Wake&) = default;
+};
+
 using Op = std::variant<Allocate, Free, RecordStream, CompleteEvents, CompleteAllEvents, EmptyCache,
                         SetMemoryFraction, UseMemPoolBegin, UseMemPoolEnd, ReleasePool, CaptureBegin, CaptureEnd,
-                        GraphReset>;
+                        GraphReset, SetTag, Sleep, Wake>;
 
 // The pool and capture ops (issue 16): runners without private pools refuse them.
 bool is_pool_op(const Op& op);
+// The tag, sleep and wake ops (issue 24): runners without sleep refuse them.
+bool is_sleep_op(const Op& op);
 
 enum class Addressing : std::uint8_t { Handles, Ids };
 // The list's addressing: Ids when any Allocate carries an id, else Handles.

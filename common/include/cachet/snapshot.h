@@ -34,6 +34,11 @@ struct SegmentSnapshot {
   bool is_large = false;       // segment_type "large" (else "small")
   bool is_expandable = false;
   PoolId pool_id;  // segment_pool_id: its pool (docs/pytorch-allocator.md §14.1)
+  // cachet's marks (docs/sleep-wake.md §5), absent from PyTorch's snapshots: the segment is
+  // asleep (its addresses reserved, no memory behind them; its blocks keep their states), and
+  // the bytes of its blocks backed up on the host.
+  bool is_sleeping = false;
+  Bytes backup_size = 0;
   std::vector<BlockSnapshot> blocks;  // address order, tiling the segment
 
   Bytes allocated_size() const;  // sum of active_allocated block sizes

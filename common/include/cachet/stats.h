@@ -83,6 +83,30 @@ std::vector<std::pair<std::string, std::int64_t>> flatten(const DeviceStats& s);
 DeviceStats unflatten(const std::map<std::string, std::int64_t>& kv,
                       std::vector<std::string>* unknown = nullptr);
 
+// What is asleep (issue 24, docs/sleep-wake.md, section 5): kept beside DeviceStats, whose 122 keys
+// keep PyTorch's meaning (a sleeping segment stays in segment and reserved_bytes: its addresses
+// are still the allocator's; its blocks stay in allocation, active and allocated_bytes).
+struct SleepStats {
+  Stat sleeping_segments;          // segments asleep (no physical memory behind them)
+  Stat sleeping_bytes;             // their bytes: part of reserved_bytes, none of it on the device
+  Stat sleeping_allocated_bytes;   // bytes of allocated blocks in sleeping segments
+  Stat backup_bytes;               // host bytes holding backups of sleeping blocks
+  std::int64_t num_sleeps = 0;          // sleep() calls that returned
+  std::int64_t num_wakes = 0;           // wake() calls that returned
+  std::int64_t num_wake_ooms = 0;       // wakes that raised out-of-memory (and stayed asleep)
+  std::int64_t num_backup_failures = 0; // sleeps refused because a host backup could not be had
+  std::int64_t num_frees_while_asleep = 0;  // frees of sleeping blocks, applied at wake
+
+  void reset_accumulated();  // as DeviceStats: allocated/freed of every Stat, and the counts
+  void reset_peak();
+  friend bool operator==(const SleepStats&, const SleepStats&) = default;
+};
+
+// The 21 sleep keys, sorted: "sleep.backup_bytes.allocated", ..., "sleep.num_wakes",
+// "sleep.sleeping_segments.peak" (docs/sleep-wake.md, section 5 lists them). memory_stats() of the
+// Python bindings returns them after PyTorch's 122.
+std::vector<std::pair<std::string, std::int64_t>> flatten(const SleepStats& s);
+
 // The six stats recorded after every op in an oracle recording, in stat_keys order:
 // allocated_bytes.all.current, reserved_bytes.all.current, active_bytes.all.current,
 // inactive_split_bytes.all.current, segment.all.current, requested_bytes.all.current.

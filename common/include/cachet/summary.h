@@ -13,6 +13,13 @@ namespace cachet {
 // torch.cuda.memory_summary(device, abbreviated) for these stats.
 std::string memory_summary(const DeviceStats& s, DeviceIndex device = 0, bool abbreviated = false);
 
+// cachet's lines about sleeping memory (docs/sleep-wake.md, section 5), printed after PyTorch's summary
+// by the Python bindings: "" when nothing ever slept (num_sleeps == 0), so that memory_summary
+// stays PyTorch's text byte for byte; else
+//   "Sleeping: <n> segments, <size> (<size> of it allocated); host backups: <size>\n"
+// with format_size's sizes, then "Sleeps: <n>, wakes: <n>, wakes out of memory: <n>\n".
+std::string sleep_summary(const SleepStats& s);
+
 // PyTorch's format_size (c10/util): "N bytes", "x.xx KiB", "x.xx MiB", "x.xx GiB".
 std::string format_size(Bytes bytes);
 

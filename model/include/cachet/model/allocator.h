@@ -115,6 +115,21 @@ class Allocator {
   // Throws std::logic_error naming the first broken invariant (block.h, §5.3 consistency).
   void check_invariants() const;
 
+  // Sleep and wake (issue 24; the rules are docs/sleep-wake.md, not PyTorch's): sleep.cpp.
+  // sleep: every mapped run (a cudaMalloc segment) whose live blocks all carry a tag of `tags`
+  // (every tag when empty), and every run with no live block, gives its memory back (the source's
+  // unmap) and keeps its addresses; the live blocks of tags in `backup_tags` are backed up.
+  // Returns the bytes given back. UsageError, nothing changed: a capture or use_mem_pool under
+  // way, expandable segments (not in the model yet), a run mixing a named tag with another.
+  Bytes sleep(const TagList& tags, const TagList& backup_tags);
+  // wake: every sleeping run with a live block of a tag in `tags` (every tag when empty), and every
+  // sleeping run with no live block, maps memory at its addresses again (the source's map).
+  // OutOfMemory when the source or the cap refuses any of it: everything stays asleep.
+  void wake(const TagList& tags);
+  // The tags with sleeping live blocks, sorted.
+  TagList sleeping() const;
+  const SleepStats& sleep_stats() const { return sleep_stats_; }
+
  private:
   struct AllocParams {
     StreamId stream = 0;
@@ -240,6 +255,26 @@ class Allocator {
   // as in PyTorch: a mark outlives its pool.
   PoolIdOrder use_on_oom_pools_;
   std::set<PoolId> no_split_pools_;
+  // sleep.cpp: the sleeping runs by base address; a run's tag is that of its live blocks at the
+  // sleep, "" when it had none.
+  struct SleepingRange {
+    Bytes size = 0;
+    Tag tag;
+    bool backed_up = false;
+  };
+  std::map<std::uint64_t, SleepingRange> sleeping_;
+  SleepStats sleep_stats_;
+  // The sleeping run `b` belongs to, or null.
+  const SleepingRange* sleeping_range_of(const Block* b) const;
+  static const Block* run_head(const Block* b);
+  // Takes the free blocks of the run starting at `head` out of their pool (no search finds them).
+  void hide_free_blocks(const Block* head);
+  void free_while_asleep(Block* b);
+  // get_free_block over the free blocks whose segment holds no live block of another tag than the
+  // current one (docs/sleep-wake.md, section 2); get_free_block itself until a tag other than
+  // "default" was ever used.
+  bool get_free_block_for_tag(AllocParams& p);
+  bool tags_seen_ = false;
   // No-caching mode (Config::no_caching): live raw device allocations, address -> size.
   std::map<std::uint64_t, Bytes> raw_allocations_;
 };

@@ -44,6 +44,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cachet/tags.h"
 #include "cachet/types.h"
 
 namespace cachet::model {
@@ -117,6 +118,9 @@ struct Block {
   std::set<StreamId> capture_stream_uses;
   std::int64_t gc_count_base = 0;   // pool's free-block search count when it entered the pool
   ExpandableSegment* expandable = nullptr;
+  // The current tag of the thread that allocated it (docs/sleep-wake.md); meaningful while the
+  // block is live, stale once it is free.
+  Tag tag{kDefaultTag};
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
 

@@ -1,0 +1,221 @@
+// Sleep and wake in the model of policy:pytorch (issue 24; cachet's rules, docs/sleep-wake.md):
+// exact bytes, addresses and stats over the synthetic source.
+#include "cachet/errors.h"
+#include "cachet/tags.h"
+#include "harness.h"
+
+namespace cachet::model::test {
+namespace {
+
+constexpr std::uint64_t kSeg0 = 0x7f0000000000;  // the synthetic source's first cudaMalloc
+
+TEST(Sleep, WeightsSleepAndWakeAtTheSameAddresses) {
+  Device d(Config{}, 1 * GiB);
+  std::uint64_t w = 0, kv = 0;
+  {
+    TagScope t("weights");
+    w = d.malloc(30 * MiB);  // a 30 MiB segment
+  }
+  {
+    TagScope t("kv_cache");
+    kv = d.malloc(8 * MiB);  // a 20 MiB segment, 12 MiB of it free
+  }
+  // "default", on another stream (placement does not keep tags apart yet, docs/sleep-wake.md
+  // section 9): a 20 MiB segment of its own.
+  const auto other = d.malloc(4 * MiB, 7);
+  EXPECT_EQ(w, kSeg0);
+  EXPECT_EQ(d.source.in_use(), 70 * MiB);
+  const DeviceStats before = d.alloc.stats();
+
+  EXPECT_EQ(d.alloc.sleep({"weights", "kv_cache"}, {"weights"}), 50 * MiB);
+  d.alloc.check_invariants();
+  EXPECT_EQ(d.source.in_use(), 20 * MiB);
+  DeviceStats expected = before;
+  expected.num_sync_all_streams += 1;  // sleep synchronizes, as empty_cache does
+  EXPECT_EQ(d.alloc.stats(), expected);  // PyTorch's 122 keys keep their meaning
+  const SleepStats& s = d.alloc.sleep_stats();
+  EXPECT_EQ(s.sleeping_segments.current, 2);
+  EXPECT_EQ(s.sleeping_bytes.current, 50 * 1048576);
+  EXPECT_EQ(s.sleeping_allocated_bytes.current, 38 * 1048576);
+  EXPECT_EQ(s.backup_bytes.current, 30 * 1048576);
+  EXPECT_EQ(d.alloc.sleeping(), (TagList{"kv_cache", "weights"}));
+  const Snapshot snap = d.alloc.snapshot();
+  ASSERT_EQ(snap.size(), 3u);
+  EXPECT_TRUE(snap[0].is_sleeping);
+  EXPECT_EQ(snap[0].backup_size, 30 * MiB);
+  EXPECT_TRUE(snap[1].is_sleeping);
+  EXPECT_EQ(snap[1].backup_size, 0u);
+  EXPECT_FALSE(snap[2].is_sleeping);
+
+  // No allocation lands in a sleeping range: best fit would be kv_cache's free 12 MiB.
+  const auto fresh = d.malloc(8 * MiB, 7);
+  EXPECT_EQ(fresh, other + 4 * MiB);
+  d.alloc.check_invariants();
+
+  d.alloc.wake({});
+  d.alloc.check_invariants();
+  EXPECT_EQ(d.source.in_use(), 70 * MiB);
+  EXPECT_EQ(d.alloc.sleep_stats().sleeping_bytes.current, 0);
+  EXPECT_EQ(d.alloc.sleep_stats().backup_bytes.current, 0);
+  EXPECT_EQ(d.alloc.sleep_stats().num_sleeps, 1);
+  EXPECT_EQ(d.alloc.sleep_stats().num_wakes, 1);
+  EXPECT_TRUE(d.alloc.sleeping().empty());
+  {  // kv_cache's free 12 MiB is found again (by kv_cache only: segments are tag-homogeneous).
+    TagScope t("kv_cache");
+    EXPECT_EQ(d.malloc(12 * MiB), kv + 8 * MiB);
+  }
+  d.free(w);
+  d.free(kv);
+  d.free(other);
+  d.alloc.check_invariants();
+}
+
+TEST(Sleep, FreeWhileAsleepTakesEffectAtWake) {
+  Device d(Config{}, 1 * GiB);
+  std::uint64_t a = 0, b = 0;
+  {
+    TagScope t("weights");
+    a = d.malloc(4 * MiB);
+    b = d.malloc(4 * MiB);  // one 20 MiB segment, 12 MiB free
+  }
+  EXPECT_EQ(d.alloc.sleep({"weights"}, {"weights"}), 20 * MiB);
+  d.free(a);
+  d.alloc.check_invariants();
+  EXPECT_EQ(d.alloc.stats().allocated_bytes[0].current, 4 * 1048576);
+  EXPECT_EQ(d.alloc.sleep_stats().sleeping_allocated_bytes.current, 4 * 1048576);
+  EXPECT_EQ(d.alloc.sleep_stats().backup_bytes.current, 4 * 1048576);
+  EXPECT_EQ(d.alloc.sleep_stats().num_frees_while_asleep, 1);
+  EXPECT_THROW(d.alloc.free(a), UsageError);  // no double free
+  TagScope t("weights");
+  EXPECT_EQ(d.malloc(4 * MiB), a + 20 * MiB);  // still asleep: a new segment, a not reused
+  d.alloc.wake({"weights"});
+  d.alloc.check_invariants();
+  EXPECT_EQ(d.malloc(4 * MiB), a);  // the free took effect at wake
+  d.free(b);
+}
+
+TEST(Sleep, WakeOutOfMemoryStaysAsleepAndSucceedsLater) {
+  Device d(Config{}, 64 * MiB);
+  std::uint64_t w = 0;
+  {
+    TagScope t("weights");
+    w = d.malloc(30 * MiB);
+  }
+  EXPECT_EQ(d.alloc.sleep({}, {"weights"}), 30 * MiB);
+  const auto big = d.malloc(50 * MiB);  // takes the memory the sleep gave back
+  EXPECT_THROW(d.alloc.wake({}), OutOfMemory);
+  d.alloc.check_invariants();
+  EXPECT_EQ(d.alloc.sleep_stats().num_wake_ooms, 1);
+  EXPECT_EQ(d.alloc.sleep_stats().sleeping_bytes.current, 30 * 1048576);
+  EXPECT_EQ(d.alloc.sleep_stats().backup_bytes.current, 30 * 1048576);
+  EXPECT_EQ(d.source.in_use(), 50 * MiB);
+  d.free(big);
+  d.alloc.empty_cache();
+  d.alloc.wake({});
+  EXPECT_EQ(d.source.in_use(), 30 * MiB);
+  EXPECT_EQ(d.alloc.sleep_stats().backup_bytes.current, 0);
+  d.free(w);
+  d.alloc.check_invariants();
+}
+
+TEST(Sleep, FreeCachedSegmentsSleepWhateverTheTag) {
+  Device d(Config{}, 1 * GiB);
+  d.free(d.malloc(1 * MiB));  // a free cached small segment (2 MiB) of "default"
+  std::uint64_t w = 0;
+  {
+    TagScope t("weights");
+    w = d.malloc(12 * MiB);  // a 12 MiB segment
+  }
+  const auto def = d.malloc(12 * MiB);  // "default", live: stays awake
+  EXPECT_EQ(d.alloc.sleep({"weights"}, {}), 14 * MiB);
+  EXPECT_EQ(d.alloc.sleep({"weights"}, {}), 0u);  // already asleep
+  EXPECT_EQ(d.source.in_use(), 12 * MiB);
+  EXPECT_EQ(d.alloc.sleep_stats().backup_bytes.current, 0);
+  d.alloc.wake({"weights"});  // the run with no live block wakes with any wake
+  EXPECT_EQ(d.source.in_use(), 26 * MiB);
+  d.free(w);
+  d.free(def);
+  d.alloc.check_invariants();
+}
+
+TEST(Sleep, SegmentsAreTagHomogeneous) {
+  Device d(Config{}, 1 * GiB);
+  const auto a = d.malloc(4 * MiB);  // "default": a 20 MiB segment, 16 MiB free
+  std::uint64_t w = 0;
+  {
+    TagScope t("weights");
+    w = d.malloc(4 * MiB);  // would fit a's segment: a segment of its own
+  }
+  EXPECT_EQ(w, kSeg0 + 20 * MiB);
+  EXPECT_EQ(d.malloc(4 * MiB), a + 4 * MiB);  // "default" again: a's segment
+  d.free(a);
+  EXPECT_EQ(d.alloc.sleep({"weights"}, {}), 20 * MiB);
+  EXPECT_EQ(d.source.in_use(), 20 * MiB);
+  d.alloc.wake({});
+  d.free(w);
+  // A segment with no live block takes any tag.
+  {
+    TagScope t("kv_cache");
+    EXPECT_EQ(d.malloc(8 * MiB), kSeg0 + 20 * MiB);
+  }
+}
+
+TEST(Sleep, RefusalsChangeNothing) {
+  Device d(Config{}, 1 * GiB);
+  d.malloc(4 * MiB);
+  EXPECT_THROW(d.alloc.sleep({"all"}, {}), UsageError);
+  Device e(conf("expandable_segments:True"), 1 * GiB);
+  e.malloc(4 * MiB);
+  try {
+    e.alloc.sleep({}, {});
+    ADD_FAILURE() << "no exception";
+  } catch (const UsageError& x) {
+    EXPECT_EQ(std::string(x.what()).rfind("sleep(): the segment at 0x300000000 is part of an expandable segment", 0),
+              0u)
+        << x.what();
+  }
+  EXPECT_EQ(e.alloc.sleep_stats().num_sleeps, 0);
+  EXPECT_EQ(e.source.in_use(), 20 * MiB);
+}
+
+TEST(Sleep, PrivatePoolSegmentsSleepAndWakeInTheirPool) {
+  Device d(Config{}, 1 * GiB);
+  const PoolId pool{0, 1};
+  std::uint64_t g = 0, scratch = 0;
+  d.alloc.begin_allocate_to_pool(pool, PoolRoute{});
+  {
+    TagScope t("graph");
+    g = d.malloc(8 * MiB);        // the pool's 20 MiB segment
+    scratch = d.malloc(4 * MiB);  // the same segment
+  }
+  try {
+    d.alloc.sleep({}, {});
+    ADD_FAILURE() << "no exception";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("sleep(): a CUDA graph capture or use_mem_pool is under way", 0), 0u);
+  }
+  d.free(scratch);
+  d.alloc.end_allocate_to_pool(pool);
+  const Snapshot before = d.alloc.snapshot();
+  ASSERT_EQ(before.size(), 1u);
+  EXPECT_EQ(before[0].pool_id, pool);
+  EXPECT_EQ(d.alloc.sleep({"graph"}, {"graph"}), 20 * MiB);
+  EXPECT_EQ(d.alloc.sleep_stats().backup_bytes.current, 8 * 1048576);
+  EXPECT_EQ(d.malloc(4 * MiB), kSeg0 + 20 * MiB);  // the default pool: a segment of its own
+  d.alloc.wake({"graph"});
+  d.alloc.check_invariants();
+  EXPECT_EQ(d.alloc.pool_use_count(pool), 1);
+  Snapshot after = d.alloc.snapshot();
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_EQ(after[0], before[0]);  // the pool's segment as before: blocks, states, pool id
+  d.alloc.begin_allocate_to_pool(pool, PoolRoute{});
+  {
+    TagScope t("graph");
+    EXPECT_EQ(d.malloc(4 * MiB), scratch);  // the pool's free block again, at its address
+  }
+  d.alloc.end_allocate_to_pool(pool);
+  d.free(g);
+}
+
+}  // namespace
+}  // namespace cachet::model::test

@@ -268,3 +268,59 @@ TEST(WhatIf, CheckConfSuggestsWhatItAcceptsAndNamesIgnoredKeys) {
   EXPECT_EQ(c.rc, 0);
   EXPECT_EQ(c.err, "warning: policy:cachet does not use roundup_power2_divisions: it has no effect under it\n");
 }
+
+// What was left of issue 25 (a second pass).
+// 1: conform's usage line names its files plainly, not CLI11's "files(1x)"; a third file is refused.
+TEST(WhatIf, ConformUsageNamesItsFiles) {
+  Out h = run("conform --help");
+  EXPECT_EQ(h.rc, 0);
+  EXPECT_NE(h.out.find("conform [OPTIONS] FILE...\n"), std::string::npos) << h.out;
+  EXPECT_EQ(h.out.find("(1x)"), std::string::npos) << h.out;
+  Out c = run("conform a b c");
+  EXPECT_EQ(c.rc, 2);
+  EXPECT_EQ(c.err, "cachet conform: 3 files given; expected OPS RESULT, or RESULT alone\n");
+}
+
+// 2: the final stats line is printed when the stats sidecar exists and the snapshot lists no
+// segment (workloads/gpt2_train: "segments": [], beside gpt2_train.stats.json).
+TEST(WhatIf, FinalStatsWithoutSegments) {
+  Out o = run("replay " + kData + "workloads/gpt2_train.trace.json.gz");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(o.out.find("(default)      12.68 GiB  14.24 GiB      1.123     0        0         154/0\n"
+                       "final stats: all 122 memory_stats() keys equal PyTorch's recorded ones\n"),
+            std::string::npos)
+      << o.out;
+}
+
+// 3: explain's note on a replay that runs out of memory where the recording did not is a sentence.
+TEST(WhatIf, TheReplaysOwnOomIsSaidInASentence) {
+  Out e = run("explain " + kData + "snapshots/mlp_train.pickle.gz --cap 100M --device-memory 80G");
+  ASSERT_EQ(e.rc, 0) << e.err;
+  EXPECT_NE(e.out.find("note: the recorded run had no out-of-memory error; this replay has one (a smaller cap or "
+                       "device memory than the recording's); what follows explains the replay's first "
+                       "out-of-memory error\n"),
+            std::string::npos)
+      << e.out;
+}
+
+// 5: both charts draw the cap as a labelled horizontal line, and only when a cap applies.
+TEST(WhatIf, ChartsDrawTheCap) {
+  const fs::path html = tmp_dir() / "cap.html", svg = tmp_dir() / "cap.svg";
+  Out p = run("plot " + kOom + " --cap 12G -o " + svg.string());
+  ASSERT_EQ(p.rc, 0) << p.err;
+  const std::string s = slurp(svg);
+  EXPECT_NE(s.find("<g id=\"cap\"><line x1=\"90.0\" y1=\"172.0\" x2=\"1160.0\" y2=\"172.0\" stroke=\"#c0392b\" "
+                   "stroke-width=\"1.2\"/><text x=\"1156.0\" y=\"168.0\" font-size=\"11\" fill=\"#c0392b\" "
+                   "text-anchor=\"end\">cap 12.00 GiB</text></g>\n"),
+            std::string::npos)
+      << s.substr(0, 4000);
+  Out r = run("report " + kOom + " --cap 12G -o " + html.string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(slurp(html).find("<g class=\"cap\"><line x1=\"70\" y1=\"76.0\" x2=\"1080\" y2=\"76.0\" stroke=\"#c53030\" "
+                              "stroke-width=\"1.2\"/><text x=\"1076\" y=\"72.0\" class=\"tick\" "
+                              "text-anchor=\"end\">cap 12.00 GiB</text></g>\n"),
+            std::string::npos);
+  p = run("plot " + kData + "snapshots/mlp_train.pickle.gz -o " + svg.string());
+  ASSERT_EQ(p.rc, 0) << p.err;
+  EXPECT_EQ(slurp(svg).find("cap "), std::string::npos);
+}

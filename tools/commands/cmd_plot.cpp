@@ -98,6 +98,7 @@ int run_plot(const Args& a) {
   }
   for (std::size_t k = 0; k < t.ops.size(); ++k)
     if (t.ops[k].kind == OpKind::OomRequest) d.ooms.push_back(xof(k));
+  d.cap = static_cast<std::int64_t>(o.cap);
   d.title = base_name(lt.file.name);
   d.subtitle = fmt::format("configuration: {}   |   peak allocated {}, peak reserved {} (reserved/allocated {:.3f})   |   {} events",
                            r.conf.empty() ? "(default)" : r.conf, human_bytes(r.peak_allocated()),

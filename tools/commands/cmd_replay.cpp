@@ -195,8 +195,10 @@ int run_replay(const Args& a) {
                                                  human_bytes(r.stats.reserved_bytes[0].current),
                                                  human_bytes(r.stats.allocated_bytes[0].current)));
       out += pool_end_lines(lt.trace, r);
-      out += final_stats_line(r, lt.file.final_stats);
     }
+    // The final stats are compared whether or not the snapshot lists segments (a trace saved after
+    // its last segment was released lists none).
+    if (jobs[i].recorded) out += final_stats_line(r, lt.file.final_stats);
     if (jobs[i].config == lt.run.config && jobs[i].config.policy == Policy::PyTorch)
       if (auto note = recorded_peak_note(lt, r, lt.run.cap); !note.empty()) out += note + "\n";
     if (r.config.garbage_collection_threshold > 0 && lt.run.cap == 0)

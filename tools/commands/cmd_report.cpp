@@ -72,6 +72,7 @@ int run_report(const Args& a) {
                            !e.device_memory_known ? std::string("not recorded (no device limit)")
                                : human_bytes(static_cast<std::int64_t>(e.device_memory)),
                            e.cap ? "; cap " + human_bytes(static_cast<std::int64_t>(e.cap)) : std::string(), t.events);
+  r.cap = static_cast<std::int64_t>(in->options.cap);
   r.x_is_time = !t.event_time_us.empty() && t.event_time_us.back() > t.event_time_us.front();
   const std::int64_t t0 = r.x_is_time ? t.event_time_us.front() : 0;
   auto xof = [&](std::size_t k) {

@@ -340,3 +340,23 @@ TEST(WhatIf, TheAddressFallbackIsAHarmlessNote) {
       << o.out;
   EXPECT_EQ(out.find("failed"), std::string::npos) << o.out;
 }
+
+// 7: trace-info shows each out-of-memory entry: where it is, the failed request, the free memory
+// it records (an oracle recording writes none).
+TEST(WhatIf, TraceInfoShowsTheOutOfMemoryEntry) {
+  Out o = run("trace-info " + kOom);
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(o.out.find("  out of memory: trace event 5754 of 5851: a request of 1.53 GiB = 1646821376 bytes (after "
+                       "PyTorch's rounding) on stream 0; the device had 66.55 GiB = 71462748160 bytes free (recorded "
+                       "in the entry)\n"),
+            std::string::npos)
+      << o.out;
+  o = run("trace-info " + kData + "results/res_pressure_msplit256_r4.json.gz");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(o.out.find("  out of memory: trace event 1317 of 2612: a request of 1.25 GiB = 1342177280 bytes (after "
+                       "PyTorch's rounding) on stream 1044175696; the device's free memory is not recorded in the "
+                       "entry\n"),
+            std::string::npos)
+      << o.out;
+  EXPECT_EQ(run("trace-info " + kData + "snapshots/mlp_train.pickle.gz").out.find("out of memory"), std::string::npos);
+}

@@ -360,3 +360,36 @@ TEST(WhatIf, TraceInfoShowsTheOutOfMemoryEntry) {
       << o.out;
   EXPECT_EQ(run("trace-info " + kData + "snapshots/mlp_train.pickle.gz").out.find("out of memory"), std::string::npos);
 }
+
+// 6: --fraction F beside --cap: the cap is size_t(F x the device memory), here what the trace's
+// out-of-memory entry shows the process could get (84213432320 bytes): 0.15 x that = 12632014848;
+// with --device-memory 80G, 0.5 of it. Both given, or no device memory known: a clear error.
+TEST(WhatIf, FractionGivesTheCapAsPyTorchSetsIt) {
+  Out o = run("replay " + kOom + " --fraction 0.15");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(o.out.find("memory cap: 11.76 GiB = 12632014848 bytes (set_per_process_memory_fraction, --cap)\n"),
+            std::string::npos)
+      << o.out;
+  for (const char* cmd : {"tune", "explain", "summary"}) {
+    Out c = run(std::string(cmd) + " " + kOom + " --fraction 0.15");
+    EXPECT_EQ(c.rc, 0) << cmd << c.err;
+    if (std::string(cmd) != "summary") EXPECT_NE(c.out.find("11.76 GiB"), std::string::npos) << cmd << c.out;
+  }
+  const std::string mlp = kData + "snapshots/mlp_train.pickle.gz";
+  o = run("replay " + mlp + " --fraction 0.5 --device-memory 80G");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(o.out.find("memory cap: 40.00 GiB = 42949672960 bytes"), std::string::npos) << o.out;
+  o = run("replay " + kOom + " --fraction 0.15 --cap 12G");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet replay: --cap 12G and --fraction 0.15 both given: give one (--fraction F is a cap of F x "
+                   "the device's memory)\n");
+  o = run("plot " + mlp + " --fraction 0.5 -o " + (tmp_dir() / "f.svg").string());
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet plot: --fraction 0.5: the device's memory is not known (not recorded beside the trace, and "
+                   "the trace has no out-of-memory entry): give it with --device-memory (e.g. --device-memory 80G), "
+                   "or give the cap in bytes with --cap\n");
+  o = run("report " + kOom + " --fraction 1.5 -o " + (tmp_dir() / "f.html").string());
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet report: --fraction 1.5: not a fraction in (0, 1] (set_per_process_memory_fraction's "
+                   "argument, e.g. 0.15); leave it out for no cap\n");
+}

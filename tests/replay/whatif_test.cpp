@@ -320,6 +320,9 @@ TEST(WhatIf, ChartsDrawTheCap) {
                               "stroke-width=\"1.2\"/><text x=\"1076\" y=\"72.0\" class=\"tick\" "
                               "text-anchor=\"end\">cap 12.00 GiB</text></g>\n"),
             std::string::npos);
+  EXPECT_NE(slurp(html).find("; the dashed vertical line marks when peak reserved was reached; the red horizontal line "
+                             "is the cap, 12.00 GiB.</p>"),
+            std::string::npos);
   p = run("plot " + kData + "snapshots/mlp_train.pickle.gz -o " + svg.string());
   ASSERT_EQ(p.rc, 0) << p.err;
   EXPECT_EQ(slurp(svg).find("cap "), std::string::npos);

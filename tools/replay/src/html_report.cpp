@@ -172,8 +172,9 @@ std::string render_html(const HtmlReport& r) {
   o += "<section id=\"timeline\">\n<h2>Memory over time</h2>\n";
   o += fmt::format("<p class=\"key\"><span style=\"background:{}\"></span>reserved<span style=\"background:{}\"></span>"
                    "allocated<span style=\"background:#c53030\"></span>out of memory ({})"
-                   "; the dashed vertical line marks when peak reserved was reached.</p>\n",
-                   kReservedColor, kAllocColor, r.ooms.size());
+                   "; the dashed vertical line marks when peak reserved was reached{}.</p>\n",
+                   kReservedColor, kAllocColor, r.ooms.size(),
+                   r.cap > 0 ? "; the red horizontal line is the cap, " + human_bytes(r.cap) : std::string());
   o += timeline_svg(r) + "</section>\n";
   o += fmt::format("<p class=\"key\"><span style=\"background:{}\"></span>allocated block<span style=\"background:{}\">"
                    "</span>freed, waiting for stream uses<span style=\"background:{}\"></span>free (cached)</p>\n",

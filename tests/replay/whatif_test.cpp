@@ -268,3 +268,131 @@ TEST(WhatIf, CheckConfSuggestsWhatItAcceptsAndNamesIgnoredKeys) {
   EXPECT_EQ(c.rc, 0);
   EXPECT_EQ(c.err, "warning: policy:cachet does not use roundup_power2_divisions: it has no effect under it\n");
 }
+
+// What was left of issue 25 (a second pass).
+// 1: conform's usage line names its files plainly, not CLI11's "files(1x)"; a third file is refused.
+TEST(WhatIf, ConformUsageNamesItsFiles) {
+  Out h = run("conform --help");
+  EXPECT_EQ(h.rc, 0);
+  EXPECT_NE(h.out.find("conform [OPTIONS] FILE...\n"), std::string::npos) << h.out;
+  EXPECT_EQ(h.out.find("(1x)"), std::string::npos) << h.out;
+  Out c = run("conform a b c");
+  EXPECT_EQ(c.rc, 2);
+  EXPECT_EQ(c.err, "cachet conform: 3 files given; expected OPS RESULT, or RESULT alone\n");
+}
+
+// 2: the final stats line is printed when the stats sidecar exists and the snapshot lists no
+// segment (workloads/gpt2_train: "segments": [], beside gpt2_train.stats.json).
+TEST(WhatIf, FinalStatsWithoutSegments) {
+  Out o = run("replay " + kData + "workloads/gpt2_train.trace.json.gz");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(o.out.find("(default)      12.68 GiB  14.24 GiB      1.123     0        0         154/0\n"
+                       "final stats: all 122 memory_stats() keys equal PyTorch's recorded ones\n"),
+            std::string::npos)
+      << o.out;
+}
+
+// 3: explain's note on a replay that runs out of memory where the recording did not is a sentence.
+TEST(WhatIf, TheReplaysOwnOomIsSaidInASentence) {
+  Out e = run("explain " + kData + "snapshots/mlp_train.pickle.gz --cap 100M --device-memory 80G");
+  ASSERT_EQ(e.rc, 0) << e.err;
+  EXPECT_NE(e.out.find("note: the recorded run had no out-of-memory error; this replay has one (a smaller cap or "
+                       "device memory than the recording's); what follows explains the replay's first "
+                       "out-of-memory error\n"),
+            std::string::npos)
+      << e.out;
+}
+
+// 5: both charts draw the cap as a labelled horizontal line, and only when a cap applies.
+TEST(WhatIf, ChartsDrawTheCap) {
+  const fs::path html = tmp_dir() / "cap.html", svg = tmp_dir() / "cap.svg";
+  Out p = run("plot " + kOom + " --cap 12G -o " + svg.string());
+  ASSERT_EQ(p.rc, 0) << p.err;
+  const std::string s = slurp(svg);
+  EXPECT_NE(s.find("<g id=\"cap\"><line x1=\"90.0\" y1=\"172.0\" x2=\"1160.0\" y2=\"172.0\" stroke=\"#c0392b\" "
+                   "stroke-width=\"1.2\"/><text x=\"1156.0\" y=\"168.0\" font-size=\"11\" fill=\"#c0392b\" "
+                   "text-anchor=\"end\">cap 12.00 GiB</text></g>\n"),
+            std::string::npos)
+      << s.substr(0, 4000);
+  Out r = run("report " + kOom + " --cap 12G -o " + html.string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(slurp(html).find("<g class=\"cap\"><line x1=\"70\" y1=\"76.0\" x2=\"1080\" y2=\"76.0\" stroke=\"#c53030\" "
+                              "stroke-width=\"1.2\"/><text x=\"1076\" y=\"72.0\" class=\"tick\" "
+                              "text-anchor=\"end\">cap 12.00 GiB</text></g>\n"),
+            std::string::npos);
+  EXPECT_NE(slurp(html).find("; the dashed vertical line marks when peak reserved was reached; the red horizontal line "
+                             "is the cap, 12.00 GiB.</p>"),
+            std::string::npos);
+  p = run("plot " + kData + "snapshots/mlp_train.pickle.gz -o " + svg.string());
+  ASSERT_EQ(p.rc, 0) << p.err;
+  EXPECT_EQ(slurp(svg).find("cap "), std::string::npos);
+}
+
+// 4: the fallback to synthetic addresses is a note that says what happened and that it is
+// harmless, not a device call that "failed" (oracle-h100 res_graphs_default: the replay's device
+// calls leave PyTorch's at its sixth address).
+TEST(WhatIf, TheAddressFallbackIsAHarmlessNote) {
+  Out o = run("replay " + std::string(CACHET_TEST_DATA) + "/oracle-h100/results/res_graphs_default.json.gz");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  const std::string out = flat(o.out);
+  EXPECT_NE(out.find("\nnote ((default)): the recorded addresses could not be kept to the end (malloc of 23068672 "
+                     "bytes at 0x7f6e6a200000 (address #6) overlaps a live segment; the replay made other device calls "
+                     "than PyTorch did), so the replay ran again with synthetic addresses; this is harmless: every op "
+                     "is replayed, only the addresses are not the recorded ones\n"),
+            std::string::npos)
+      << o.out;
+  EXPECT_EQ(out.find("failed"), std::string::npos) << o.out;
+}
+
+// 7: trace-info shows each out-of-memory entry: where it is, the failed request, the free memory
+// it records (an oracle recording writes none).
+TEST(WhatIf, TraceInfoShowsTheOutOfMemoryEntry) {
+  Out o = run("trace-info " + kOom);
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(o.out.find("  out of memory: trace event 5754 of 5851: a request of 1.53 GiB = 1646821376 bytes (after "
+                       "PyTorch's rounding) on stream 0; the device had 66.55 GiB = 71462748160 bytes free (recorded "
+                       "in the entry)\n"),
+            std::string::npos)
+      << o.out;
+  o = run("trace-info " + kData + "results/res_pressure_msplit256_r4.json.gz");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(o.out.find("  out of memory: trace event 1317 of 2612: a request of 1.25 GiB = 1342177280 bytes (after "
+                       "PyTorch's rounding) on stream 1044175696; the device's free memory is not recorded in the "
+                       "entry\n"),
+            std::string::npos)
+      << o.out;
+  EXPECT_EQ(run("trace-info " + kData + "snapshots/mlp_train.pickle.gz").out.find("out of memory"), std::string::npos);
+}
+
+// 6: --fraction F beside --cap: the cap is size_t(F x the device memory), here what the trace's
+// out-of-memory entry shows the process could get (84213432320 bytes): 0.15 x that = 12632014848;
+// with --device-memory 80G, 0.5 of it. Both given, or no device memory known: a clear error.
+TEST(WhatIf, FractionGivesTheCapAsPyTorchSetsIt) {
+  Out o = run("replay " + kOom + " --fraction 0.15");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(o.out.find("memory cap: 11.76 GiB = 12632014848 bytes (set_per_process_memory_fraction, --cap)\n"),
+            std::string::npos)
+      << o.out;
+  for (const char* cmd : {"tune", "explain", "summary"}) {
+    Out c = run(std::string(cmd) + " " + kOom + " --fraction 0.15");
+    EXPECT_EQ(c.rc, 0) << cmd << c.err;
+    if (std::string(cmd) != "summary") EXPECT_NE(c.out.find("11.76 GiB"), std::string::npos) << cmd << c.out;
+  }
+  const std::string mlp = kData + "snapshots/mlp_train.pickle.gz";
+  o = run("replay " + mlp + " --fraction 0.5 --device-memory 80G");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(o.out.find("memory cap: 40.00 GiB = 42949672960 bytes"), std::string::npos) << o.out;
+  o = run("replay " + kOom + " --fraction 0.15 --cap 12G");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet replay: --cap 12G and --fraction 0.15 both given: give one (--fraction F is a cap of F x "
+                   "the device's memory)\n");
+  o = run("plot " + mlp + " --fraction 0.5 -o " + (tmp_dir() / "f.svg").string());
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet plot: --fraction 0.5: the device's memory is not known (not recorded beside the trace, and "
+                   "the trace has no out-of-memory entry): give it with --device-memory (e.g. --device-memory 80G), "
+                   "or give the cap in bytes with --cap\n");
+  o = run("report " + kOom + " --fraction 1.5 -o " + (tmp_dir() / "f.html").string());
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet report: --fraction 1.5: not a fraction in (0, 1] (set_per_process_memory_fraction's "
+                   "argument, e.g. 0.15); leave it out for no cap\n");
+}

@@ -458,7 +458,7 @@ int run(const Options& o) {
   } else if (o.files.size() == 1) {
     result_path = o.files[0];
   } else {
-    std::fprintf(stderr, "cachet conform: expected OPS RESULT (or RESULT with --ops FILE)\n");
+    std::fprintf(stderr, "cachet conform: %zu files given; expected OPS RESULT, or RESULT alone\n", o.files.size());
     return kExitBadInput;
   }
   if (!o.ops.empty() && !ops_path.empty() && o.ops != ops_path) {
@@ -569,10 +569,12 @@ int run(const Options& o) {
 
 Runner setup(CLI::App& sub) {
   auto o = std::make_shared<Options>();
-  sub.add_option("files", o->files, "OPS RESULT, or RESULT alone (ops found in ../ops/ beside it)")
+  // Named FILE with no upper count (CLI11 2.1 writes a 1-to-2 positional as "files(1x)" in the
+  // usage line); more than two is refused in run_conform.
+  sub.add_option("FILE", o->files, "OPS RESULT, or RESULT alone (ops found in ../ops/ beside it)")
       ->type_name("[OPS] RESULT")
       ->required()
-      ->expected(1, 2);
+      ->expected(1, CLI::detail::expected_max_vector_size);
   sub.add_option("--ops", o->ops, "the op list (ops_<regime>.json[.gz]) to replay");
   sub.add_option("--engine", o->engine,
                  "model (default), impl (the production allocator) or both; with --policy cachet: policy:cachet's "

@@ -18,6 +18,7 @@ namespace {
 struct Args {
   std::string path;
   std::string cap;
+  std::string fraction;  // --fraction F: the cap is F x the device memory
   std::string device_memory;
   unsigned threads = 2;
   std::size_t top = 8;
@@ -26,7 +27,9 @@ struct Args {
 
 int run_explain(const Args& a) {
   using namespace cachet::replay;
-  auto in = load_explain_input("explain", a.path, a.cap, a.device_memory, a.threads);
+  std::string cap_text = a.cap;  // --cap, or --fraction's cap in bytes
+  if (!fraction_to_cap("explain", a.path, a.fraction, a.device_memory, cap_text)) return kExitBadInput;
+  auto in = load_explain_input("explain", a.path, cap_text, a.device_memory, a.threads);
   if (!in) return kExitBadInput;
   ExplainOptions eo;
   eo.threads = a.threads;
@@ -42,6 +45,9 @@ Runner setup(CLI::App& sub) {
   sub.add_option("TRACE", a->path, "PyTorch memory snapshot (pickle or JSON) or an oracle recording")->required();
   sub.add_option("--cap", a->cap,
                  "the memory cap the run had (set_per_process_memory_fraction x total memory; K/M/G/T ok)");
+  sub.add_option("--fraction", a->fraction,
+                 "the cap as set_per_process_memory_fraction(F) sets it: F x the device memory (--device-memory, or "
+                 "from the trace); not with --cap");
   sub.add_option("--device-memory", a->device_memory, kDeviceMemoryHelp);
   sub.add_option("--threads", a->threads, "worker threads for the search of a fix (default 2)");
   sub.add_option("--top", a->top, "allocation sites to list (default 8)");

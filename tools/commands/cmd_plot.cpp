@@ -28,6 +28,7 @@ struct Args {
   std::optional<std::string> conf;
   std::string device_memory;
   std::string cap;
+  std::string fraction;  // --fraction F: the cap is F x the device memory
 };
 
 std::string base_name(const std::string& p) {
@@ -63,7 +64,9 @@ int run_plot(const Args& a) {
     std::fprintf(stderr, "cachet plot: -o %s: cannot write there: %s\n", a.output.c_str(), why.c_str());
     return kExitBadInput;
   }
-  auto in = load_trace_input("plot", a.path, a.conf, a.device_memory, a.cap);
+  std::string cap_text = a.cap;  // --cap, or --fraction's cap in bytes
+  if (!fraction_to_cap("plot", a.path, a.fraction, a.device_memory, cap_text)) return kExitBadInput;
+  auto in = load_trace_input("plot", a.path, a.conf, a.device_memory, cap_text);
   if (!in) return kExitBadInput;
   const LoadedTrace& lt = in->loaded;
   const Config& config = in->config;
@@ -98,6 +101,7 @@ int run_plot(const Args& a) {
   }
   for (std::size_t k = 0; k < t.ops.size(); ++k)
     if (t.ops[k].kind == OpKind::OomRequest) d.ooms.push_back(xof(k));
+  d.cap = static_cast<std::int64_t>(o.cap);
   d.title = base_name(lt.file.name);
   d.subtitle = fmt::format("configuration: {}   |   peak allocated {}, peak reserved {} (reserved/allocated {:.3f})   |   {} events",
                            r.conf.empty() ? "(default)" : r.conf, human_bytes(r.peak_allocated()),
@@ -123,6 +127,9 @@ Runner setup(CLI::App& sub) {
   sub.add_option("--conf", a->conf, "configuration (default: the recorded one)");
   sub.add_option("--device-memory", a->device_memory, kDeviceMemoryHelp);
   sub.add_option("--cap", a->cap, "memory cap (set_per_process_memory_fraction), same syntax: '12G'");
+  sub.add_option("--fraction", a->fraction,
+                 "the cap as set_per_process_memory_fraction(F) sets it: F x the device memory (--device-memory, or "
+                 "from the trace); not with --cap");
   return [a] { return run_plot(*a); };
 }
 

@@ -32,13 +32,16 @@ struct Args {
   std::string addresses;
   std::string device_memory;
   std::string cap;
+  std::string fraction;  // --fraction F: the cap is F x the device memory
   bool json = false;
 };
 
 int run_replay(const Args& a) {
   using namespace cachet::replay;
   std::optional<Bytes> mem, cap;
-  if (!size_option("replay", "--device-memory", a.device_memory, mem) || !size_option("replay", "--cap", a.cap, cap))
+  std::string cap_text = a.cap;  // --cap, or --fraction's cap in bytes
+  if (!fraction_to_cap("replay", a.path, a.fraction, a.device_memory, cap_text)) return kExitBadInput;
+  if (!size_option("replay", "--device-memory", a.device_memory, mem) || !size_option("replay", "--cap", cap_text, cap))
     return kExitBadInput;
   LoadedTrace lt;
   try {
@@ -52,7 +55,7 @@ int run_replay(const Args& a) {
     std::fprintf(stderr, "cachet replay: %s\n", e.c_str());
     return kExitBadInput;
   }
-  if (!cap_fits("replay", lt, a.cap, cap)) return kExitBadInput;
+  if (!cap_fits("replay", lt, cap_text, cap)) return kExitBadInput;
   if (!lt.config_note.empty()) std::fprintf(stderr, "cachet replay: %s\n", lt.config_note.c_str());
   struct Job {
     Config config;
@@ -195,8 +198,10 @@ int run_replay(const Args& a) {
                                                  human_bytes(r.stats.reserved_bytes[0].current),
                                                  human_bytes(r.stats.allocated_bytes[0].current)));
       out += pool_end_lines(lt.trace, r);
-      out += final_stats_line(r, lt.file.final_stats);
     }
+    // The final stats are compared whether or not the snapshot lists segments (a trace saved after
+    // its last segment was released lists none).
+    if (jobs[i].recorded) out += final_stats_line(r, lt.file.final_stats);
     if (jobs[i].config == lt.run.config && jobs[i].config.policy == Policy::PyTorch)
       if (auto note = recorded_peak_note(lt, r, lt.run.cap); !note.empty()) out += note + "\n";
     if (r.config.garbage_collection_threshold > 0 && lt.run.cap == 0)
@@ -238,6 +243,9 @@ Runner setup(CLI::App& sub) {
   sub.add_option("--cap", a->cap,
                  "memory cap (set_per_process_memory_fraction) in bytes, or with a suffix K/M/G/T (powers of 1024): "
                  "'13.5G'. Default: the recorded one (oracle recordings), else none");
+  sub.add_option("--fraction", a->fraction,
+                 "the cap as set_per_process_memory_fraction(F) sets it: F x the device memory (--device-memory, or "
+                 "from the trace); not with --cap");
   sub.add_option("--device-memory", a->device_memory, kDeviceMemoryHelp);
   sub.add_flag("--json", a->json, "print a JSON array, one object per configuration");
   return [a] { return run_replay(*a); };

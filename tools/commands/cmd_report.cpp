@@ -27,6 +27,7 @@ struct Args {
   std::string path;
   std::string output;
   std::string cap;
+  std::string fraction;  // --fraction F: the cap is F x the device memory
   std::string device_memory;
   unsigned threads = 2;
   std::size_t top = 20;
@@ -58,7 +59,9 @@ int run_report(const Args& a) {
     std::fprintf(stderr, "cachet report: -o %s: cannot write there: %s\n", a.output.c_str(), why.c_str());
     return kExitBadInput;
   }
-  auto in = load_explain_input("report", a.path, a.cap, a.device_memory, a.threads);
+  std::string cap_text = a.cap;  // --cap, or --fraction's cap in bytes
+  if (!fraction_to_cap("report", a.path, a.fraction, a.device_memory, cap_text)) return kExitBadInput;
+  auto in = load_explain_input("report", a.path, cap_text, a.device_memory, a.threads);
   if (!in) return kExitBadInput;
   const LoadedTrace& lt = in->loaded;
   const Trace& t = lt.trace;
@@ -72,6 +75,7 @@ int run_report(const Args& a) {
                            !e.device_memory_known ? std::string("not recorded (no device limit)")
                                : human_bytes(static_cast<std::int64_t>(e.device_memory)),
                            e.cap ? "; cap " + human_bytes(static_cast<std::int64_t>(e.cap)) : std::string(), t.events);
+  r.cap = static_cast<std::int64_t>(in->options.cap);
   r.x_is_time = !t.event_time_us.empty() && t.event_time_us.back() > t.event_time_us.front();
   const std::int64_t t0 = r.x_is_time ? t.event_time_us.front() : 0;
   auto xof = [&](std::size_t k) {
@@ -148,6 +152,9 @@ Runner setup(CLI::App& sub) {
   sub.add_option("-o,--output", a->output, "the HTML file to write")->required();
   sub.add_option("--cap", a->cap,
                  "the memory cap the run had (set_per_process_memory_fraction x total memory; K/M/G/T ok)");
+  sub.add_option("--fraction", a->fraction,
+                 "the cap as set_per_process_memory_fraction(F) sets it: F x the device memory (--device-memory, or "
+                 "from the trace); not with --cap");
   sub.add_option("--device-memory", a->device_memory, kDeviceMemoryHelp);
   sub.add_option("--threads", a->threads, "worker threads for the configurations (default 2)");
   sub.add_option("--top", a->top, "rows of the configuration table (default 20)");

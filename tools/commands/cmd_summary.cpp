@@ -23,12 +23,15 @@ struct Args {
   std::optional<std::string> conf;
   std::string device_memory;
   std::string cap;
+  std::string fraction;  // --fraction F: the cap is F x the device memory
   bool abbreviated = false;
 };
 
 int run_summary(const Args& a) {
   using namespace cachet::replay;
-  auto in = load_trace_input("summary", a.path, a.conf, a.device_memory, a.cap);
+  std::string cap_text = a.cap;  // --cap, or --fraction's cap in bytes
+  if (!fraction_to_cap("summary", a.path, a.fraction, a.device_memory, cap_text)) return kExitBadInput;
+  auto in = load_trace_input("summary", a.path, a.conf, a.device_memory, cap_text);
   if (!in) return kExitBadInput;
   const LoadedTrace& lt = in->loaded;
   const Config& config = in->config;
@@ -68,6 +71,9 @@ Runner setup(CLI::App& sub) {
   sub.add_option("--conf", a->conf, "configuration (default: the recorded one)");
   sub.add_option("--device-memory", a->device_memory, kDeviceMemoryHelp);
   sub.add_option("--cap", a->cap, "memory cap (set_per_process_memory_fraction), same syntax: '12G'");
+  sub.add_option("--fraction", a->fraction,
+                 "the cap as set_per_process_memory_fraction(F) sets it: F x the device memory (--device-memory, or "
+                 "from the trace); not with --cap");
   sub.add_flag("--abbreviated", a->abbreviated, "memory_summary(abbreviated=True)");
   return [a] { return run_summary(*a); };
 }

@@ -80,6 +80,18 @@ int run_trace_info(const std::string& path, bool all_settings) {
                          gib(reserved));
     out += fmt::format("  trace: {}\n", st.one_line());
     if (st.lacks_segment_events()) out += fmt::format("  note: {}\n", io::kNoSegmentEvents);
+    // Each out-of-memory entry: PyTorch writes the failed request's size (after its rounding) and,
+    // in addr, the device's free bytes at the error (oracle recordings write null there: 0).
+    for (std::size_t i = 0; i < d.events.size(); ++i) {
+      const TraceEvent& e = d.events[i];
+      if (e.action != TraceAction::Oom) continue;
+      out += fmt::format("  out of memory: trace event {} of {}: a request of {} (after PyTorch's rounding) on "
+                         "stream {}; {}\n",
+                         i,
+                         d.events.size(), gib(e.size), e.stream,
+                         e.addr ? fmt::format("the device had {} free (recorded in the entry)", gib(e.addr))
+                                : std::string("the device's free memory is not recorded in the entry"));
+    }
     if (st.last_time_us > st.first_time_us)
       out += fmt::format("  recorded span: {:.3f} s\n",
                          static_cast<double>(st.last_time_us - st.first_time_us) / 1e6);

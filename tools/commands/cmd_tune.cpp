@@ -28,6 +28,7 @@ using namespace cachet::replay;
 struct Args {
   std::string path;
   std::string cap;
+  std::string fraction;  // --fraction F: the cap is F x the device memory
   std::string device_memory;
   int threads = 2;
   std::size_t top = 10;
@@ -162,7 +163,9 @@ int run_tune(const Args& a) {
     std::fprintf(stderr, "cachet tune: --threads: at least 1, not %d\n", a.threads);
     return kExitBadInput;
   }
-  if (!size_option("tune", "--device-memory", a.device_memory, mem) || !size_option("tune", "--cap", a.cap, cap))
+  std::string cap_text = a.cap;  // --cap, or --fraction's cap in bytes
+  if (!fraction_to_cap("tune", a.path, a.fraction, a.device_memory, cap_text)) return kExitBadInput;
+  if (!size_option("tune", "--device-memory", a.device_memory, mem) || !size_option("tune", "--cap", cap_text, cap))
     return kExitBadInput;
   LoadedTrace lt;
   try {
@@ -177,7 +180,7 @@ int run_tune(const Args& a) {
     std::fprintf(stderr, "cachet tune: %s\n", e.c_str());
     return kExitBadInput;
   }
-  if (!cap_fits("tune", lt, a.cap, cap)) return kExitBadInput;
+  if (!cap_fits("tune", lt, cap_text, cap)) return kExitBadInput;
   const ReplayOptions o = recorded_options(lt, AddressMode::Synthetic);
   const auto space = tune_space(lt.run.config, o.cap > 0);
   Progress progress("tuning");
@@ -213,6 +216,9 @@ Runner setup(CLI::App& sub) {
   sub.add_option("--cap", a->cap,
                  "memory cap (set_per_process_memory_fraction) in bytes, or with a suffix K/M/G/T (powers of 1024): "
                  "'13.5G'; also searches garbage_collection_threshold");
+  sub.add_option("--fraction", a->fraction,
+                 "the cap as set_per_process_memory_fraction(F) sets it: F x the device memory (--device-memory, or "
+                 "from the trace); not with --cap");
   sub.add_option("--device-memory", a->device_memory, kDeviceMemoryHelp);
   sub.add_option("--threads", a->threads, "worker threads, at least 1 (default 2)");
   sub.add_option("--top", a->top, "rows of the ranking to print (default 10)");

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <optional>
 #include <string>
@@ -74,6 +75,59 @@ inline bool cap_fits(const char* cmd, const replay::LoadedTrace& lt, const std::
                cmd, text.c_str(), replay::human_bytes(static_cast<std::int64_t>(lt.run.total_memory)).c_str(),
                lt.memory.source == Source::Option ? "--device-memory" : "recorded beside the trace");
   return false;
+}
+
+// --fraction F beside --cap: the cap set_per_process_memory_fraction(F) sets, PyTorch's
+// truncation included: size_t(F x the device's total memory). The total is --device-memory, the
+// one recorded beside the trace, or what the trace's out-of-memory entry shows the process could
+// get (its reserved bytes + the device's free ones). Writes the cap in bytes into cap_text; ""
+// leaves it. Prints the error and gives false on bad input (both given, F outside (0, 1], no
+// device memory known).
+inline bool fraction_to_cap(const char* cmd, const std::string& path, const std::string& fraction,
+                            const std::string& device_memory, std::string& cap_text) {
+  if (fraction.empty()) return true;
+  if (!cap_text.empty()) {
+    std::fprintf(stderr, "cachet %s: --cap %s and --fraction %s both given: give one (--fraction F is a cap of F x "
+                 "the device's memory)\n", cmd, cap_text.c_str(), fraction.c_str());
+    return false;
+  }
+  char* end = nullptr;
+  const double f = std::strtod(fraction.c_str(), &end);
+  if (end == fraction.c_str() || *end != '\0' || !(f > 0 && f <= 1)) {
+    std::fprintf(stderr, "cachet %s: --fraction %s: not a fraction in (0, 1] (set_per_process_memory_fraction's "
+                 "argument, e.g. 0.15); leave it out for no cap\n", cmd, fraction.c_str());
+    return false;
+  }
+  std::optional<Bytes> mem;
+  if (!size_option(cmd, "--device-memory", device_memory, mem)) return false;
+  Bytes total = 0;
+  if (mem) {
+    total = *mem;
+  } else {
+    replay::LoadedTrace lt;
+    try {
+      lt = replay::load_trace(path, replay::LoadOptions{});
+    } catch (const io::ReadError& e) {
+      std::fprintf(stderr, "cachet %s: %s\n", cmd, e.what());
+      return false;
+    }
+    using Source = replay::DeviceMemoryFacts::Source;
+    if (lt.memory.source != Source::Recorded && lt.memory.source != Source::OomEntry) {
+      std::fprintf(stderr, "cachet %s: --fraction %s: the device's memory is not known (not recorded beside the trace, "
+                   "and the trace has no out-of-memory entry): give it with --device-memory (e.g. --device-memory "
+                   "80G), or give the cap in bytes with --cap\n", cmd, fraction.c_str());
+      return false;
+    }
+    total = lt.run.total_memory;
+  }
+  // CUDACachingAllocator::setMemoryFraction: allowed_memory_maximum = size_t(fraction * total).
+  const auto cap = static_cast<std::size_t>(f * static_cast<double>(total));
+  if (cap == 0) {
+    std::fprintf(stderr, "cachet %s: --fraction %s: a cap of 0 bytes; give a larger fraction\n", cmd, fraction.c_str());
+    return false;
+  }
+  cap_text = std::to_string(cap);
+  return true;
 }
 
 inline std::optional<TraceInput> load_trace_input(const char* cmd, const std::string& path,

@@ -78,8 +78,8 @@ Explanation explain(const LoadedTrace& lt, const ReplayOptions& o, const std::ve
         o.cap ? "a cap of " + human_bytes(static_cast<std::int64_t>(o.cap)) : std::string("no cap"), why));
   }
   if (!recorded_oom && s.first_oom)
-    e.notes.push_back("the recorded run had no out-of-memory; this replay has one (a smaller cap or device memory "
-                      "than the recording's): explaining the replay's first");
+    e.notes.push_back("the recorded run had no out-of-memory error; this replay has one (a smaller cap or device "
+                      "memory than the recording's); what follows explains the replay's first out-of-memory error");
 
   Moment& m = e.at;
   m.oom = s.first_oom.has_value();

@@ -24,7 +24,7 @@ std::string num(double v) {
 
 std::string timeline_svg(const HtmlReport& r) {
   const double W = 1100, left = 70, right = 1080, top = 20, bottom = 300, H = 350;
-  const PlotAxes axes = plot_axes(r.timeline);
+  const PlotAxes axes = plot_axes(r.timeline, r.cap);
   const double xmin = axes.xmin, xmax = axes.xmax, unit = axes.unit, ystep = axes.ystep, ymax = axes.ymax;
   auto X = [&](double x) { return left + (x - xmin) / (xmax - xmin) * (right - left); };
   auto Y = [&](double v) { return bottom - v / ymax * (bottom - top); };
@@ -63,6 +63,12 @@ std::string timeline_svg(const HtmlReport& r) {
     o += fmt::format("<line class=\"peak\" x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#555\" "
                      "stroke-dasharray=\"4 3\"/>\n",
                      X(r.peak_x), top, bottom);
+  if (r.cap > 0) {
+    const double y = Y(static_cast<double>(r.cap) / unit);
+    o += fmt::format("<g class=\"cap\"><line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"#c53030\" "
+                     "stroke-width=\"1.2\"/><text x=\"{3}\" y=\"{4:.1f}\" class=\"tick\" text-anchor=\"end\">{5}</text></g>\n",
+                     left, y, right, right - 4, y - 4, cap_label(r.cap));
+  }
   for (double x : r.ooms)
     o += fmt::format("<path class=\"oom\" d=\"M{:.1f},{} l-5,-9 h10 z\" fill=\"#c53030\"><title>out of memory</title>"
                      "</path>\n",
@@ -166,8 +172,9 @@ std::string render_html(const HtmlReport& r) {
   o += "<section id=\"timeline\">\n<h2>Memory over time</h2>\n";
   o += fmt::format("<p class=\"key\"><span style=\"background:{}\"></span>reserved<span style=\"background:{}\"></span>"
                    "allocated<span style=\"background:#c53030\"></span>out of memory ({})"
-                   "; the dashed vertical line marks when peak reserved was reached.</p>\n",
-                   kReservedColor, kAllocColor, r.ooms.size());
+                   "; the dashed vertical line marks when peak reserved was reached{}.</p>\n",
+                   kReservedColor, kAllocColor, r.ooms.size(),
+                   r.cap > 0 ? "; the red horizontal line is the cap, " + human_bytes(r.cap) : std::string());
   o += timeline_svg(r) + "</section>\n";
   o += fmt::format("<p class=\"key\"><span style=\"background:{}\"></span>allocated block<span style=\"background:{}\">"
                    "</span>freed, waiting for stream uses<span style=\"background:{}\"></span>free (cached)</p>\n",

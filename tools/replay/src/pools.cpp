@@ -378,7 +378,10 @@ std::string final_stats_line(const ReplayResult& r, const std::map<std::string, 
       differ += fmt::format("{}{} (replay {}, recorded {})", differ.empty() ? "" : ", ", key, value, it->second);
     }
   }
-  if (compared == 0) return {};
+  if (compared == 0)
+    return fmt::format("final stats: nothing to compare: none of the {} recorded keys is a memory_stats() key the "
+                       "replay has\n",
+                       recorded.size());
   if (equal == compared) return fmt::format("final stats: all {} memory_stats() keys equal PyTorch's recorded ones\n", compared);
   return fmt::format("final stats: {} of {} memory_stats() keys equal PyTorch's recorded ones; {} differ: {}\n", equal,
                      compared, compared - equal, differ);

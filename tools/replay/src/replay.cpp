@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <map>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 
@@ -243,8 +244,8 @@ class CheckedMemory final : public gpu::DeviceMemory {
     return false;
   }
   static std::string overlap_message(const char* what, gpu::DevicePtr p) {
-    return std::string("recorded address ") + std::to_string(p) + " handed out for a new " + what +
-           " while one there is still live";
+    return std::string("recorded address ") + std::to_string(p) + " (the trace's next address for a new " + what +
+           ") lies in a segment the replay still holds";
   }
   std::unique_ptr<gpu::DeviceMemory> in_;
   std::map<gpu::DevicePtr, Bytes> live_;
@@ -256,6 +257,7 @@ struct Runner {
   const ReplayOptions& o;
   ReplayResult& r;
   std::string divergence;
+  bool still_held = false;  // the divergence: a recorded address the replay could not use
 
   RunStatus run(const Config& config, bool recorded) {
     gpu::HostOptions ho;
@@ -354,13 +356,24 @@ struct Runner {
     } catch (const DeviceError& e) {
       if (!recorded) throw;
       divergence = e.what();
+      // A recorded address the replay cannot use (its segments live longer than the recorded ones, or
+      // it made other device calls): not an error of the trace or the allocator. Said as what happened,
+      // without the device call's "cudaMalloc of N bytes on device D failed: ".
+      if (auto at = divergence.find(" failed: "); at != std::string::npos) {
+        still_held = true;
+        divergence = divergence.substr(at + 9);
+        constexpr std::string_view host = "host backend (recorded addresses): ";
+        if (divergence.starts_with(host)) divergence = divergence.substr(host.size());
+      }
       // Every recorded address handed out and one more wanted: say it in the trace's terms.
-      if (sim && sim->recorded_left() == 0 && divergence.find("needs address") != std::string::npos)
+      if (sim && sim->recorded_left() == 0 && divergence.find("needs address") != std::string::npos) {
+        still_held = false;
         divergence = fmt::format(
             "the replay needed more segments than the trace's {} segment events: the trace starts mid-run (its "
             "first segments were reserved before recording), or this configuration reserves more often than the "
             "recorded one",
             t.recorded_addresses.size());
+      }
       return RunStatus::Diverged;
     } catch (const UsageError& e) {  // recorded addresses confused the block table
       if (!recorded) throw;
@@ -392,13 +405,18 @@ ReplayResult replay(const Trace& t, const Config& config, const ReplayOptions& o
   r.config = config;
   r.conf = to_string(config);
   r.events = t.events;
-  Runner runner{t, opts, r, {}};
+  Runner runner{t, opts, r, {}, false};
   bool recorded = opts.addresses == AddressMode::Recorded;
   if (recorded && t.recorded_addresses.empty() && t.stats.lacks_segment_events()) {
     r.note = std::string(io::kNoSegmentEvents);  // the first segment would find no address
     recorded = false;
   } else if (recorded && runner.run(config, true) == RunStatus::Diverged) {
-    r.note = "the replay left the recorded addresses (" + runner.divergence + "); replayed with synthetic addresses";
+    if (runner.still_held)
+      r.note = "the recorded addresses could not be kept to the end (" + runner.divergence +
+               "), so the replay ran again with synthetic addresses; this is harmless: every op is replayed, only "
+               "the addresses are not the recorded ones";
+    else
+      r.note = "the replay left the recorded addresses (" + runner.divergence + "); replayed with synthetic addresses";
     recorded = false;
   } else if (recorded) {
     r.recorded_addresses = true;

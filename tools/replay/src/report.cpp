@@ -254,9 +254,11 @@ double nice_step(double range, int ticks) {
   return 10 * p;
 }
 
-PlotAxes plot_axes(const std::vector<TimelinePoint>& timeline) {
+std::string cap_label(std::int64_t cap) { return "cap " + human_bytes(cap); }
+
+PlotAxes plot_axes(const std::vector<TimelinePoint>& timeline, std::int64_t cap) {
   PlotAxes a;
-  std::int64_t ymax_b = 1;
+  std::int64_t ymax_b = std::max<std::int64_t>(1, cap);
   if (!timeline.empty()) {
     a.xmin = timeline.front().x;
     a.xmax = timeline.back().x;
@@ -306,7 +308,7 @@ std::string render_svg(const PlotData& d) {
   o += fmt::format("<text x=\"{}\" y=\"58\" font-size=\"13\" fill=\"#555\">{}</text>\n", left, html_escape(d.subtitle));
 
   // --- timeline
-  const PlotAxes axes = plot_axes(d.timeline);
+  const PlotAxes axes = plot_axes(d.timeline, d.cap);
   const double xmin = axes.xmin, xmax = axes.xmax, unit = axes.unit, ystep = axes.ystep, ymax = axes.ymax;
   const char* unit_name = axes.unit_name;
   auto X = [&](double x) { return left + (x - xmin) / (xmax - xmin) * (right - left); };
@@ -365,6 +367,13 @@ std::string render_svg(const PlotData& d) {
         X(d.peak_x), t_top - 6, t_bottom);
     o += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" fill=\"#c0392b\" text-anchor=\"middle\">peak reserved</text>\n",
                      X(d.peak_x), t_top - 10);
+  }
+  if (d.cap > 0) {
+    const double y = Y(static_cast<double>(d.cap) / unit);
+    o += fmt::format("<g id=\"cap\"><line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#c0392b\" "
+                     "stroke-width=\"1.2\"/><text x=\"{:.1f}\" y=\"{:.1f}\" font-size=\"11\" fill=\"#c0392b\" "
+                     "text-anchor=\"end\">{}</text></g>\n",
+                     left, y, right, y, right - 4, y - 4, cap_label(d.cap));
   }
   if (!d.ooms.empty()) {
     o += "<g id=\"ooms\">\n";

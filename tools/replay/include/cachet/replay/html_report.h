@@ -21,6 +21,7 @@ struct HtmlReport {
   std::vector<TimelinePoint> timeline;
   double peak_x = 0;
   std::vector<double> ooms;             // x of the out-of-memory requests (replayed)
+  std::int64_t cap = 0;                 // the cap the replay ran under (a line "cap 12.00 GiB"); 0 = none
   Snapshot peak_segments;               // at peak reserved
   std::optional<Snapshot> oom_segments; // at the first out-of-memory
   std::string explain;                  // explain_text()

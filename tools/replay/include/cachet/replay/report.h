@@ -81,6 +81,7 @@ struct PlotData {
   double peak_x = 0;
   std::vector<double> ooms;  // x of the requests that ran out of memory in the recorded run
   Snapshot peak_segments;  // memory_snapshot() at peak reserved
+  std::int64_t cap = 0;    // the cap the replay ran under (a horizontal line "cap 12.00 GiB"); 0 = none
 };
 
 std::string render_svg(const PlotData& d);
@@ -88,8 +89,8 @@ std::string render_svg(const PlotData& d);
 // The axes of a memory-over-time picture, shared by `cachet plot` (render_svg) and `cachet
 // report`'s timeline: x runs from the first point's x to the last's (a width of 1 when they
 // coincide or there is no point); y is in GiB when the highest allocated or reserved reaches
-// 1 GiB, else in MiB, and runs from 0 to 5% above that highest value rounded up to a whole y
-// step. Steps are 1, 2, 2.5 or 5 times a power of ten: about 6 on y, about 10 on x.
+// 1 GiB, else in MiB, and runs from 0 to 5% above that highest value (or the cap, when one is
+// given and higher: its line stays in the picture) rounded up to a whole y step. Steps are 1, 2, 2.5 or 5 times a power of ten: about 6 on y, about 10 on x.
 struct PlotAxes {
   double xmin = 0, xmax = 1, xstep = 1;
   bool gib = false;
@@ -97,7 +98,10 @@ struct PlotAxes {
   const char* unit_name = "MiB";  // "GiB" or "MiB"
   double ystep = 1, ymax = 1;     // in units
 };
-PlotAxes plot_axes(const std::vector<TimelinePoint>& timeline);
+PlotAxes plot_axes(const std::vector<TimelinePoint>& timeline, std::int64_t cap = 0);
+
+// The label of the cap's line in both charts: "cap 12.00 GiB".
+std::string cap_label(std::int64_t cap);
 
 // The step for about `ticks` ticks over `range`: 1, 2, 2.5 or 5 times a power of ten (1 when
 // range <= 0).

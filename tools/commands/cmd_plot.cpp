@@ -127,9 +127,7 @@ Runner setup(CLI::App& sub) {
   sub.add_option("--conf", a->conf, "configuration (default: the recorded one)");
   sub.add_option("--device-memory", a->device_memory, kDeviceMemoryHelp);
   sub.add_option("--cap", a->cap, "memory cap (set_per_process_memory_fraction), same syntax: '12G'");
-  sub.add_option("--fraction", a->fraction,
-                 "the cap as set_per_process_memory_fraction(F) sets it: F x the device memory (--device-memory, or "
-                 "from the trace); not with --cap");
+  sub.add_option("--fraction", a->fraction, kFractionHelp);
   return [a] { return run_plot(*a); };
 }
 

@@ -243,9 +243,7 @@ Runner setup(CLI::App& sub) {
   sub.add_option("--cap", a->cap,
                  "memory cap (set_per_process_memory_fraction) in bytes, or with a suffix K/M/G/T (powers of 1024): "
                  "'13.5G'. Default: the recorded one (oracle recordings), else none");
-  sub.add_option("--fraction", a->fraction,
-                 "the cap as set_per_process_memory_fraction(F) sets it: F x the device memory (--device-memory, or "
-                 "from the trace); not with --cap");
+  sub.add_option("--fraction", a->fraction, kFractionHelp);
   sub.add_option("--device-memory", a->device_memory, kDeviceMemoryHelp);
   sub.add_flag("--json", a->json, "print a JSON array, one object per configuration");
   return [a] { return run_replay(*a); };

@@ -152,9 +152,7 @@ Runner setup(CLI::App& sub) {
   sub.add_option("-o,--output", a->output, "the HTML file to write")->required();
   sub.add_option("--cap", a->cap,
                  "the memory cap the run had (set_per_process_memory_fraction x total memory; K/M/G/T ok)");
-  sub.add_option("--fraction", a->fraction,
-                 "the cap as set_per_process_memory_fraction(F) sets it: F x the device memory (--device-memory, or "
-                 "from the trace); not with --cap");
+  sub.add_option("--fraction", a->fraction, kFractionHelp);
   sub.add_option("--device-memory", a->device_memory, kDeviceMemoryHelp);
   sub.add_option("--threads", a->threads, "worker threads for the configurations (default 2)");
   sub.add_option("--top", a->top, "rows of the configuration table (default 20)");

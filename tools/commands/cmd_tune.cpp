@@ -216,9 +216,7 @@ Runner setup(CLI::App& sub) {
   sub.add_option("--cap", a->cap,
                  "memory cap (set_per_process_memory_fraction) in bytes, or with a suffix K/M/G/T (powers of 1024): "
                  "'13.5G'; also searches garbage_collection_threshold");
-  sub.add_option("--fraction", a->fraction,
-                 "the cap as set_per_process_memory_fraction(F) sets it: F x the device memory (--device-memory, or "
-                 "from the trace); not with --cap");
+  sub.add_option("--fraction", a->fraction, kFractionHelp);
   sub.add_option("--device-memory", a->device_memory, kDeviceMemoryHelp);
   sub.add_option("--threads", a->threads, "worker threads, at least 1 (default 2)");
   sub.add_option("--top", a->top, "rows of the ranking to print (default 10)");

@@ -36,4 +36,10 @@ inline constexpr const char* kDeviceMemoryHelp =
     "the device's memory (bytes, or with a suffix K/M/G/T). Default: recorded beside the trace, "
     "else from its out-of-memory entry, else no device limit (said)";
 
+// The help of --fraction, one text for every command that takes --cap (fraction_to_cap turns it
+// into the cap).
+inline constexpr const char* kFractionHelp =
+    "the cap as set_per_process_memory_fraction(F) sets it: F x the device memory (--device-memory, or "
+    "from the trace); not with --cap";
+
 }  // namespace cachet::cli

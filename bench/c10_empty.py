@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""torch.empty + free through PyTorch, native allocator against cachet (issue 22): one run, each
-allocator in a fresh process (the allocator is chosen once per process), the same loop, ratios
-cachet / native. bench/RESULTS.md, "The c10 backend", has the figures.
+"""torch.empty + free through PyTorch, native allocator against cachet (issue 22): each allocator
+in a fresh process (the allocator is chosen once per process), the same loop; rounds that run
+native and each backend one after the other, so drift of the machine falls on all alike. The
+figures are medians over the rounds; each ratio is the median of the rounds' ratios, with its
+range. bench/RESULTS.md, "The c10 backend", has the figures.
 
-usage: bench/c10_empty.py [--backends c10,plugin] [--json FILE]
+usage: bench/c10_empty.py [--backends c10,plugin] [--rounds N (default 5)] [--json FILE]
 Environment: CACHET_TORCH_LIB / CACHET_C10_LIB as for cachet_torch.install(); PYTHONPATH holding
 python/ (cachet_torch).
 """
@@ -46,21 +48,34 @@ def main():
     if "--backends" in sys.argv:
         backends = sys.argv[sys.argv.index("--backends") + 1].split(",")
     json_out = sys.argv[sys.argv.index("--json") + 1] if "--json" in sys.argv else None
-    results = {}
-    for mode in ["native"] + backends:
-        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", mode],
-                           capture_output=True, text=True, timeout=900)
-        if r.returncode != 0:
-            print(f"{mode}: exited {r.returncode}: {r.stderr[-1500:]}", file=sys.stderr)
-            return 1
-        results[mode] = json.loads(r.stdout.strip().splitlines()[-1])
+    rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 5
+    if rounds < 1:
+        print("--rounds must be at least 1", file=sys.stderr)
+        return 2
+    runs = {m: [] for m in ["native"] + backends}
+    for r in range(rounds):
+        for mode in ["native"] + backends:
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", mode],
+                               capture_output=True, text=True, timeout=900)
+            if p.returncode != 0:
+                print(f"{mode}: exited {p.returncode}: {p.stderr[-1500:]}", file=sys.stderr)
+                return 1
+            runs[mode].append(json.loads(p.stdout.strip().splitlines()[-1]))
+        print(f"round {r + 1} of {rounds} done", file=sys.stderr, flush=True)
+    med = {m: {n: statistics.median(x[n] for x in runs[m]) for n in SIZES} for m in runs}
+    ratios = {b: {n: [runs[b][i][n] / runs["native"][i][n] for i in range(rounds)] for n in SIZES}
+              for b in backends}
+    print(f"{rounds} rounds; ns are medians over rounds, ratios the median of the rounds' ratios (range)")
     print("| torch.empty + free | native ns | " + " | ".join(f"{b} ns | {b}/native" for b in backends) + " |")
     print("|---|---|" + "---|---|" * len(backends))
     for name in SIZES:
-        row = [f"{results['native'][name]:.0f}"]
+        row = [f"{med['native'][name]:.0f}"]
         for b in backends:
-            row += [f"{results[b][name]:.0f}", f"{results[b][name] / results['native'][name]:.2f}"]
+            rs = ratios[b][name]
+            row += [f"{med[b][name]:.0f}", f"{statistics.median(rs):.2f} ({min(rs):.2f}-{max(rs):.2f})"]
         print(f"| {name} | " + " | ".join(row) + " |")
+    results = {"rounds": rounds, "median_ns": med, "runs": runs,
+               "ratio_median": {b: {n: statistics.median(v) for n, v in ratios[b].items()} for b in backends}}
     if json_out:
         with open(json_out, "w") as f:
             json.dump(results, f, indent=1)

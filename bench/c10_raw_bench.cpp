@@ -7,8 +7,8 @@
 //
 // Order: cachet first (installed with cachet_c10_install, as cachet_torch.install() does, while the
 // native allocator is not yet initialised), then the native allocator, stored back into the atomic
-// and initialised. Each pattern: 9 repeats of N alloc/free pairs after a warm-up; the median time
-// per pair is reported, and cachet / native as a ratio.
+// and initialised; then rounds that switch the atomic between the two (see main). Each figure is a
+// median over the rounds; the ratio is the median of each round's cachet / native.
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -33,59 +33,49 @@ struct Pattern {
   std::vector<size_t> sizes;  // one pair per size, cycled
 };
 
+constexpr int kRounds = 15;
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
 
-// ns per alloc/free pair through the current CUDAAllocator.
-double measure(const Pattern& p, int pairs) {
-  std::vector<double> reps;
-  for (int r = 0; r < 10; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < pairs; ++i) {
-      void* ptr = CCA::raw_alloc(p.sizes[static_cast<size_t>(i) % p.sizes.size()]);
-      CCA::raw_delete(ptr);
-    }
-    auto t1 = std::chrono::steady_clock::now();
-    if (r > 0)  // the first repeat warms the cache
-      reps.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / pairs);
+// One repeat: ns per alloc/free pair through the current CUDAAllocator.
+double one_pairs(const Pattern& p, int pairs) {
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < pairs; ++i) {
+    void* ptr = CCA::raw_alloc(p.sizes[static_cast<size_t>(i) % p.sizes.size()]);
+    CCA::raw_delete(ptr);
   }
-  return median(reps);
+  auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::nano>(t1 - t0).count() / pairs;
 }
 
-// ns per op of a window of 64 live blocks of mixed sizes (alloc a new one, free the oldest).
-double measure_window(int ops) {
-  std::vector<double> reps;
+// One repeat: ns per op of a window of 64 live blocks of mixed sizes (alloc a new one, free the
+// oldest).
+double one_window(int ops) {
   const size_t sizes[] = {512, 4096, 65536, 1 << 20, 3 << 20, 512 << 10, 8 << 20, 1500};
-  for (int r = 0; r < 10; ++r) {
-    std::vector<void*> live(64, nullptr);
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < ops; ++i) {
-      void*& slot = live[static_cast<size_t>(i) % live.size()];
-      if (slot != nullptr) CCA::raw_delete(slot);
-      slot = CCA::raw_alloc(sizes[static_cast<size_t>(i * 7) % 8]);
-    }
-    for (void* q : live)
-      if (q != nullptr) CCA::raw_delete(q);
-    auto t1 = std::chrono::steady_clock::now();
-    if (r > 0) reps.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / ops);
+  std::vector<void*> live(64, nullptr);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < ops; ++i) {
+    void*& slot = live[static_cast<size_t>(i) % live.size()];
+    if (slot != nullptr) CCA::raw_delete(slot);
+    slot = CCA::raw_alloc(sizes[static_cast<size_t>(i * 7) % 8]);
   }
-  return median(reps);
+  for (void* q : live)
+    if (q != nullptr) CCA::raw_delete(q);
+  auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::nano>(t1 - t0).count() / ops;
 }
 
-// The same pairs straight on a cachet::CachingAllocator of this process (no c10 adapter): what
-// the adapter adds is the difference between this column and the c10 one.
-double measure_core(cachet::CachingAllocator& a, const Pattern& p, int pairs) {
+// One repeat of the same pairs straight on a cachet::CachingAllocator of this process (no c10
+// adapter): what the adapter adds is the difference between this column and the c10 one.
+double one_core(cachet::CachingAllocator& a, const Pattern& p, int pairs) {
   const auto stream = reinterpret_cast<cachet::StreamId>(c10::cuda::getCurrentCUDAStream(0).stream());
-  std::vector<double> reps;
-  for (int r = 0; r < 10; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < pairs; ++i) a.free(a.allocate(p.sizes[static_cast<size_t>(i) % p.sizes.size()], stream));
-    auto t1 = std::chrono::steady_clock::now();
-    if (r > 0) reps.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / pairs);
-  }
-  return median(reps);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < pairs; ++i) a.free(a.allocate(p.sizes[static_cast<size_t>(i) % p.sizes.size()], stream));
+  auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::nano>(t1 - t0).count() / pairs;
 }
 
 }  // namespace
@@ -130,36 +120,62 @@ int main(int argc, char** argv) {
       {"same-size pair, 64 MiB", {64 << 20}},
       {"mixed sizes 512 B..8 MiB, pairs", {512, 4096, 65536, 1 << 20, 3 << 20, 8 << 20}},
   };
+  // Interleaved rounds: in each round every pattern runs once through cachet, once through native
+  // (both initialised; the atomic is switched between them) and once on cachet's core, so drift of
+  // the machine (frequency, neighbours) falls on both sides alike. Round 0 warms up and is
+  // dropped; the figures are medians over the other rounds, and the ratio is the median of the
+  // per-round ratios.
   const int pairs = 200000;
-  std::vector<double> c_ns, n_ns, core_ns;
-  {
-    auto core = cachet::CachingAllocator::for_cuda_device(0);
-    for (const Pattern& p : patterns) core_ns.push_back(measure_core(*core, p, pairs));
-  }
-  for (const Pattern& p : patterns) c_ns.push_back(measure(p, pairs));
-  c_ns.push_back(measure_window(pairs));
+  const int rounds = 1 + kRounds;
   CCA::allocator.store(native);
   native->init(devices);
-  for (const Pattern& p : patterns) n_ns.push_back(measure(p, pairs));
-  n_ns.push_back(measure_window(pairs));
+  auto core = cachet::CachingAllocator::for_cuda_device(0);
+  const size_t n_rows = patterns.size() + 1;
+  std::vector<std::vector<double>> c_reps(n_rows), n_reps(n_rows), core_reps(n_rows), ratio_reps(n_rows);
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t i = 0; i < n_rows; ++i) {
+      const bool window = i == patterns.size();
+      CCA::allocator.store(cachet);
+      const double c = window ? one_window(pairs) : one_pairs(patterns[i], pairs);
+      CCA::allocator.store(native);
+      const double n = window ? one_window(pairs) : one_pairs(patterns[i], pairs);
+      const double k = window ? 0.0 : one_core(*core, patterns[i], pairs);
+      if (r == 0) continue;
+      c_reps[i].push_back(c);
+      n_reps[i].push_back(n);
+      core_reps[i].push_back(k);
+      ratio_reps[i].push_back(c / n);
+    }
+  }
+  std::vector<double> c_ns, n_ns, core_ns, ratio, ratio_lo, ratio_hi;
+  for (size_t i = 0; i < n_rows; ++i) {
+    c_ns.push_back(median(c_reps[i]));
+    n_ns.push_back(median(n_reps[i]));
+    if (i < patterns.size()) core_ns.push_back(median(core_reps[i]));
+    ratio.push_back(median(ratio_reps[i]));
+    ratio_lo.push_back(*std::min_element(ratio_reps[i].begin(), ratio_reps[i].end()));
+    ratio_hi.push_back(*std::max_element(ratio_reps[i].begin(), ratio_reps[i].end()));
+  }
 
   std::vector<std::string> names;
   for (const Pattern& p : patterns) names.emplace_back(p.name);
   names.emplace_back("64 live, mixed sizes, per op");
-  std::printf("| raw_alloc + raw_delete | cachet ns | native ns | cachet/native | cachet core ns (no adapter) |\n"
-              "|---|---|---|---|---|\n");
+  std::printf("%d interleaved rounds of %d pairs (ops) each\n", kRounds, pairs);
+  std::printf("| raw_alloc + raw_delete | cachet ns | native ns | cachet/native (median of rounds) | range over rounds | cachet core ns (no adapter) |\n"
+              "|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < names.size(); ++i) {
     char core[32] = "—";
     if (i < core_ns.size()) std::snprintf(core, sizeof(core), "%.1f", core_ns[i]);
-    std::printf("| %s | %.1f | %.1f | %.2f | %s |\n", names[i].c_str(), c_ns[i], n_ns[i], c_ns[i] / n_ns[i], core);
+    std::printf("| %s | %.1f | %.1f | %.2f | %.2f-%.2f | %s |\n", names[i].c_str(), c_ns[i], n_ns[i], ratio[i],
+                ratio_lo[i], ratio_hi[i], core);
   }
   if (json != nullptr) {
     FILE* f = std::fopen(json, "w");
     if (f != nullptr) {
       std::fprintf(f, "[");
       for (size_t i = 0; i < names.size(); ++i)
-        std::fprintf(f, "%s{\"pattern\": \"%s\", \"cachet_ns\": %.2f, \"native_ns\": %.2f, \"ratio\": %.4f}",
-                     i ? ", " : "", names[i].c_str(), c_ns[i], n_ns[i], c_ns[i] / n_ns[i]);
+        std::fprintf(f, "%s{\"pattern\": \"%s\", \"cachet_ns\": %.2f, \"native_ns\": %.2f, \"ratio\": %.4f, \"ratio_min\": %.4f, \"ratio_max\": %.4f}",
+                     i ? ", " : "", names[i].c_str(), c_ns[i], n_ns[i], ratio[i], ratio_lo[i], ratio_hi[i]);
       std::fprintf(f, "]\n");
       std::fclose(f);
     }

@@ -77,7 +77,7 @@ Capture capture_of(StreamId s) {
 }
 
 // The thread's current stream (CurrentStream); none set: treated as not capturing.
-Capture current_capture() { return CurrentStream::is_set() ? capture_of(CurrentStream::get()) : Capture{}; }
+Capture current_capture() { return CurrentStream::is_set() ? capture_of(CurrentStream::get()) : Capture{}; }  // device calls only
 
 // Why `call` is refused for capture `c`, or "" when it may go ahead. `what` says what PyTorch
 // does instead.

@@ -45,25 +45,36 @@ int cuda_device_count();
 // capturing. Scopes nest; each thread has its own.
 class CurrentStream {
  public:
-  explicit CurrentStream(StreamId s) noexcept : prev_(t_stream_), prev_set_(t_set_) {
-    t_stream_ = s;
-    t_set_ = true;
-  }
-  ~CurrentStream() {
-    t_stream_ = prev_;
-    t_set_ = prev_set_;
-  }
+  // One thread-local record, reached once per scope: in a shared library (the plug-in, the c10
+  // backend) each thread-local access is a __tls_get_addr call, and this guard sits on every
+  // allocation's path (bench/RESULTS.md, "The c10 backend").
+  explicit CurrentStream(StreamId s) noexcept : t_(opaque(&tls())), prev_(*t_) { *t_ = State{s, true}; }
+  ~CurrentStream() { *t_ = prev_; }
   CurrentStream(const CurrentStream&) = delete;
   CurrentStream& operator=(const CurrentStream&) = delete;
 
-  static bool is_set() noexcept { return t_set_; }
-  static StreamId get() noexcept { return t_stream_; }  // meaningful when is_set()
+  static bool is_set() noexcept { return tls().set; }
+  static StreamId get() noexcept { return tls().stream; }  // meaningful when is_set()
 
  private:
-  static inline thread_local StreamId t_stream_ = 0;
-  static inline thread_local bool t_set_ = false;
-  StreamId prev_;
-  bool prev_set_;
+  struct State {
+    StreamId stream = 0;
+    bool set = false;
+  };
+  static State& tls() noexcept {
+    static thread_local State t;
+    return t;
+  }
+  // Hides where the pointer came from, so that the destructor uses it rather than computing the
+  // thread-local address again (a second __tls_get_addr call).
+  static State* opaque(State* p) noexcept {
+#if defined(__GNUC__)
+    asm("" : "+r"(p));
+#endif
+    return p;
+  }
+  State* t_;
+  State prev_;
 };
 
 #ifdef CACHET_HAVE_CUDA

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -76,6 +77,19 @@ double one_core(cachet::CachingAllocator& a, const Pattern& p, int pairs) {
   for (int i = 0; i < pairs; ++i) a.free(a.allocate(p.sizes[static_cast<size_t>(i) % p.sizes.size()], stream));
   auto t1 = std::chrono::steady_clock::now();
   return std::chrono::duration<double, std::nano>(t1 - t0).count() / pairs;
+}
+
+// ns per call of `f`, the median of 9 repeats of n calls.
+template <class F>
+double per_call(F&& f, int n = 1000000) {
+  std::vector<double> reps;
+  for (int r = 0; r < 10; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) f();
+    auto t1 = std::chrono::steady_clock::now();
+    if (r > 0) reps.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / n);
+  }
+  return median(reps);
 }
 
 }  // namespace
@@ -168,6 +182,37 @@ int main(int argc, char** argv) {
     if (i < core_ns.size()) std::snprintf(core, sizeof(core), "%.1f", core_ns[i]);
     std::printf("| %s | %.1f | %.1f | %.2f | %.2f-%.2f | %s |\n", names[i].c_str(), c_ns[i], n_ns[i], ratio[i],
                 ratio_lo[i], ratio_hi[i], core);
+  }
+  // What both sides pay before their own work: raw_alloc asks the current device and its current
+  // stream, as native's does.
+  {
+    volatile int sink = 0;
+    const double get_device = per_call([&] {
+      c10::DeviceIndex d = 0;
+      (void)c10::cuda::GetDevice(&d);
+      sink = sink + d;
+    });
+    const double stream = per_call([&] {
+      sink = sink + static_cast<int>(reinterpret_cast<uintptr_t>(c10::cuda::getCurrentCUDAStream(0).stream()) & 1);
+    });
+    using CtxFn = int (*)(void**);
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    double ctx_ns = -1;
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess) {
+      auto get = reinterpret_cast<CtxFn>(fn);
+      ctx_ns = per_call([&] {
+        void* c = nullptr;
+        (void)get(&c);
+        sink = sink + static_cast<int>(reinterpret_cast<uintptr_t>(c) & 1);
+      });
+    }
+    const double direct = per_call([&] { cachet->raw_delete(cachet->raw_alloc_with_stream(512, nullptr)); }, 200000);
+    std::printf("\nper call, both sides alike: c10::cuda::GetDevice %.1f ns, getCurrentCUDAStream(0).stream() %.1f ns;"
+                " cuCtxGetCurrent (what cachet's adapter asks instead of GetDevice) %.1f ns;"
+                " cachet raw_alloc_with_stream + raw_delete of 512 B (virtual, no lookups but GetDevice) %.1f ns\n",
+                get_device, stream, ctx_ns, direct);
   }
   if (json != nullptr) {
     FILE* f = std::fopen(json, "w");

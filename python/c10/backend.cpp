@@ -248,6 +248,51 @@ std::optional<size_t> segment_size_from_message(const std::string& m) {
   return std::nullopt;
 }
 
+// The calling thread's CUDA device, as c10::cuda::GetDevice gives it. cudaGetDevice costs about
+// 50 ns on an H100 with CUDA 13 (bench/RESULTS.md, "The c10 backend"), a third of an allocation
+// pair, and every entry point asks it. The driver's current context names the same device and is
+// read in a few ns (cuCtxGetCurrent), so each thread keeps the device of the last context it saw:
+// a context belongs to one device for its whole life, and when the thread's context changes
+// (cudaSetDevice, torch.cuda.device, cuCtxSetCurrent) the pointer differs and cudaGetDevice is
+// asked again. Without a current context (a thread that never used CUDA) or without the driver
+// entry point, cudaGetDevice is asked every time, as native does.
+using CtxGetCurrentFn = int (*)(void**);  // CUresult cuCtxGetCurrent(CUcontext*)
+
+CtxGetCurrentFn ctx_get_current() {
+  static const CtxGetCurrentFn f = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return static_cast<CtxGetCurrentFn>(nullptr);
+    }
+    return reinterpret_cast<CtxGetCurrentFn>(fn);
+  }();
+  return f;
+}
+
+c10::DeviceIndex current_device() {
+  struct Seen {
+    void* ctx = nullptr;
+    c10::DeviceIndex device = 0;
+  };
+  static thread_local Seen seen;
+  void* ctx = nullptr;
+  const CtxGetCurrentFn get = ctx_get_current();
+  if (get != nullptr && get(&ctx) == 0 && ctx != nullptr) {
+    Seen& s = seen;
+    if (ctx == s.ctx) return s.device;
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    s = Seen{ctx, device};
+    return device;
+  }
+  c10::DeviceIndex device = 0;
+  C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+  return device;
+}
+
 void raw_delete_fn(void* ptr);      // the deleter of every DataPtr cachet hands out
 void uncached_delete_fn(void* ptr);  // enable(false): cudaFree, as native's uncached_delete
 
@@ -258,8 +303,7 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   c10::DataPtr allocate(size_t size) override {
     TORCH_CHECK_WITH(OutOfMemoryError, size < kOneExaByte,
                      "CUDA out of memory. Tried to allocate more than 1EB memory.");
-    c10::DeviceIndex device = 0;
-    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    const c10::DeviceIndex device = current_device();
     if (!isEnabled()) {
       void* p = uncached_alloc(size);
       return {p, p, &uncached_delete_fn, c10::Device(c10::DeviceType::CUDA, device)};
@@ -315,16 +359,14 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
 
   void* raw_alloc(size_t nbytes) override {
     if (nbytes == 0) return nullptr;
-    c10::DeviceIndex device = 0;
-    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    const c10::DeviceIndex device = current_device();
     if (!isEnabled()) return uncached_alloc(nbytes);
     return malloc(device, nbytes, c10::cuda::getCurrentCUDAStream(device).stream());
   }
 
   void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
     if (nbytes == 0) return nullptr;
-    c10::DeviceIndex device = 0;
-    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    const c10::DeviceIndex device = current_device();
     if (!isEnabled()) return uncached_alloc(nbytes);
     return malloc(device, nbytes, stream);
   }

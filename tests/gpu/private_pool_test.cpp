@@ -294,6 +294,23 @@ TEST(PrivatePoolsWherePyTorchFails, APoolErasedWithMemoryStillMappedIsOrphaned) 
   EXPECT_EQ(cur(a.stats().allocated_bytes), static_cast<std::int64_t>(20 * MiB));
   EXPECT_THROW(a.pool_use_count(kMemPool1), UsageError);  // PyTorch erased it
   EXPECT_EQ(a.snapshot(), Snapshot{});  // its mapped run starts with a free block: not shown
+  {
+    // block_table() lists the run all the same (the stats still count b and both pages).
+    const Snapshot t = a.block_table();
+    const std::uint64_t base = addr(b) - 10 * MiB;
+    ASSERT_EQ(t.size(), 1u);
+    EXPECT_EQ(t[0].address, base);
+    EXPECT_EQ(t[0].total_size, 40 * MiB);
+    EXPECT_EQ(t[0].pool_id, kMemPool1);
+    ASSERT_EQ(t[0].blocks.size(), 3u);
+    EXPECT_EQ(t[0].blocks[0].address, base);
+    EXPECT_EQ(t[0].blocks[0].size, 10 * MiB);
+    EXPECT_EQ(t[0].blocks[0].state, BlockState::Inactive);
+    EXPECT_EQ(t[0].blocks[1], (BlockSnapshot{base + 10 * MiB, 20 * MiB, 20 * MiB, BlockState::ActiveAllocated}));
+    EXPECT_EQ(t[0].blocks[2].address, base + 30 * MiB);
+    EXPECT_EQ(t[0].blocks[2].size, 10 * MiB);
+    EXPECT_EQ(t[0].blocks[2].state, BlockState::Inactive);
+  }
   a.free(b);
   a.empty_cache();  // an erased pool is never released again: PyTorch leaks it too
   EXPECT_EQ(cur(a.stats().reserved_bytes), static_cast<std::int64_t>(40 * MiB));

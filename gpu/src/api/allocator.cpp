@@ -239,6 +239,11 @@ Snapshot CachingAllocator::snapshot() {
   return core_->with_policy([](auto& p) { return p.snapshot(); });
 }
 
+Snapshot CachingAllocator::block_table() const {
+  std::lock_guard lock(mu_);
+  return core_->with_policy([](const auto& p) { return p.block_table(); });
+}
+
 void CachingAllocator::set_trace(bool on) {
   std::lock_guard lock(mu_);
   core_->with_policy([on](auto& p) { p.set_trace(on); });

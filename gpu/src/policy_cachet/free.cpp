@@ -140,8 +140,17 @@ void CachetPolicy::apply_config(const Config& c) {
 }
 
 Snapshot CachetPolicy::snapshot() {
-  Snapshot out;
+  Snapshot out = block_table();
   Bytes active = 0;
+  for (const auto& s : out)
+    for (const auto& b : s.blocks)
+      if (b.state != cachet::BlockState::Inactive) active += b.size;
+  record(TraceAction::Snapshot, 0, active, 0);
+  return out;
+}
+
+Snapshot CachetPolicy::block_table() const {
+  Snapshot out;
   for (CBlock* b = head_; b != nullptr; b = b->next) {
     if (!b->is_mapped()) continue;
     // A segment: a run of mapped blocks of one pool (R10), with the pool's id.
@@ -161,10 +170,8 @@ Snapshot CachetPolicy::snapshot() {
     bs.size = b->size;
     bs.requested_size = b->requested;
     bs.state = snapshot_state(b->state());
-    if (b->is_live()) active += b->size;
     s.blocks.push_back(bs);
   }
-  record(TraceAction::Snapshot, 0, active, 0);
   return out;
 }
 

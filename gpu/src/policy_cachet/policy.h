@@ -126,6 +126,7 @@ class CachetPolicy : public Shell {
   bool pool_live_allocations_are(PoolId id, const std::vector<DevicePtr>& expected) const;
   void set_memory_fraction(double fraction);
   Snapshot snapshot();
+  Snapshot block_table() const;  // snapshot() without its trace event
   void apply_config(const Config& c);
   std::vector<std::string> invariants() const;
 

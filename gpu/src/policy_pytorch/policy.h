@@ -232,6 +232,9 @@ class PytorchPolicy : public Shell {
   bool pool_live_allocations_are(PoolId id, const std::vector<DevicePtr>& expected) const;
   void set_memory_fraction(double fraction);
   Snapshot snapshot();
+  // Every mapped run, also an orphaned pool's runs that begin with a free block, which
+  // snapshot() cannot show (§14.8); no trace event.
+  Snapshot block_table() const;
   void apply_config(const Config& c);  // runtime configure (§4.1)
   std::vector<std::string> invariants() const;
   Bytes round_size(Bytes size) const;

@@ -13,15 +13,16 @@ namespace cachet::gpu::detail {
 
 // ===================================================================== Snapshot and trace (8)
 
-Snapshot PytorchPolicy::snapshot() {
+// One snapshot segment per contiguous mapped run (a whole cudaMalloc segment is one run). With
+// `hidden`, also an orphaned pool's runs that begin with a free block: PyTorch's snapshot finds
+// blocks through the known pools and the active blocks (get_all_blocks), so it shows such a run
+// only from a run head that is active, and none once its head is free (§14.8).
+static Snapshot mapped_runs(const auto& segments, bool hidden) {
   Snapshot out;
-  Bytes total_active = 0;
-  for (const auto& [base, seg] : segments_) {
-    // One snapshot segment per contiguous mapped run (a whole cudaMalloc segment is one run).
+  for (const auto& [base, seg] : segments) {
     for (const Block* b = seg->head; b != nullptr;) {
-      // A run of an orphaned pool (private_pool.cpp forget_pool) shows only when it starts with
-      // an active block: PyTorch's snapshot no longer finds its free blocks.
-      if (!b->is_mapped() || (seg->pool->owner != nullptr && seg->pool->owner->orphaned && !b->is_active())) {
+      if (!b->is_mapped() ||
+          (!hidden && seg->pool->owner != nullptr && seg->pool->owner->orphaned && !b->is_active())) {
         for (b = b->next; b != nullptr && b->is_mapped() && b->prev->is_mapped();) b = b->next;
         continue;
       }
@@ -37,7 +38,6 @@ Snapshot PytorchPolicy::snapshot() {
         bs.size = b->size;
         bs.requested_size = b->requested_size;
         bs.state = snapshot_state(b->state());
-        if (b->is_active()) total_active += b->size;
         s.total_size += b->size;
         s.blocks.push_back(bs);
       }
@@ -45,9 +45,20 @@ Snapshot PytorchPolicy::snapshot() {
     }
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.address < b.address; });
+  return out;
+}
+
+Snapshot PytorchPolicy::snapshot() {
+  Snapshot out = mapped_runs(segments_, false);
+  Bytes total_active = 0;
+  for (const auto& s : out)
+    for (const auto& b : s.blocks)
+      if (b.state != cachet::BlockState::Inactive) total_active += b.size;
   record(TraceAction::Snapshot, 0, total_active, 0);
   return out;
 }
+
+Snapshot PytorchPolicy::block_table() const { return mapped_runs(segments_, true); }
 
 // ===================================================================== Errors
 

@@ -189,6 +189,11 @@ class CachingAllocator {
   void reset_peak_stats();
   std::string summary(bool abbreviated = false) const;  // torch.cuda.memory_summary()
   Snapshot snapshot();                                  // memory_snapshot(); records a snapshot event
+  // Every mapped run with its blocks, as snapshot() lists them, plus what memory_snapshot() cannot
+  // show: the runs of a private pool PyTorch erased with pages still mapped that begin with a free
+  // block (docs/pytorch-allocator.md §14.8). Records nothing; for recounting the stats from the
+  // blocks (props' stats-recount).
+  Snapshot block_table() const;
 
   void set_trace(bool on);  // _record_memory_history(enabled="all") / (None)
   std::vector<TraceEvent> trace() const;

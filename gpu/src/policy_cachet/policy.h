@@ -128,6 +128,10 @@ class CachetPolicy : public Shell {
   Snapshot snapshot();
   void apply_config(const Config& c);
   std::vector<std::string> invariants() const;
+  // Sleep and wake (docs/sleep-wake.md; policy_cachet/sleep.cpp).
+  Bytes sleep(const TagList& tags, const TagList& backup_tags);
+  void wake(const TagList& tags);
+  TagList sleeping() const;
 
  private:
   struct CPool {

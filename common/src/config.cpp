@@ -180,6 +180,9 @@ ParseResult parse_config(std::string_view text, ConfigSource source, const Confi
       case Key::CachetValidate:
         c.validate = parse_bool(key, o.value, source);
         break;
+      case Key::CachetSleep:
+        c.sleep = parse_bool(key, o.value, source);
+        break;
     }
   }
 

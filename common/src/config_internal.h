@@ -40,6 +40,7 @@ enum class Key : std::uint8_t {
   PerProcessMemoryFraction,
   Policy,
   CachetValidate,
+  CachetSleep,
 };
 
 struct KeyInfo {

@@ -49,6 +49,7 @@ constexpr KeyInfo kKeys[] = {
      "a fraction from 0 to 1, e.g. per_process_memory_fraction:0.5"},
     {"policy", Key::Policy, true, "pytorch or cachet"},
     {"cachet_validate", Key::CachetValidate, true, kBoolForm},
+    {"cachet_sleep", Key::CachetSleep, true, kBoolForm},
 };
 
 // Keys of PyTorch releases after 2.11: 2.11 rejects them.

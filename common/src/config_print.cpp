@@ -95,6 +95,7 @@ std::string to_string(const Config& c) {
   }
   if (c.policy != d.policy) add("policy", c.policy == Policy::Cachet ? "cachet" : "pytorch");
   if (c.validate != d.validate) add("cachet_validate", bool_text(c.validate));
+  if (c.sleep != d.sleep) add("cachet_sleep", bool_text(c.sleep));
   std::string out;
   for (std::size_t i = 0; i < parts.size(); ++i) out += (i ? "," : "") + parts[i];
   return out;

@@ -54,5 +54,8 @@ inline constexpr int kMutantReleaseFreesLiveBlock = 26;  // releasing a pool fre
 // policy:cachet's private pools (src/policy_cachet/malloc.cpp, free.cpp; R10, R11).
 inline constexpr int kMutantCachetPoolBlockToDefault = 27;  // R2: a default request with no fit takes a private pool's free block
 inline constexpr int kMutantCachetFreeStaysInReleasedPool = 28;  // a block freed after its pool's release stays in that pool
+// Sleep and wake (issue 24, docs/sleep-wake.md section 8; src/policy_pytorch/sleep.cpp).
+inline constexpr int kMutantSleepingBlockFound = 29;  // an allocation placed in a sleeping range (its free blocks stay findable)
+inline constexpr int kMutantBackupNotRestored = 30;   // a backup not restored (wake maps but skips the copy back)
 
 }  // namespace cachet::gpu::detail

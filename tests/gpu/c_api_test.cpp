@@ -1,6 +1,7 @@
 // The C ABI (cachet/cachet.h) over the host backend: statuses, messages, JSON shapes.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 
 #include "cachet/cachet.h"
@@ -31,6 +32,40 @@ TEST(CApi, AllocateFreeStatsSnapshot) {
   EXPECT_EQ(cachet_free(a, p), CACHET_OK);
   EXPECT_EQ(cachet_empty_cache(a), CACHET_OK);
   cachet_destroy(a);
+}
+
+TEST(CApi, SleepAndWake) {
+  cachet_allocator* a = cachet_create_host(1ULL << 30, "cachet_sleep:True");
+  ASSERT_NE(a, nullptr) << cachet_last_error();
+  ASSERT_EQ(cachet_set_tag("weights"), CACHET_OK);
+  void* w = nullptr;
+  ASSERT_EQ(cachet_allocate(a, 30 << 20, 0, &w), CACHET_OK);
+  ASSERT_EQ(cachet_set_tag("default"), CACHET_OK);
+  const char* const backup[] = {"weights"};
+  std::uint64_t given = 0;
+  ASSERT_EQ(cachet_sleep(a, nullptr, 0, backup, 1, &given), CACHET_OK) << cachet_last_error();
+  EXPECT_EQ(given, 30u << 20);
+  char* sleeping = cachet_sleeping_json(a);
+  ASSERT_NE(sleeping, nullptr);
+  EXPECT_STREQ(sleeping, "[\"weights\"]");
+  cachet_string_free(sleeping);
+  char* snap = cachet_snapshot_json(a);
+  ASSERT_NE(snap, nullptr);
+  EXPECT_NE(std::string(snap).find("\"is_sleeping\": true, \"backup_size\": 31457280"), std::string::npos) << snap;
+  cachet_string_free(snap);
+  char* stats = cachet_sleep_stats_json(a);
+  ASSERT_NE(stats, nullptr);
+  EXPECT_NE(std::string(stats).find("\"sleep.backup_bytes.current\": 31457280"), std::string::npos) << stats;
+  cachet_string_free(stats);
+  ASSERT_EQ(cachet_wake(a, nullptr, 0), CACHET_OK);
+  EXPECT_EQ(cachet_set_tag("not a tag"), CACHET_ERR_USAGE);
+  EXPECT_EQ(cachet_free(a, w), CACHET_OK);
+  cachet_destroy(a);
+  cachet_allocator* b = cachet_create_host(1ULL << 30, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(cachet_wake(b, nullptr, 0), CACHET_ERR_USAGE);
+  EXPECT_NE(std::string(cachet_last_error()).find("cachet_sleep:True"), std::string::npos) << cachet_last_error();
+  cachet_destroy(b);
 }
 
 TEST(CApi, ErrorsAreReportedNotThrown) {

@@ -41,7 +41,7 @@ cachet::cli::Runner setup(CLI::App& sub) {
   sub.add_option("--source", opts->source,
                  "Where the string comes from: pytorch (PYTORCH_CUDA_ALLOC_CONF / "
                  "PYTORCH_ALLOC_CONF: PyTorch's keys only) or cachet (CACHET_ALLOC_CONF: also "
-                 "policy and cachet_validate)")
+                 "policy, cachet_validate and cachet_sleep)")
       ->check(CLI::IsMember({"pytorch", "cachet"}))
       ->capture_default_str();
   sub.footer(

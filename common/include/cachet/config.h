@@ -3,7 +3,7 @@
 // key, the offending text, its column and the accepted form, and no Config is produced.
 //
 // Sources, in order (docs/pytorch-allocator.md §4.1): CACHET_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF,
-// else PYTORCH_ALLOC_CONF. cachet-only keys (policy, cachet_validate) are accepted only from
+// else PYTORCH_ALLOC_CONF. cachet-only keys (policy, cachet_validate, cachet_sleep) are accepted only from
 // CACHET_ALLOC_CONF, because PyTorch itself parses the PYTORCH_* variables and rejects keys it
 // does not know.
 //
@@ -68,6 +68,9 @@ struct Config {
   // --- cachet-only keys (CACHET_ALLOC_CONF only) ---
   Policy policy = Policy::PyTorch;
   bool validate = false;  // cachet_validate: run invariants() after every operation
+  // cachet_sleep: sleep()/wake() may be used (docs/sleep-wake.md section 6); fixed at construction: every
+  // segment is then mapped through the CUDA VMM calls, so its addresses can outlive its memory.
+  bool sleep = false;
 
   // --- from the environment, not the string ---
   bool no_caching = false;  // PYTORCH_NO_CUDA_MEMORY_CACHING=1: every call goes to the device

@@ -39,6 +39,23 @@ cachet_status cachet_record_stream(cachet_allocator* a, void* ptr, uint64_t stre
 cachet_status cachet_empty_cache(cachet_allocator* a);
 cachet_status cachet_set_memory_fraction(cachet_allocator* a, double fraction);
 
+/* Sleep and wake (docs/sleep-wake.md; the allocator needs cachet_sleep:True in its config).
+ * Tag lists are arrays of `n` C strings; n = 0 names every tag (`tags`) or none (`backup_tags`).
+ * cachet_set_tag sets the calling thread's current tag (every later allocation of the thread
+ * carries it; "default" at first). cachet_sleep gives back the memory of the named tags' segments
+ * (and of every free cached one), backing up the contents of `backup_tags`' blocks to pinned host
+ * memory; *bytes_out (if not NULL) receives the bytes given back. cachet_wake maps the memory
+ * again at the same addresses and restores the backups; CACHET_ERR_OUT_OF_MEMORY leaves
+ * everything asleep with its backups. */
+cachet_status cachet_set_tag(const char* tag);
+cachet_status cachet_sleep(cachet_allocator* a, const char* const* tags, size_t n_tags, const char* const* backup_tags,
+                           size_t n_backup_tags, uint64_t* bytes_out);
+cachet_status cachet_wake(cachet_allocator* a, const char* const* tags, size_t n_tags);
+/* The tags with sleeping blocks (a JSON list of strings), and the 21 sleep.* stats (a flat dict).
+ * NULL on error. */
+char* cachet_sleeping_json(cachet_allocator* a);
+char* cachet_sleep_stats_json(cachet_allocator* a);
+
 /* torch.cuda.memory_stats(): the flat dict of 122 keys. NULL on error. */
 char* cachet_stats_json(cachet_allocator* a);
 /* torch.cuda.memory_snapshot(): a list of segments, each with its blocks. NULL on error. */

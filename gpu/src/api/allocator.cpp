@@ -27,7 +27,8 @@ CachingAllocator::~CachingAllocator() = default;
 
 std::unique_ptr<CachingAllocator> CachingAllocator::for_cuda_device(DeviceIndex device, Config config) {
   return std::make_unique<CachingAllocator>(
-      gpu::make_cuda_memory(device, config.expandable_segments || config.policy == Policy::Cachet), config);
+      gpu::make_cuda_memory(device, config.expandable_segments || config.policy == Policy::Cachet || config.sleep),
+      config);
 }
 
 Config CachingAllocator::config_from_environment() { return cachet::config_from_environment().parsed.config; }
@@ -234,6 +235,35 @@ std::string CachingAllocator::summary(bool abbreviated) const {
   return memory_summary(s, d, abbreviated);
 }
 
+// Sleep and wake (docs/sleep-wake.md).
+Bytes CachingAllocator::sleep(const TagList& tags, const TagList& backup_tags) {
+  std::lock_guard lock(mu_);
+  const Bytes given = core_->with_policy([&](auto& p) { return p.sleep(tags, backup_tags); });
+  validate("sleep");
+  return given;
+}
+
+void CachingAllocator::wake(const TagList& tags) {
+  std::lock_guard lock(mu_);
+  try {
+    core_->with_policy([&](auto& p) { p.wake(tags); });
+  } catch (const OutOfMemory&) {
+    validate("wake (out of memory)");
+    throw;
+  }
+  validate("wake");
+}
+
+TagList CachingAllocator::sleeping() const {
+  std::lock_guard lock(mu_);
+  return core_->with_policy([](const auto& p) { return p.sleeping(); });
+}
+
+SleepStats CachingAllocator::sleep_stats() const {
+  std::lock_guard lock(mu_);
+  return core_->with_policy([](const auto& p) { return p.sleep_stats(); });
+}
+
 Snapshot CachingAllocator::snapshot() {
   std::lock_guard lock(mu_);
   return core_->with_policy([](auto& p) { return p.snapshot(); });
@@ -263,6 +293,9 @@ std::vector<ConfigWarning> CachingAllocator::configure(std::string_view text) {
   std::lock_guard lock(mu_);
   return core_->with_policy([&](auto& p) {
     ParseResult r = parse_config(text, ConfigSource::Cachet, p.config());
+    if (r.config.sleep != p.config().sleep)
+      throw UsageError("cachet_sleep is fixed when the allocator is built (docs/sleep-wake.md section 6); set it in "
+                       "CACHET_ALLOC_CONF before the first allocation");
     p.apply_config(r.config);  // the policy stays the one chosen at construction
     validate_ = r.config.validate;
     return std::move(r.warnings);
@@ -272,7 +305,12 @@ std::vector<ConfigWarning> CachingAllocator::configure(std::string_view text) {
 void CachingAllocator::configure_from_environment() {
   EnvConfig env = cachet::config_from_environment();
   std::lock_guard lock(mu_);
-  core_->with_policy([&](auto& p) { p.apply_config(env.parsed.config); });
+  core_->with_policy([&](auto& p) {
+    if (env.parsed.config.sleep != p.config().sleep)
+      throw UsageError("cachet_sleep is fixed when the allocator is built (docs/sleep-wake.md section 6); set it in "
+                       "CACHET_ALLOC_CONF before the first allocation");
+    p.apply_config(env.parsed.config);
+  });
   validate_ = env.parsed.config.validate;
 }
 

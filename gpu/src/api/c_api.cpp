@@ -76,6 +76,28 @@ std::string stats_json(const cachet::DeviceStats& s) {
   return out + "}";
 }
 
+std::string sleep_stats_json(const cachet::SleepStats& s) {
+  std::string out = "{";
+  bool first = true;
+  for (const auto& [k, v] : cachet::flatten(s)) {
+    if (!first) out += ", ";
+    first = false;
+    append_json_string(out, k);
+    out += ": " + std::to_string(v);
+  }
+  return out + "}";
+}
+
+cachet::TagList tag_list(const char* const* tags, std::size_t n) {
+  cachet::TagList out;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (tags == nullptr || tags[i] == nullptr)
+      throw cachet::UsageError("cachet: a null tag in a tag list of " + std::to_string(n) + "; pass n strings");
+    out.emplace_back(tags[i]);
+  }
+  return out;
+}
+
 std::string snapshot_json(const cachet::Snapshot& snap, int device) {
   std::string out = "[";
   for (std::size_t i = 0; i < snap.size(); ++i) {
@@ -88,6 +110,7 @@ std::string snapshot_json(const cachet::Snapshot& snap, int device) {
            ", \"requested_size\": " + std::to_string(seg.requested_size()) +
            ", \"stream\": " + std::to_string(seg.stream) + ", \"segment_type\": \"" +
            (seg.is_large ? "large" : "small") + "\", \"is_expandable\": " + (seg.is_expandable ? "true" : "false") +
+           (seg.is_sleeping ? ", \"is_sleeping\": true, \"backup_size\": " + std::to_string(seg.backup_size) : "") +
            ", \"blocks\": [";
     for (std::size_t b = 0; b < seg.blocks.size(); ++b) {
       const auto& bl = seg.blocks[b];
@@ -169,6 +192,40 @@ cachet_status cachet_empty_cache(cachet_allocator* a) {
 cachet_status cachet_set_memory_fraction(cachet_allocator* a, double fraction) {
   CACHET_REQUIRE_HANDLE(a);
   return guarded([&] { a->impl->set_memory_fraction(fraction); });
+}
+
+cachet_status cachet_set_tag(const char* tag) {
+  if (tag == nullptr) return fail(CACHET_ERR_USAGE, "cachet_set_tag: a null tag; pass a tag such as \"default\"");
+  return guarded([&] { cachet::set_current_tag(tag); });
+}
+
+cachet_status cachet_sleep(cachet_allocator* a, const char* const* tags, size_t n_tags, const char* const* backup_tags,
+                           size_t n_backup_tags, uint64_t* bytes_out) {
+  CACHET_REQUIRE_HANDLE(a);
+  return guarded([&] {
+    const cachet::Bytes given = a->impl->sleep(tag_list(tags, n_tags), tag_list(backup_tags, n_backup_tags));
+    if (bytes_out != nullptr) *bytes_out = given;
+  });
+}
+
+cachet_status cachet_wake(cachet_allocator* a, const char* const* tags, size_t n_tags) {
+  CACHET_REQUIRE_HANDLE(a);
+  return guarded([&] { a->impl->wake(tag_list(tags, n_tags)); });
+}
+
+char* cachet_sleeping_json(cachet_allocator* a) {
+  return guarded_string(a, [&] {
+    std::string out = "[";
+    for (const auto& t : a->impl->sleeping()) {
+      if (out.size() > 1) out += ", ";
+      append_json_string(out, t);
+    }
+    return out + "]";
+  });
+}
+
+char* cachet_sleep_stats_json(cachet_allocator* a) {
+  return guarded_string(a, [&] { return sleep_stats_json(a->impl->sleep_stats()); });
 }
 
 char* cachet_stats_json(cachet_allocator* a) {

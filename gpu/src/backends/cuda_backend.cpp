@@ -4,6 +4,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <string>
@@ -309,6 +310,25 @@ Status CudaVmmBackend::unreserve(DevicePtr p, Bytes n) {
   return cu_status("cuMemAddressFree", drv_->address_free(static_cast<CUdeviceptr>(p), n));
 }
 
+CudaVmmBackend::~CudaVmmBackend() {
+  if (copy_stream_ != nullptr) (void)cudaStreamDestroy(static_cast<cudaStream_t>(copy_stream_));
+}
+
+Status CudaVmmBackend::map_handle(DevicePtr at, Bytes size, unsigned long long handle, Bytes offset) {
+  Status st = cu_status("cuMemMap", drv_->map(static_cast<CUdeviceptr>(at), size, offset, handle, 0));
+  if (!st.is_ok()) return st;
+  mappings_[at] = Mapping{handle, size, offset};
+  ++handle_uses_[handle];
+  return st;
+}
+
+void CudaVmmBackend::drop_handle(unsigned long long handle) {
+  auto it = handle_uses_.find(handle);
+  if (it == handle_uses_.end() || --it->second > 0) return;
+  drv_->release(handle);
+  handle_uses_.erase(it);
+}
+
 Status CudaVmmBackend::map(DevicePtr p, Bytes n) {
   DeviceGuard g(device_);
   const Capture c = current_capture();
@@ -320,25 +340,60 @@ Status CudaVmmBackend::map(DevicePtr p, Bytes n) {
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   Bytes done = 0;
   Status st;
-  for (; done < n; done += granularity_) {
+  for (; done < n; done += granularity_) {  // one handle per granule: any granule can be unmapped
     CUmemGenericAllocationHandle h = 0;
     st = cu_status("cuMemCreate", drv_->create(&h, granularity_, &prop, 0));
     if (!st.is_ok()) break;
-    st = cu_status("cuMemMap", drv_->map(static_cast<CUdeviceptr>(p + done), granularity_, 0, h, 0));
+    st = map_handle(p + done, granularity_, h, 0);
     if (!st.is_ok()) {
       drv_->release(h);
       break;
     }
-    handles_[p + done] = h;
   }
   if (st.is_ok()) st = cu_status("cuMemSetAccess", drv_->set_access(static_cast<CUdeviceptr>(p), n, &access, 1));
   if (!st.is_ok()) {  // nothing stays mapped
     for (Bytes off = 0; off < done; off += granularity_) {
-      auto it = handles_.find(p + off);
-      if (it == handles_.end()) continue;
-      drv_->unmap(static_cast<CUdeviceptr>(p + off), granularity_);
-      drv_->release(it->second);
-      handles_.erase(it);
+      auto it = mappings_.find(p + off);
+      if (it == mappings_.end()) continue;
+      drv_->unmap(static_cast<CUdeviceptr>(p + off), it->second.size);
+      const unsigned long long h = it->second.handle;
+      mappings_.erase(it);
+      drop_handle(h);
+    }
+  }
+  return st;
+}
+
+Status CudaVmmBackend::map_pieces(DevicePtr p, Bytes n) {
+  DeviceGuard g(device_);
+  const Capture c = current_capture();
+  if (!c.error.empty()) return Status::error(refusal("cuMemCreate/cuMemMap", c, "the current stream", ""));
+  RelaxedCaptureMode relaxed(c.capturing);
+  CUmemAllocationProp prop = prop_for(device_);
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  Bytes done = 0;
+  Status st;
+  while (done < n) {  // pieces of up to 512 MiB: 170x faster to create and map than 2 MiB ones
+    const Bytes piece = std::min(n - done, kMaxMapPiece);
+    CUmemGenericAllocationHandle h = 0;
+    st = cu_status("cuMemCreate", drv_->create(&h, piece, &prop, 0));
+    if (!st.is_ok()) break;
+    st = map_handle(p + done, piece, h, 0);
+    if (!st.is_ok()) {
+      drv_->release(h);
+      break;
+    }
+    done += piece;
+  }
+  if (st.is_ok()) st = cu_status("cuMemSetAccess", drv_->set_access(static_cast<CUdeviceptr>(p), n, &access, 1));
+  if (!st.is_ok()) {  // nothing stays mapped
+    for (auto it = mappings_.lower_bound(p); it != mappings_.end() && it->first < p + done;) {
+      drv_->unmap(static_cast<CUdeviceptr>(it->first), it->second.size);
+      const unsigned long long h = it->second.handle;
+      it = mappings_.erase(it);
+      drop_handle(h);
     }
   }
   return st;
@@ -350,15 +405,85 @@ Status CudaVmmBackend::unmap(DevicePtr p, Bytes n) {
   DeviceGuard g(device_);
   // Work queued on any stream may still use these pages (PyTorch synchronizes the segment's stream).
   if (Status st = status_of("cudaDeviceSynchronize", cudaDeviceSynchronize()); !st.is_ok()) return st;
-  for (Bytes off = 0; off < n; off += granularity_) {
-    auto it = handles_.find(p + off);
-    if (it == handles_.end()) return Status::error("cuMemUnmap: granule at offset " + std::to_string(off) + " is not mapped");
-    if (Status st = cu_status("cuMemUnmap", drv_->unmap(static_cast<CUdeviceptr>(p + off), granularity_)); !st.is_ok())
+  const DevicePtr end = p + n;
+  for (DevicePtr at = p; at < end;) {
+    auto it = mappings_.upper_bound(at);
+    if (it == mappings_.begin() || std::prev(it)->first + std::prev(it)->second.size <= at)
+      return Status::error("cuMemUnmap: " + hex(at) + " (offset " + std::to_string(at - p) + ") is not mapped");
+    --it;
+    const DevicePtr base = it->first;
+    const Mapping m = it->second;
+    if (Status st = cu_status("cuMemUnmap", drv_->unmap(static_cast<CUdeviceptr>(base), m.size)); !st.is_ok())
       return st;
-    drv_->release(it->second);
-    handles_.erase(it);
+    mappings_.erase(it);
+    // A mapping only partly in [p, p+n) (a piece of map_pieces): its other parts are mapped again
+    // from the same physical allocation, so their contents stay.
+    Status st;
+    if (base < p) st = map_handle(base, p - base, m.handle, m.offset);
+    if (st.is_ok() && base + m.size > end) st = map_handle(end, base + m.size - end, m.handle, m.offset + (end - base));
+    if (st.is_ok() && (base < p || base + m.size > end)) {
+      CUmemAccessDesc access{};
+      access.location = prop_for(device_).location;
+      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      if (base < p) st = cu_status("cuMemSetAccess", drv_->set_access(static_cast<CUdeviceptr>(base), p - base, &access, 1));
+      if (st.is_ok() && base + m.size > end)
+        st = cu_status("cuMemSetAccess", drv_->set_access(static_cast<CUdeviceptr>(end), base + m.size - end, &access, 1));
+    }
+    drop_handle(m.handle);
+    if (!st.is_ok()) return st;
+    at = base + m.size;
   }
   return Status::ok();
+}
+
+// ------------------------------------------------------------------ sleep calls
+
+Result<void*> CudaVmmBackend::host_alloc(Bytes n) {
+  DeviceGuard g(device_);
+  void* h = nullptr;
+  Status st = status_of("cudaHostAlloc", cudaHostAlloc(&h, n, cudaHostAllocDefault));
+  return {st, st.is_ok() ? h : nullptr};
+}
+
+void CudaVmmBackend::host_free(void* h) {
+  DeviceGuard g(device_);
+  (void)cudaFreeHost(h);
+}
+
+Status CudaVmmBackend::copy_prepare() {
+  if (copy_stream_ == nullptr) {
+    cudaStream_t s = nullptr;
+    if (Status st = status_of("cudaStreamCreateWithFlags", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        !st.is_ok())
+      return st;
+    copy_stream_ = s;
+  }
+  if (!copies_pending_) {  // the first copy of a batch: everything queued before has finished
+    if (Status st = status_of("cudaDeviceSynchronize", cudaDeviceSynchronize()); !st.is_ok()) return st;
+    copies_pending_ = true;
+  }
+  return Status::ok();
+}
+
+Status CudaVmmBackend::copy_to_host(void* h, DevicePtr p, Bytes n) {
+  DeviceGuard g(device_);
+  if (Status st = copy_prepare(); !st.is_ok()) return st;
+  return status_of("cudaMemcpyAsync", cudaMemcpyAsync(h, reinterpret_cast<const void*>(static_cast<std::uintptr_t>(p)),
+                                                      n, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(copy_stream_)));
+}
+
+Status CudaVmmBackend::copy_to_device(DevicePtr p, const void* h, Bytes n) {
+  DeviceGuard g(device_);
+  if (Status st = copy_prepare(); !st.is_ok()) return st;
+  return status_of("cudaMemcpyAsync", cudaMemcpyAsync(reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)), h, n,
+                                                      cudaMemcpyHostToDevice, static_cast<cudaStream_t>(copy_stream_)));
+}
+
+Status CudaVmmBackend::copy_synchronize() {
+  DeviceGuard g(device_);
+  copies_pending_ = false;
+  if (copy_stream_ == nullptr) return Status::ok();
+  return status_of("cudaStreamSynchronize", cudaStreamSynchronize(static_cast<cudaStream_t>(copy_stream_)));
 }
 
 std::unique_ptr<DeviceMemory> make_cuda_memory(DeviceIndex device, bool expandable) {

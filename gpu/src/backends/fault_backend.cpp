@@ -83,4 +83,13 @@ Status FaultInjector::unmap(DevicePtr p, Bytes n) {
   return inner_->unmap(p, n);
 }
 
+Status FaultInjector::map_pieces(DevicePtr p, Bytes n) {
+  if (auto st = inject(CallClass::Alloc, "cuMemCreate/cuMemMap (wake)"); !st.is_ok()) return st;
+  return inner_->map_pieces(p, n);
+}
+Result<void*> FaultInjector::host_alloc(Bytes n) {
+  if (auto st = inject(CallClass::HostAlloc, "cudaHostAlloc"); !st.is_ok()) return {st, nullptr};
+  return inner_->host_alloc(n);
+}
+
 }  // namespace cachet::gpu

@@ -1,6 +1,9 @@
 // The host simulation backend (see cachet/gpu/host_backend.h).
 #include "cachet/gpu/host_backend.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "messages.h"
@@ -96,6 +99,7 @@ Status HostSim::free(DevicePtr p) {
   auto it = segments_.find(p);
   if (it == segments_.end()) return Status::error("host backend: free of " + hex(p) + ", which malloc did not return");
   used_ -= it->second;
+  forget_contents_locked(p, it->second);
   segments_.erase(it);
   return Status::ok();
 }
@@ -172,6 +176,10 @@ Status HostSim::unreserve(DevicePtr p, Bytes n) {
 
 Status HostSim::map(DevicePtr p, Bytes n) {
   std::lock_guard lock(mu_);
+  return map_locked(p, n);
+}
+
+Status HostSim::map_locked(DevicePtr p, Bytes n) {
   if (used_ + n > opts_.capacity) return Status::oom();
   if (opts_.recorded) {
     auto r = next_recorded("map", true);
@@ -182,6 +190,7 @@ Status HostSim::map(DevicePtr p, Bytes n) {
   }
   used_ += n;
   mappings_[p] = n;
+  forget_contents_locked(p, n);  // new physical memory: fresh contents
   return Status::ok();
 }
 
@@ -202,8 +211,166 @@ Status HostSim::unmap(DevicePtr p, Bytes n) {
     if (at > base) mappings_[base] = at - base;
     if (at + take < base + size) mappings_[at + take] = base + size - (at + take);
     used_ -= take;
+    forget_contents_locked(at, take);
     left -= take;
     at += take;
+  }
+  return Status::ok();
+}
+
+// ------------------------------------------------------------------ contents and sleep calls
+
+bool HostSim::backed_locked(DevicePtr p, Bytes n) const {
+  // malloc'd segments hold whole ranges; mappings may be split, so walk them.
+  if (auto it = segments_.upper_bound(p); it != segments_.begin()) {
+    --it;
+    if (p >= it->first && p + n <= it->first + it->second) return true;
+  }
+  DevicePtr at = p;
+  const DevicePtr end = p + n;
+  while (at < end) {
+    auto it = mappings_.upper_bound(at);
+    if (it == mappings_.begin()) return false;
+    --it;
+    if (at >= it->first + it->second) return false;
+    at = it->first + it->second;
+  }
+  return true;
+}
+
+void HostSim::forget_contents_locked(DevicePtr p, Bytes n) {
+  const DevicePtr end = p + n;
+  auto it = contents_.lower_bound(p / kContentPage * kContentPage);
+  while (it != contents_.end() && it->first < end) {
+    const DevicePtr page = it->first;
+    if (page >= p && page + kContentPage <= end) {
+      it = contents_.erase(it);
+      continue;
+    }
+    // A page only partly in the range: its part in the range reads fresh again.
+    const DevicePtr lo = std::max(p, page), hi = std::min(end, page + kContentPage);
+    if (lo < hi) std::memset(it->second.get() + (lo - page), kFreshByte, hi - lo);
+    ++it;
+  }
+}
+
+Status HostSim::write_locked(DevicePtr p, const unsigned char* src, Bytes n, const unsigned char* fill) {
+  if (!backed_locked(p, n))
+    return Status::error("host backend: write of " + std::to_string(n) + " bytes at " + hex(p) +
+                         ", which is not allocated or mapped memory");
+  for (Bytes done = 0; done < n;) {
+    const DevicePtr at = p + done;
+    const DevicePtr page = at / kContentPage * kContentPage;
+    auto& mem = contents_[page];
+    if (!mem) {
+      mem = std::make_unique<unsigned char[]>(kContentPage);
+      std::memset(mem.get(), kFreshByte, kContentPage);
+    }
+    const Bytes take = std::min(n - done, page + kContentPage - at);
+    if (src != nullptr) std::memcpy(mem.get() + (at - page), src + done, take);
+    else std::memset(mem.get() + (at - page), *fill, take);
+    done += take;
+  }
+  return Status::ok();
+}
+
+Status HostSim::read_locked(DevicePtr p, unsigned char* dst, Bytes n) const {
+  if (!backed_locked(p, n))
+    return Status::error("host backend: read of " + std::to_string(n) + " bytes at " + hex(p) +
+                         ", which is not allocated or mapped memory");
+  for (Bytes done = 0; done < n;) {
+    const DevicePtr at = p + done;
+    const DevicePtr page = at / kContentPage * kContentPage;
+    const Bytes take = std::min(n - done, page + kContentPage - at);
+    auto it = contents_.find(page);
+    if (it == contents_.end()) std::memset(dst + done, kFreshByte, take);
+    else std::memcpy(dst + done, it->second.get() + (at - page), take);
+    done += take;
+  }
+  return Status::ok();
+}
+
+Status HostSim::write(DevicePtr p, const void* src, Bytes n) {
+  std::lock_guard lock(mu_);
+  return write_locked(p, static_cast<const unsigned char*>(src), n, nullptr);
+}
+
+Status HostSim::fill(DevicePtr p, unsigned char byte, Bytes n) {
+  std::lock_guard lock(mu_);
+  return write_locked(p, nullptr, n, &byte);
+}
+
+Status HostSim::read(DevicePtr p, void* dst, Bytes n) const {
+  std::lock_guard lock(mu_);
+  return read_locked(p, static_cast<unsigned char*>(dst), n);
+}
+
+Bytes HostSim::pinned_bytes() const {
+  std::lock_guard lock(mu_);
+  return pinned_bytes_;
+}
+
+std::size_t HostSim::map_piece_calls() const {
+  std::lock_guard lock(mu_);
+  return map_piece_calls_;
+}
+
+std::size_t HostSim::copies() const {
+  std::lock_guard lock(mu_);
+  return copies_;
+}
+
+Result<void*> HostSim::host_alloc(Bytes n) {
+  void* h = std::malloc(n == 0 ? 1 : n);
+  if (h == nullptr) return {Status::oom("host backend: no host memory for " + std::to_string(n) + " bytes"), nullptr};
+  std::lock_guard lock(mu_);
+  pinned_[h] = n;
+  pinned_bytes_ += n;
+  return {Status::ok(), h};
+}
+
+void HostSim::host_free(void* h) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = pinned_.find(h);
+    if (it == pinned_.end()) return;
+    pinned_bytes_ -= it->second;
+    pinned_.erase(it);
+  }
+  std::free(h);
+}
+
+Status HostSim::copy_to_host(void* h, DevicePtr p, Bytes n) {
+  std::lock_guard lock(mu_);
+  ++copies_;
+  return read_locked(p, static_cast<unsigned char*>(h), n);
+}
+
+Status HostSim::copy_to_device(DevicePtr p, const void* h, Bytes n) {
+  std::lock_guard lock(mu_);
+  ++copies_;
+  return write_locked(p, static_cast<const unsigned char*>(h), n, nullptr);
+}
+
+Status HostSim::map_pieces(DevicePtr p, Bytes n) {
+  std::lock_guard lock(mu_);
+  for (Bytes done = 0; done < n;) {
+    const Bytes piece = std::min(n - done, kMaxMapPiece);
+    ++map_piece_calls_;
+    if (Status st = map_locked(p + done, piece); !st.is_ok()) {
+      // Nothing stays mapped: give back the pieces mapped so far.
+      for (Bytes off = 0; off < done;) {
+        const Bytes q = std::min(done - off, kMaxMapPiece);
+        auto it = mappings_.find(p + off);
+        if (it != mappings_.end()) {
+          used_ -= it->second;
+          mappings_.erase(it);
+        }
+        off += q;
+      }
+      return st;
+    }
+    done += piece;
   }
   return Status::ok();
 }

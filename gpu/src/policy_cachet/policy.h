@@ -129,6 +129,10 @@ class CachetPolicy : public Shell {
   Snapshot block_table() const;  // snapshot() without its trace event
   void apply_config(const Config& c);
   std::vector<std::string> invariants() const;
+  // Sleep and wake (docs/sleep-wake.md; policy_cachet/sleep.cpp).
+  Bytes sleep(const TagList& tags, const TagList& backup_tags);
+  void wake(const TagList& tags);
+  TagList sleeping() const;
 
  private:
   struct CPool {

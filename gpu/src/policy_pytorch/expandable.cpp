@@ -14,8 +14,9 @@ namespace cachet::gpu::detail {
 
 // ===================================================================== Expandable segments (7)
 
-Block* PytorchPolicy::find_expandable_block(StreamId stream, BlockPool* pool, Bytes size) {
-  auto allocatable = [](const Block* b) { return b != nullptr && b->is_reusable(); };
+Block* PytorchPolicy::find_expandable_block(StreamId stream, BlockPool* pool, Bytes size, std::uint32_t tag) {
+  // A block of a sleeping run is never grown into (docs/sleep-wake.md SLEEP-R2).
+  auto allocatable = [this](const Block* b) { return b != nullptr && b->is_reusable() && !asleep(b); };
   auto has_available_address_space = [&](const Block* b) {
     Bytes bytes = 0;
     while (bytes < size && allocatable(b)) {
@@ -27,6 +28,7 @@ Block* PytorchPolicy::find_expandable_block(StreamId stream, BlockPool* pool, By
   for (auto it = pool->unmapped.lower_bound(AddrKey{stream, 0}, AddrOrder{});
        it != pool->unmapped.end() && it->stream == stream; ++it) {
     Block* c = &*it;
+    if (c->segment->tag != tag) continue;  // one expandable segment per (stream, tag) (docs/sleep-wake.md section 2)
     if (allocatable(c->prev)) c = c->prev;  // a free block just before the unmapped run
     if (has_available_address_space(c)) return c;
   }
@@ -48,6 +50,7 @@ Block* PytorchPolicy::find_expandable_block(StreamId stream, BlockPool* pool, By
   seg->stream = stream;
   seg->is_small = pool->is_small;
   seg->expandable = true;
+  seg->tag = tag;
   seg->page_size = page;
   seg->page_mapped.assign(max_handles, false);
   Block* c = arena_.make(BlockState::Unmapped);
@@ -63,8 +66,8 @@ Block* PytorchPolicy::find_expandable_block(StreamId stream, BlockPool* pool, By
   return c;
 }
 
-Block* PytorchPolicy::try_allocate_expandable_block(StreamId stream, BlockPool* pool, Bytes size) {
-  Block* c = find_expandable_block(stream, pool, size);
+Block* PytorchPolicy::try_allocate_expandable_block(StreamId stream, BlockPool* pool, Bytes size, std::uint32_t tag) {
+  Block* c = find_expandable_block(stream, pool, size, tag);
   if (!c) return nullptr;
   // c starts a run with room for `size`: unmapped, or free followed by unmapped.
   if (!c->is_mapped() && !map_block(c, std::min(c->size, size))) return nullptr;
@@ -109,8 +112,9 @@ bool PytorchPolicy::map_block(Block* to_map, Bytes size) {
     pool.unmapped.insert(*rest);
     to_map->size = mapped;
   }
-  try_merge_blocks(to_map, to_map->prev, pool);
-  try_merge_blocks(to_map, to_map->next, pool);
+  // Never with a free block of a sleeping run (docs/sleep-wake.md SLEEP-R2).
+  if (to_map->prev == nullptr || !asleep(to_map->prev)) try_merge_blocks(to_map, to_map->prev, pool);
+  if (to_map->next == nullptr || !asleep(to_map->next)) try_merge_blocks(to_map, to_map->next, pool);
   pool.insert_into_blocks(to_map);
 
   total_allocated_memory_ += mapped;

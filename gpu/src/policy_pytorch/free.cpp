@@ -33,6 +33,10 @@ void PytorchPolicy::free(DevicePtr ptr) {
                      (b->state() == BlockState::Deferred ? std::string("the end of a capture (§14.7)")
                                                          : std::to_string(b->event_count) + " stream-use event(s)") +
                      "; free each pointer once");
+  if (b->segment->sleeping_runs != 0 && asleep(b)) [[unlikely]] {  // docs/sleep-wake.md section 4
+    free_while_asleep(b);
+    return;
+  }
 
   const bool wait_for_uses = !b->stream_uses.empty() && !mutant(kMutantIgnorePendingEvent);
   if (wait_for_uses && capture_underway()) {

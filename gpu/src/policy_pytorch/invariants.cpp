@@ -113,6 +113,11 @@ std::vector<std::string> PytorchPolicy::invariants() const {
           c[p].allocated_bytes += static_cast<std::int64_t>(b->size);
           if (b->size >= config_.max_split_size) ++oversize_allocations;
         }
+      } else if (seg->sleeping_runs != 0 && sleeping_range_of(b) != nullptr) {
+        // A free block of a sleeping range is in no free set (docs/sleep-wake.md SLEEP-R2).
+        if (in_free) fail("[INV-SLEEP-1]", bw + " is free in a sleeping range but in its pool's free set");
+        if (b->next && b->next->is_free())
+          fail("[INV-MERGE-1]", bw + " and the next block are both free: they should have merged");
       } else {
         ++free_count;
         if (!in_free) fail("[INV-POOL-1]", bw + " is free but not in its pool");
@@ -185,10 +190,17 @@ std::vector<std::string> PytorchPolicy::invariants() const {
     fail("[INV-STATS-1]", "oversize_segments.current is " + std::to_string(stats().oversize_segments.current) +
                         ", recount " + std::to_string(oversize_segments));
 
-  // [INV-CAP-1]: the cap (expandable: may be exceeded by less than one page, §13.5).
-  if (cap_.allowed() && total_allocated_memory_ > *cap_.allowed() + (max_page ? max_page - 1 : 0))
-    fail("[INV-CAP-1]", "reserved " + std::to_string(total_allocated_memory_) + " B exceeds the cap of " +
-                        std::to_string(*cap_.allowed()) + " B");
+  // [INV-CAP-1]: the cap (expandable: may be exceeded by less than one page, §13.5); sleeping
+  // bytes are reserved but not against it ([INV-SLEEP-5], docs/sleep-wake.md SLEEP-R5).
+  if (cap_.allowed() &&
+      total_allocated_memory_ - sleeping_bytes_ > *cap_.allowed() + (max_page ? max_page - 1 : 0)) {
+    const std::string why = "reserved " + std::to_string(total_allocated_memory_) + " B less " +
+                            std::to_string(sleeping_bytes_) + " B asleep exceeds the cap of " +
+                            std::to_string(*cap_.allowed()) + " B";
+    if (sleeping_bytes_ != 0) fail("[INV-SLEEP-5]", why);
+    else fail("[INV-CAP-1]", why);
+  }
+  check_sleep(out);
   return out;
 }
 
@@ -244,6 +256,84 @@ void PytorchPolicy::check_private_pools(std::vector<std::string>& out) const {
   for (const Block* b : deferred_blocks_)
     if (b->state() != BlockState::Deferred || active_.find(b->ptr) != b)
       fail("[INV-POOL-1]", "deferred block " + hex(b->ptr) + " is " + state_name(b->state()) + " or not active (§14.7)");
+}
+
+}  // namespace cachet::gpu::detail
+
+namespace cachet::gpu::detail {
+
+// Sleep (docs/sleep-wake.md section 7): [INV-SLEEP-1] no free set holds a block of a sleeping range (the
+// per-block part is in invariants() above); [INV-SLEEP-2] the sleep stats equal a recount;
+// [INV-SLEEP-3] tag-homogeneous segments (SLEEP-R1); [INV-SLEEP-4] a sleeping range's backup covers
+// exactly its live blocks when its tag was backed up (SLEEP-R4). [INV-SLEEP-5] (SLEEP-R5) is
+// INV-CAP-1's check with sleeping bytes taken off.
+void PytorchPolicy::check_sleep(std::vector<std::string>& out) const {
+  auto fail = [&](const char* id, const std::string& msg) { out.push_back(std::string(id) + " " + msg); };
+  for (const auto& [base, seg] : segments_) {
+    int runs = 0;
+    for (const auto& [rb, r] : sleeping_)
+      if (r.segment == seg.get()) ++runs;
+    if (runs != seg->sleeping_runs)
+      fail("[INV-SLEEP-2]", "segment " + hex(base) + " counts " + std::to_string(seg->sleeping_runs) +
+                                " sleeping runs, sleeping_ holds " + std::to_string(runs));
+    for (const Block* b = seg->head; b != nullptr; b = b->next)
+      if (b->is_active() && b->tag != seg->tag)
+        fail("[INV-SLEEP-3]", "block " + hex(b->ptr) + " of segment " + hex(base) + " is live under the tag '" +
+                                  tag_name(b->tag) + "' in a segment of the tag '" + tag_name(seg->tag) + "'");
+  }
+  std::int64_t ranges = 0, bytes = 0, allocated = 0, backup = 0;
+  std::map<const void*, int> buffer_users;
+  for (const auto& [base, r] : sleeping_) {
+    ++ranges;
+    bytes += static_cast<std::int64_t>(r.size);
+    if (r.buffer != nullptr) ++buffer_users[r.buffer];
+    if (segments_.find(r.segment->base) == segments_.end() || base < r.segment->base ||
+        base + r.size > r.segment->base + r.segment->size) {
+      fail("[INV-SLEEP-2]", "sleeping range " + hex(base) + " is not inside its segment");
+      continue;
+    }
+    std::vector<std::pair<DevicePtr, Bytes>> live_runs;
+    Bytes covered = 0;
+    for (const Block* b = r.segment->head; b != nullptr; b = b->next) {
+      if (b->ptr < base || b->ptr >= base + r.size) continue;
+      covered += b->size;
+      if (!b->is_mapped()) fail("[INV-SLEEP-2]", "sleeping range " + hex(base) + " holds an unmapped block");
+      if (!b->is_allocated()) continue;
+      allocated += static_cast<std::int64_t>(b->size);
+      if (!live_runs.empty() && live_runs.back().first + live_runs.back().second == b->ptr) live_runs.back().second += b->size;
+      else live_runs.emplace_back(b->ptr, b->size);
+    }
+    if (covered != r.size)
+      fail("[INV-SLEEP-2]", "sleeping range " + hex(base) + " of " + std::to_string(r.size) + " B holds blocks of " +
+                                std::to_string(covered) + " B");
+    std::vector<std::pair<DevicePtr, Bytes>> copies;
+    for (const BackupCopy& c : r.copies) {
+      backup += static_cast<std::int64_t>(c.size);
+      if (!copies.empty() && copies.back().first + copies.back().second == c.ptr) copies.back().second += c.size;
+      else copies.emplace_back(c.ptr, c.size);
+    }
+    if (r.backed_up ? copies != live_runs : !copies.empty())
+      fail("[INV-SLEEP-4]", "sleeping range " + hex(base) + (r.backed_up ? " (backed up)" : " (not backed up)") +
+                                " has " + std::to_string(copies.size()) + " backup runs for " +
+                                std::to_string(live_runs.size()) + " runs of live blocks");
+  }
+  for (const auto& [h, users] : backup_buffers_)
+    if (buffer_users[h] != users)
+      fail("[INV-SLEEP-4]", "a backup buffer counts " + std::to_string(users) + " ranges, " +
+                                std::to_string(buffer_users[h]) + " hold it");
+  const SleepStats& s = sleep_stats();
+  auto cmp = [&](const char* name, std::int64_t have, std::int64_t want) {
+    if (have != want)
+      fail("[INV-SLEEP-2]", std::string("sleep.") + name + ".current is " + std::to_string(have) + ", recount " +
+                                std::to_string(want));
+  };
+  cmp("sleeping_segments", s.sleeping_segments.current, ranges);
+  cmp("sleeping_bytes", s.sleeping_bytes.current, bytes);
+  cmp("sleeping_allocated_bytes", s.sleeping_allocated_bytes.current, allocated);
+  cmp("backup_bytes", s.backup_bytes.current, backup);
+  if (static_cast<std::int64_t>(sleeping_bytes_) != bytes)
+    fail("[INV-SLEEP-2]", "the sleeping bytes kept for the cap are " + std::to_string(sleeping_bytes_) + ", recount " +
+                              std::to_string(bytes));
 }
 
 }  // namespace cachet::gpu::detail

@@ -43,7 +43,12 @@ PytorchPolicy::~PytorchPolicy() {
   for (auto& [s, q] : cuda_events_)
     for (auto& [e, b] : q) mem_->event_destroy(e);
   event_pool_.destroy_all(*mem_);
+  for (auto& [buffer, ranges] : backup_buffers_) mem_->host_free(buffer);
   for (auto& [base, seg] : segments_) {
+    if (seg->vmm) {  // cachet_sleep: unmap what is awake, then give the addresses back
+      (void)vmm_segment_free(base, seg->size, seg->sleeping_runs == 0);
+      continue;
+    }
     if (!seg->expandable) {
       if (SegmentSource* source = seg->pool->owner != nullptr ? seg->pool->owner->source.get() : nullptr) {
         try {
@@ -56,7 +61,8 @@ PytorchPolicy::~PytorchPolicy() {
       continue;
     }
     for (Bytes i = 0; i < seg->page_mapped.size(); ++i)
-      if (seg->page_mapped[i]) (void)mem_->unmap(base + i * seg->page_size, seg->page_size);
+      if (seg->page_mapped[i] && (seg->sleeping_runs == 0 || sleeping_range_at(base + i * seg->page_size) == nullptr))
+        (void)mem_->unmap(base + i * seg->page_size, seg->page_size);
     (void)mem_->unreserve(base, seg->size);
   }
   for (auto& [p, n] : uncached_) (void)mem_->free(p);
@@ -149,6 +155,7 @@ DevicePtr PytorchPolicy::malloc(Bytes orig_size, StreamId stream) {
   BlockPool& pool = captures_underway_.empty() ? (is_small_size(size) ? small_blocks_ : large_blocks_)
                                                : get_pool(size, stream);
   AllocParams p{stream, size, allocation_size(size), &pool, nullptr, Status::ok()};
+  p.tag = current_tag_id();  // docs/sleep-wake.md section 1: "default" (0) unless the thread set a tag
   // Expandable segments apply to every pool but one with its own source (§15.1).
   p.expandable_active = config_.expandable_segments && (pool.owner == nullptr || pool.owner->source == nullptr);
 
@@ -191,6 +198,32 @@ DevicePtr PytorchPolicy::malloc(Bytes orig_size, StreamId stream) {
 bool PytorchPolicy::get_free_block(AllocParams& p) {
   BlockPool& pool = *p.pool;
   if (cap_.allowed() && config_.garbage_collection_threshold > 0.0) ++pool.get_free_blocks_call_count;  // §13.3
+  if (!tags_seen()) [[likely]]
+    return find_free_block(p);  // every block is "default": PyTorch's search as it is
+  // docs/sleep-wake.md section 2: a candidate in a segment of another tag is set aside for this search
+  // and the next one in the same order is taken; the set-aside blocks go back keeping their GC age.
+  boost::container::small_vector<Block*, 8> hidden;
+  bool found = false;
+  while (!(found = find_free_block(p)) && p.foreign != nullptr) {
+    hidden.push_back(p.foreign);
+    pool.blocks.erase(pool.blocks.iterator_to(*p.foreign));
+    p.foreign = nullptr;
+  }
+  for (Block* b : hidden) pool.blocks.insert(*b);
+  return found;
+}
+
+bool PytorchPolicy::foreign(const Block& b, std::uint32_t tag) {
+  const Segment& seg = *b.segment;
+  if (seg.tag == tag) return false;
+  if (seg.expandable) return true;  // one expandable segment per (stream, tag)
+  for (const Block* x = seg.head; x != nullptr; x = x->next)
+    if (x->is_active()) return true;
+  return false;  // no live block: any tag may take it (SLEEP-R1)
+}
+
+bool PytorchPolicy::find_free_block(AllocParams& p) {
+  BlockPool& pool = *p.pool;
   auto it = pool.blocks.lower_bound(SizeKey{p.stream, p.size, 0}, SizeOrder{});  // equal sizes: lowest address
   if constexpr (mutant(kMutantCrossStreamReuse)) {
     if (it == pool.blocks.end() || it->stream != p.stream) {
@@ -234,6 +267,11 @@ bool PytorchPolicy::get_free_block(AllocParams& p) {
     }
   }
 
+  if (tags_seen() && foreign(*it, p.tag)) {  // get_free_block sets it aside and searches again
+    p.foreign = &*it;
+    return false;
+  }
+
   const Bytes max_split = config_.max_split_size;
   // §2.2 step 4: a normal request never takes an oversize block ...
   if (!mutant(kMutantOversizeToSmall) && !flipped(RuleFlip::OversizeForAll) && p.size < max_split &&
@@ -273,14 +311,15 @@ bool PytorchPolicy::alloc_block(AllocParams& p, bool is_retry) {
   // The cap is inclusive (§13.4; rule flip cap_exclusive); with expandable segments it is checked
   // against the segment size of the request, not the pages that will be mapped (§13.5).
   if (!mutant(kMutantIgnoreCap) && cap_.allowed() &&
-      (flipped(RuleFlip::CapExclusive) ? total_allocated_memory_ + size >= *cap_.allowed()
-                                       : total_allocated_memory_ + size > *cap_.allowed())) {
+      (flipped(RuleFlip::CapExclusive) ? total_allocated_memory_ - sleeping_bytes_ + size >= *cap_.allowed()
+                                       : total_allocated_memory_ - sleeping_bytes_ + size > *cap_.allowed())) {
+    // (Sleeping bytes stay reserved but not against the cap: docs/sleep-wake.md section 4, SLEEP-R5.)
     p.err = Status::oom();
     return false;
   }
   if (is_retry && flipped(RuleFlip::RetryCountedIfAllowed)) accounting_.alloc_retried();
   if (p.expandable_active) {
-    p.block = try_allocate_expandable_block(p.stream, p.pool, p.size);
+    p.block = try_allocate_expandable_block(p.stream, p.pool, p.size, p.tag);
     if (p.block != nullptr) count_device_alloc(*p.pool);  // one per growth (§14.5)
     return p.block != nullptr;
   }
@@ -290,6 +329,8 @@ bool PytorchPolicy::alloc_block(AllocParams& p, bool is_retry) {
     void* got = source->allocate(size, device_, p.stream);
     r = got != nullptr ? Result<DevicePtr>{Status::ok(), static_cast<DevicePtr>(reinterpret_cast<std::uintptr_t>(got))}
                        : Result<DevicePtr>{Status::oom("the MemPool's allocator returned no memory"), 0};
+  } else if (config_.sleep) {
+    r = vmm_segment_alloc(size);  // reserve + map: its addresses can outlive its memory (docs/sleep-wake.md section 6)
   } else {
     r = mem_->malloc(size);
   }
@@ -305,6 +346,8 @@ bool PytorchPolicy::alloc_block(AllocParams& p, bool is_retry) {
   seg->size = mutant(kMutantSegmentSizeShort) ? size - kMinBlockSize : size;
   seg->stream = p.stream;
   seg->is_small = p.pool->is_small;
+  seg->tag = p.tag;
+  seg->vmm = config_.sleep && (p.pool->owner == nullptr || p.pool->owner->source == nullptr);
   Block* b = arena_.make();
   b->ptr = r.value;
   b->size = size;
@@ -380,6 +423,8 @@ Block* PytorchPolicy::alloc_found_block(AllocParams& p, Bytes orig_size, bool sp
     accounting_.inactive_split_changed(st, -1, -static_cast<std::int64_t>(block->size));
 
   block->set_state(BlockState::Allocated);
+  block->tag = p.tag;
+  block->segment->tag = p.tag;  // SLEEP-R1: the segment takes the tag of its live blocks
   block->requested_size = mutant(kMutantRequestedIsSegment) ? p.alloc_size : orig_size;
   active_.insert(block->ptr, block);
   accounting_.block_allocated(st, block->size, flipped(RuleFlip::RequestedBytesRounded) ? block->size : orig_size,

@@ -60,6 +60,7 @@ struct Block : bi::set_base_hook<bi::link_mode<bi::normal_link>> {
   Segment* segment = nullptr;
   std::int64_t gc_count_base = 0;
   std::int32_t event_count = 0;  // outstanding stream-use events: AwaitingEvents only
+  std::uint32_t tag = 0;  // the tag id (Shell::tag_name) it was allocated under; meaningful while active
 
  private:
   BlockState state_;
@@ -104,6 +105,13 @@ struct Segment {
   // expandable segments (§7)
   Bytes page_size = 0;
   std::vector<bool> page_mapped;
+  // Sleep (docs/sleep-wake.md): the tag of its live blocks, or of its last live block (SLEEP-R1;
+  // an expandable segment keeps the tag it was reserved under: one per (stream, tag)); reserved
+  // and mapped through the VMM calls instead of cudaMalloc (cachet_sleep:True); how many of its
+  // runs sleep (PytorchPolicy::sleeping_).
+  std::uint32_t tag = 0;
+  bool vmm = false;
+  int sleeping_runs = 0;
 };
 
 inline bool Block::expandable() const { return segment->expandable; }
@@ -260,10 +268,18 @@ class PytorchPolicy : public Shell {
     // PyTorch's is_expandable_segments_active: expandable_segments, and the pool has no source
     // of its own (§15.1); false in the use_on_oom fallback's search (§15.2).
     bool expandable_active = false;
+    std::uint32_t tag = 0;     // the allocating thread's tag (Shell::current_tag_id)
+    Block* foreign = nullptr;  // find_free_block's candidate in a segment of another tag
   };
 
   // --- free-block search and growth (§2.2, §3.1-3.5) ---
+  // PyTorch's get_free_block: the GC clock's tick, then find_free_block, skipping (for this one
+  // search) the candidates in segments whose live blocks carry another tag (docs/sleep-wake.md section 2).
   bool get_free_block(AllocParams& p);
+  bool find_free_block(AllocParams& p);
+  // `b`'s segment holds live blocks of a tag other than `tag` (an expandable segment: it was
+  // reserved under another tag).
+  static bool foreign(const Block& b, std::uint32_t tag);
   bool alloc_block(AllocParams& p, bool is_retry);
   bool release_available_cached_blocks(const AllocParams& p);
   void release_cached_blocks(PoolId id = PoolId{});
@@ -287,8 +303,12 @@ class PytorchPolicy : public Shell {
   // --- free and events (§2.5, §6) ---
   void free_block(Block* b);
   Bytes try_merge_blocks(Block* dst, Block* src, BlockPool& pool);
-  // try_merge_blocks' rule: dst (Free or Unmapped) absorbs a neighbour in the same state.
-  static bool mergeable(const Block* dst, const Block* src) { return src != nullptr && src->state() == dst->state(); }
+  // try_merge_blocks' rule: dst (Free or Unmapped) absorbs a neighbour in the same state, never
+  // across the edge of a sleeping range (docs/sleep-wake.md: a range sleeps and wakes whole).
+  bool mergeable(const Block* dst, const Block* src) const {
+    return src != nullptr && src->state() == dst->state() &&
+           (sleeping_.empty() || sleeping_range_of(src) == sleeping_range_of(dst));
+  }
   void insert_events(Block* b);
   template <class Before>
   void insert_events(Block* b, Before&& before);
@@ -329,11 +349,49 @@ class PytorchPolicy : public Shell {
   }
 
   // --- expandable segments (§7) ---
-  Block* try_allocate_expandable_block(StreamId stream, BlockPool* pool, Bytes size);
-  Block* find_expandable_block(StreamId stream, BlockPool* pool, Bytes size);
+  Block* try_allocate_expandable_block(StreamId stream, BlockPool* pool, Bytes size, std::uint32_t tag);
+  Block* find_expandable_block(StreamId stream, BlockPool* pool, Bytes size, std::uint32_t tag);
   bool map_block(Block* to_map, Bytes size);
   void unmap_block(Block* b);
   void release_expandable_segment(Block* b);
+
+  // --- sleep and wake (docs/sleep-wake.md; sleep.cpp) ---
+ public:
+  Bytes sleep(const TagList& tags, const TagList& backup_tags);
+  void wake(const TagList& tags);
+  TagList sleeping() const;
+
+ private:
+  // A sleeping range: a cudaMalloc-style (VMM) segment, or a run of mapped pages of an
+  // expandable segment, whose memory went back to the driver. Its blocks stay as they were; its
+  // free blocks are in no free set. `copies`: the backups, one per run of adjacent live blocks.
+  struct BackupCopy {
+    DevicePtr ptr;
+    Bytes size;
+    unsigned char* host;
+  };
+  struct SleepingRange {
+    Segment* segment = nullptr;
+    Bytes size = 0;
+    std::uint32_t tag = 0;
+    bool had_live = false;  // it held a live block when it went to sleep: woken by its tag only
+    bool backed_up = false;
+    void* buffer = nullptr;  // the pinned buffer its copies lie in (shared by the ranges of one tag)
+    std::vector<BackupCopy> copies;
+  };
+  const SleepingRange* sleeping_range_at(DevicePtr addr) const;  // the sleeping range holding addr
+  const SleepingRange* sleeping_range_of(const Block* b) const { return sleeping_range_at(b->ptr); }
+  bool asleep(const Block* b) const { return b->segment->sleeping_runs != 0 && sleeping_range_of(b) != nullptr; }
+  void free_while_asleep(Block* b);
+  void release_sleeping_ranges();  // empty_cache: the sleeping ranges with no live block
+  Block* run_head(Block* b) const;
+  void check_sleep(std::vector<std::string>& out) const;  // invariants.cpp
+  std::map<DevicePtr, SleepingRange> sleeping_;  // by base address
+  std::map<void*, int> backup_buffers_;          // pinned buffer -> ranges whose copies lie in it
+  Bytes sleeping_bytes_ = 0;                      // sleep_stats_.sleeping_bytes.current
+  // A cachet_sleep segment: reserve + map_pieces instead of cudaMalloc; release_block's inverse.
+  Result<DevicePtr> vmm_segment_alloc(Bytes size);
+  Status vmm_segment_free(DevicePtr base, Bytes size, bool mapped);
 
   // --- plumbing ---
   static BlockPool& pool_for(const Block* b) { return *b->segment->pool; }

@@ -21,6 +21,7 @@ namespace cachet::gpu::detail {
 void PytorchPolicy::empty_cache() {
   if (config_.no_caching) return;
   release_cached_blocks();
+  if (!sleeping_.empty()) release_sleeping_ranges();  // docs/sleep-wake.md section 4
 }
 
 void PytorchPolicy::release_cached_blocks(PoolId id) {
@@ -68,6 +69,9 @@ void PytorchPolicy::release_block(Block* b) {
   if (SegmentSource* source = pool.owner != nullptr ? pool.owner->source.get() : nullptr) {
     // The MemPool's own allocator takes its segment back (§15.1); first: an exception changes nothing.
     source->release(reinterpret_cast<void*>(static_cast<std::uintptr_t>(b->ptr)), b->size, device_, b->stream);
+  } else if (b->segment->vmm) {
+    auto st = vmm_segment_free(b->ptr, b->size, true);  // device first: a failure changes nothing
+    if (!st.is_ok()) throw DeviceError(device_error("cuMemUnmap/cuMemAddressFree", b->size, device_, st));
   } else {
     auto st = mem_->free(b->ptr);  // device first: a failure changes nothing
     if (!st.is_ok()) throw DeviceError(device_error("cudaFree", b->size, device_, st));

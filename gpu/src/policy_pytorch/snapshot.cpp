@@ -32,7 +32,14 @@ static Snapshot mapped_runs(const auto& segments, bool hidden) {
       s.is_large = !b->is_small;
       s.is_expandable = seg->expandable;
       if (seg->pool->owner != nullptr) s.pool_id = seg->pool->owner->id;  // segment_pool_id (§14.1)
-      for (; b != nullptr && b->is_mapped(); b = b->next) {
+      // A sleeping range is a segment of its own (docs/sleep-wake.md section 5).
+      const SleepingRange* range = seg->sleeping_runs != 0 ? sleeping_range_at(b->ptr) : nullptr;
+      if (range != nullptr) {
+        s.is_sleeping = true;
+        for (const BackupCopy& c : range->copies) s.backup_size += c.size;
+      }
+      for (; b != nullptr && b->is_mapped() && (seg->sleeping_runs == 0 || sleeping_range_at(b->ptr) == range);
+           b = b->next) {
         BlockSnapshot bs;
         bs.address = b->ptr;
         bs.size = b->size;

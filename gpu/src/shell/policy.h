@@ -52,6 +52,11 @@ concept Policy = requires(P& p, const P& cp, Bytes n, StreamId s, DevicePtr ptr,
   { p.checkpoint_pool(id) } -> std::same_as<std::shared_ptr<const PoolCheckpoint>>;
   { p.restore_pool(*p.checkpoint_pool(id), std::vector<DevicePtr>{}) } -> std::same_as<CheckpointDelta>;
   { cp.pool_live_allocations_are(id, std::vector<DevicePtr>{}) } -> std::same_as<bool>;
+  // Sleep and wake (docs/sleep-wake.md).
+  { p.sleep(TagList{}, TagList{}) } -> std::same_as<Bytes>;
+  p.wake(TagList{});
+  { cp.sleeping() } -> std::same_as<TagList>;
+  { cp.sleep_stats() } -> std::same_as<const SleepStats&>;
   // What can be read.
   { cp.stats() } -> std::same_as<const DeviceStats&>;
   p.reset_accumulated_stats();

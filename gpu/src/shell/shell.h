@@ -21,6 +21,7 @@
 #include "cachet/gpu/backend.h"
 #include "cachet/stats.h"
 #include "cachet/summary.h"
+#include "cachet/tags.h"
 #include "cachet/trace.h"
 #include "messages.h"
 #include "ptr_map.h"
@@ -43,8 +44,15 @@ class Shell {
   Shell& operator=(const Shell&) = delete;
 
   const DeviceStats& stats() const { return accounting_.stats(); }
-  void reset_accumulated_stats() { accounting_.reset_accumulated(); }
-  void reset_peak_stats() { accounting_.reset_peak(); }
+  void reset_accumulated_stats() {
+    accounting_.reset_accumulated();
+    sleep_stats_.reset_accumulated();
+  }
+  void reset_peak_stats() {
+    accounting_.reset_peak();
+    sleep_stats_.reset_peak();
+  }
+  const SleepStats& sleep_stats() const { return sleep_stats_; }
   void set_trace(bool on) { trace_.set_on(on); }
   bool trace_on() const { return trace_.on(); }
   const std::vector<TraceEvent>& trace() const { return trace_.events(); }
@@ -68,8 +76,48 @@ class Shell {
         caps_(mem_->caps()),
         device_(mem_->device()),
         config_(config),
-        accounting_(config.max_split_size_stat()) {}  // fixed at construction (§4.1)
+        accounting_(config.max_split_size_stat()) {  // fixed at construction (§4.1)
+    if (config_.sleep && !(caps_.reserve_va && caps_.sleep))  // docs/sleep-wake.md section 6
+      throw UsageError(
+          "cachet_sleep:True needs a backend with the CUDA VMM calls (cuMemCreate/cuMemMap) and pinned host "
+          "memory; this one has none: use the CUDA VMM backend or drop cachet_sleep");
+  }
   ~Shell() = default;
+
+  // --- tags (docs/sleep-wake.md section 1-2) ---
+  // The calling thread's current tag as a small id (0 = "default"), interned on first use. While
+  // no thread ever used another tag, tags_seen() is false and the block search looks at no tag.
+  std::uint32_t current_tag_id() {
+    const Tag& t = current_tag();
+    if (!tags_seen_) {
+      if (t == kDefaultTag) [[likely]]
+        return 0;
+      tags_seen_ = true;
+    }
+    for (std::uint32_t i = 0; i < tag_names_.size(); ++i)
+      if (tag_names_[i] == t) return i;
+    tag_names_.push_back(t);
+    return static_cast<std::uint32_t>(tag_names_.size() - 1);
+  }
+  bool tags_seen() const { return tags_seen_; }
+  const Tag& tag_name(std::uint32_t id) const { return tag_names_[id]; }
+  // sleep()/wake() refusals before anything changes (docs/sleep-wake.md section 3 step 1, §6).
+  void check_sleep_call(const char* op, const TagList& tags, const TagList* backup_tags) const {
+    if (!config_.sleep)
+      throw UsageError(std::string(op) +
+                       ": sleep needs CACHET_ALLOC_CONF cachet_sleep:True set before the first allocation");
+    auto check_list = [&](const TagList& list, const char* what) {
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        check_tag(list[i]);
+        for (std::size_t j = 0; j < i; ++j)
+          if (list[j] == list[i])
+            throw UsageError(std::string(op) + ": the tag '" + list[i] + "' is named twice in " + what +
+                             "; name each tag once");
+      }
+    };
+    check_list(tags, "tags");
+    if (backup_tags != nullptr) check_list(*backup_tags, "backup_tags");
+  }
 
   // cudaMemGetInfo's total into total_memory_; DeviceError when the device cannot say.
   void read_total_memory() {
@@ -121,9 +169,12 @@ class Shell {
   MemoryCap cap_;
   EventPool event_pool_;
   mutable KnownStreams known_streams_;
+  SleepStats sleep_stats_;  // docs/sleep-wake.md section 5; written by the policy's sleep, wake and frees
 
  private:
   TraceRecorder trace_;
+  std::vector<Tag> tag_names_{Tag(kDefaultTag)};  // by id
+  bool tags_seen_ = false;
 };
 
 }  // namespace cachet::gpu::detail

@@ -101,6 +101,15 @@ class LoggingMemory final : public gpu::DeviceMemory {
     if (s.is_ok()) ++log_.counters.unmaps;
     return s;
   }
+  // The sleep calls (docs/sleep-wake.md section 6), forwarded as they are.
+  gpu::Result<void*> host_alloc(Bytes n) override { return inner_->host_alloc(n); }
+  void host_free(void* h) override { inner_->host_free(h); }
+  gpu::Status copy_to_host(void* h, gpu::DevicePtr p, Bytes n) override { return inner_->copy_to_host(h, p, n); }
+  gpu::Status copy_to_device(gpu::DevicePtr p, const void* h, Bytes n) override {
+    return inner_->copy_to_device(p, h, n);
+  }
+  gpu::Status copy_synchronize() override { return inner_->copy_synchronize(); }
+  gpu::Status map_pieces(gpu::DevicePtr p, Bytes n) override { return inner_->map_pieces(p, n); }
 
  private:
   std::unique_ptr<gpu::DeviceMemory> inner_;

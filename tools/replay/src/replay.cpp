@@ -232,6 +232,12 @@ class CheckedMemory final : public gpu::DeviceMemory {
   }
   gpu::Status map(gpu::DevicePtr p, Bytes n) override { return in_->map(p, n); }
   gpu::Status unmap(gpu::DevicePtr p, Bytes n) override { return in_->unmap(p, n); }
+  gpu::Result<void*> host_alloc(Bytes n) override { return in_->host_alloc(n); }
+  void host_free(void* h) override { in_->host_free(h); }
+  gpu::Status copy_to_host(void* h, gpu::DevicePtr p, Bytes n) override { return in_->copy_to_host(h, p, n); }
+  gpu::Status copy_to_device(gpu::DevicePtr p, const void* h, Bytes n) override { return in_->copy_to_device(p, h, n); }
+  gpu::Status copy_synchronize() override { return in_->copy_synchronize(); }
+  gpu::Status map_pieces(gpu::DevicePtr p, Bytes n) override { return in_->map_pieces(p, n); }
 
  private:
   static bool overlaps(const std::map<gpu::DevicePtr, Bytes>& m, gpu::DevicePtr p, Bytes n) {

@@ -31,6 +31,7 @@
 #include "cachet/gpu/backend.h"
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
+#include "cachet/tags.h"
 #include "cachet/trace.h"
 #include "cachet/types.h"
 
@@ -180,6 +181,23 @@ class CachingAllocator {
   // UsageError for an unknown pointer ("invalid device pointer"), for a block of an expandable
   // segment and under policy:cachet (their memory cannot be shared between processes).
   void* base_allocation(void* ptr, Bytes* size) const;
+  // Sleep and wake (issue 24; the rules: docs/sleep-wake.md). Each needs cachet_sleep:True at
+  // construction (else UsageError). Allocations carry the calling thread's current tag
+  // (cachet::current_tag(), cachet/tags.h).
+  // sleep: every segment (expandable segments: run of mapped pages) holding live blocks of a tag
+  // in `tags` (every tag when empty), and every free cached one, gives its memory back to the
+  // driver and keeps its addresses; the live blocks of tags in `backup_tags` (none when empty) are
+  // first copied to pinned host memory. Returns the bytes given back. UsageError (nothing
+  // changes) for a bad tag or while a capture or use_mem_pool is under way; OutOfMemory (nothing
+  // changes, sleep.num_backup_failures + 1) when the pinned host memory cannot be had.
+  Bytes sleep(const TagList& tags, const TagList& backup_tags);
+  // wake: every sleeping range of a tag in `tags` (every tag when empty), and every one that held
+  // no live block, gets new memory at its own addresses; backups are copied back. OutOfMemory
+  // (naming the bytes needed) when the device or the cap refuses: everything stays asleep with its
+  // backups (sleep.num_wake_ooms + 1), and a later wake can succeed.
+  void wake(const TagList& tags);
+  TagList sleeping() const;        // the tags with sleeping live blocks, sorted
+  SleepStats sleep_stats() const;  // the 21 sleep.* keys (flatten, cachet/stats.h)
   // torch.cuda.set_per_process_memory_fraction: [0, 1]; 1 = no cap.
   void set_memory_fraction(double fraction);
   double memory_fraction() const;

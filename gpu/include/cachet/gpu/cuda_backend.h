@@ -3,7 +3,14 @@
 //                       (cudaEventRecord/Query/Synchronize) for stream uses.
 //   CudaVmmBackend      the same plus address reservation and mapping for expandable
 //                       segments (cuMemAddressReserve/cuMemCreate/cuMemMap/cuMemSetAccess and
-//                       their inverses). Driver entry points are fetched at run time with
+//                       their inverses), and the sleep calls (docs/sleep-wake.md section 6):
+//                       cudaHostAlloc'd pinned buffers, cudaMemcpyAsync on a copy stream of its
+//                       own (after one cudaDeviceSynchronize, so work queued on any stream has
+//                       finished writing what is backed up), and map_pieces: one cuMemCreate +
+//                       cuMemMap per piece of up to 512 MiB, one cuMemSetAccess per call.
+//                       unmap of part of a piece unmaps the piece and maps its other parts again
+//                       from the same physical allocation (contents kept); the piece's memory
+//                       goes back to the driver when its last part is unmapped. Driver entry points are fetched at run time with
 //                       cudaGetDriverEntryPointByVersion: nothing links libcuda, so binaries
 //                       start on machines without a driver.
 // Every call selects the backend's device for its duration and restores the caller's.
@@ -102,19 +109,41 @@ static_assert(Backend<CudaRuntimeBackend>);
 
 class CudaVmmBackend : public CudaRuntimeBackend {
  public:
-  static constexpr BackendCaps caps{.reserve_va = true, .real_events = true, .granularity = 2 * MiB};
+  static constexpr BackendCaps caps{.reserve_va = true, .real_events = true, .granularity = 2 * MiB, .sleep = true};
   explicit CudaVmmBackend(DeviceIndex device);  // throws DeviceError without the driver API
+  ~CudaVmmBackend();
+  CudaVmmBackend(const CudaVmmBackend&) = delete;
+  CudaVmmBackend& operator=(const CudaVmmBackend&) = delete;
 
   Result<DevicePtr> reserve(Bytes n);
   Status unreserve(DevicePtr p, Bytes n);
   Status map(DevicePtr p, Bytes n);    // n a multiple of the granularity; one handle per granule
   Status unmap(DevicePtr p, Bytes n);  // synchronizes the device first (work may still use it)
+  // The sleep calls (backend.h SleepCalls).
+  Result<void*> host_alloc(Bytes n);
+  void host_free(void* h);
+  Status copy_to_host(void* h, DevicePtr p, Bytes n);
+  Status copy_to_device(DevicePtr p, const void* h, Bytes n);
+  Status copy_synchronize();
+  Status map_pieces(DevicePtr p, Bytes n);
 
  private:
   struct Driver;
+  // One cuMemMap: `size` bytes of the physical allocation `handle`, from `offset` in it.
+  struct Mapping {
+    unsigned long long handle;  // CUmemGenericAllocationHandle
+    Bytes size;
+    Bytes offset;
+  };
+  Status map_handle(DevicePtr at, Bytes size, unsigned long long handle, Bytes offset);
+  void drop_handle(unsigned long long handle);  // one mapping fewer; cuMemRelease at the last
+  Status copy_prepare();                        // the copy stream, and the device idle once
   std::shared_ptr<Driver> drv_;
   Bytes granularity_ = 2 * MiB;
-  std::map<DevicePtr, unsigned long long> handles_;  // granule address -> CUmemGenericAllocationHandle
+  std::map<DevicePtr, Mapping> mappings_;          // by address
+  std::map<unsigned long long, int> handle_uses_;  // handle -> its mappings
+  void* copy_stream_ = nullptr;                    // cudaStream_t
+  bool copies_pending_ = false;
 };
 static_assert(Backend<CudaVmmBackend>);
 

@@ -2,8 +2,9 @@
 // stage, style note 3/10). It fails chosen device calls so tests can check that a failing
 // device call never loses a block and never leaves the stats inconsistent.
 //
-// Call classes: Alloc (malloc, reserve, map), Event (event_create/record/query/synchronize),
-// Free (free, unmap, unreserve). A plan fails either the k-th call of a class (1-based,
+// Call classes: Alloc (malloc, reserve, map, map_pieces: a wake's map), Event
+// (event_create/record/query/synchronize), Free (free, unmap, unreserve), HostAlloc (host_alloc:
+// a sleep's pinned backup buffer). The copies are never failed. A plan fails either the k-th call of a class (1-based,
 // counted from when the plan is set) or each call with probability p from a seeded PRNG
 // (deterministic for a seed). A failure is Status::oom (as cudaErrorMemoryAllocation) or
 // Status::error (any other CUDA error).
@@ -18,7 +19,7 @@
 
 namespace cachet::gpu {
 
-enum class CallClass : std::uint8_t { Alloc, Event, Free };
+enum class CallClass : std::uint8_t { Alloc, Event, Free, HostAlloc };
 
 struct FaultPlan {
   CallClass cls = CallClass::Alloc;
@@ -54,6 +55,12 @@ class FaultInjector final : public DeviceMemory {
   Status unreserve(DevicePtr p, Bytes n) override;
   Status map(DevicePtr p, Bytes n) override;
   Status unmap(DevicePtr p, Bytes n) override;
+  Result<void*> host_alloc(Bytes n) override;
+  void host_free(void* h) override { inner_->host_free(h); }
+  Status copy_to_host(void* h, DevicePtr p, Bytes n) override { return inner_->copy_to_host(h, p, n); }
+  Status copy_to_device(DevicePtr p, const void* h, Bytes n) override { return inner_->copy_to_device(p, h, n); }
+  Status copy_synchronize() override { return inner_->copy_synchronize(); }
+  Status map_pieces(DevicePtr p, Bytes n) override;
 
  private:
   // Counts the call; returns the failure to inject, or Ok.
@@ -64,7 +71,7 @@ class FaultInjector final : public DeviceMemory {
   bool active_ = false;
   FaultPlan plan_;
   std::mt19937_64 rng_;
-  std::uint64_t counts_[3] = {0, 0, 0};
+  std::uint64_t counts_[4] = {0, 0, 0, 0};
   std::uint64_t since_plan_ = 0;
   std::uint64_t failures_ = 0;
 };

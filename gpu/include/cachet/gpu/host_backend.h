@@ -18,6 +18,13 @@
 // as on a real device that runs no kernels (what props_gpu_test drives): a cudaEventQuery right
 // after the cudaEventRecord, within one allocator call, already reports it complete.
 //
+// Contents (sleep and wake, docs/sleep-wake.md section 6): the memory of every malloc'd segment and
+// mapped range can be written and read (write/read below, and the sleep calls' copies), so a
+// backup, a restore and the undefined contents of a range woken without backup are observable.
+// Freshly allocated or mapped memory reads as kFreshByte (0xA5); pages are kept in host memory
+// only once written (4 KiB each), so an untouched 80 GiB simulation costs nothing. Pinned host
+// buffers (host_alloc) are plain host memory, counted by pinned_bytes().
+//
 // All state lives in a shared HostSim so a test keeps a handle after giving the backend to
 // the allocator; HostSim has its own mutex (test threads complete events concurrently).
 #pragma once
@@ -57,6 +64,14 @@ class HostSim {
   std::size_t live_events() const;         // created and not destroyed
   std::size_t recorded_left() const;       // recorded-address mode: addresses not yet used
   const HostOptions& options() const { return opts_; }
+  // Device contents: [p, p+n) must lie in malloc'd or mapped memory, else Status::error.
+  static constexpr unsigned char kFreshByte = 0xA5;
+  Status write(DevicePtr p, const void* src, Bytes n);
+  Status fill(DevicePtr p, unsigned char byte, Bytes n);
+  Status read(DevicePtr p, void* dst, Bytes n) const;
+  Bytes pinned_bytes() const;             // host_alloc'd and not freed
+  std::size_t map_piece_calls() const;    // map calls made by map_pieces (one per piece)
+  std::size_t copies() const;             // copy_to_host and copy_to_device calls so far
 
   // --- the backend calls (see backend.h) ---
   DeviceIndex device() const { return opts_.device; }
@@ -73,9 +88,20 @@ class HostSim {
   Status unreserve(DevicePtr p, Bytes n);
   Status map(DevicePtr p, Bytes n);
   Status unmap(DevicePtr p, Bytes n);
+  Result<void*> host_alloc(Bytes n);
+  void host_free(void* h);
+  Status copy_to_host(void* h, DevicePtr p, Bytes n);
+  Status copy_to_device(DevicePtr p, const void* h, Bytes n);
+  Status copy_synchronize() { return Status::ok(); }  // copies complete when made
+  Status map_pieces(DevicePtr p, Bytes n);
 
  private:
   Result<DevicePtr> next_recorded(const char* what, bool take);
+  Status map_locked(DevicePtr p, Bytes n);
+  bool backed_locked(DevicePtr p, Bytes n) const;  // [p, p+n) malloc'd or mapped
+  void forget_contents_locked(DevicePtr p, Bytes n);  // whole 4 KiB pages of [p, p+n) read fresh again
+  Status write_locked(DevicePtr p, const unsigned char* src, Bytes n, const unsigned char* fill);
+  Status read_locked(DevicePtr p, unsigned char* dst, Bytes n) const;
 
   mutable std::mutex mu_;
   HostOptions opts_;
@@ -94,12 +120,18 @@ class HostSim {
   std::map<EventHandle, Event> events_;
   EventHandle next_event_ = 1;
   std::map<StreamId, DeviceIndex> stream_device_;
+  static constexpr Bytes kContentPage = 4096;
+  std::map<DevicePtr, std::unique_ptr<unsigned char[]>> contents_;  // written 4 KiB pages
+  std::map<void*, Bytes> pinned_;
+  Bytes pinned_bytes_ = 0;
+  std::size_t map_piece_calls_ = 0;
+  std::size_t copies_ = 0;
 };
 
 // The Backend over a shared HostSim.
 class HostBackend {
  public:
-  static constexpr BackendCaps caps{.reserve_va = true, .real_events = false, .granularity = 2 * MiB};
+  static constexpr BackendCaps caps{.reserve_va = true, .real_events = false, .granularity = 2 * MiB, .sleep = true};
   explicit HostBackend(std::shared_ptr<HostSim> sim) : sim_(std::move(sim)) {}
 
   DeviceIndex device() const { return sim_->device(); }
@@ -116,6 +148,12 @@ class HostBackend {
   Status unreserve(DevicePtr p, Bytes n) { return sim_->unreserve(p, n); }
   Status map(DevicePtr p, Bytes n) { return sim_->map(p, n); }
   Status unmap(DevicePtr p, Bytes n) { return sim_->unmap(p, n); }
+  Result<void*> host_alloc(Bytes n) { return sim_->host_alloc(n); }
+  void host_free(void* h) { sim_->host_free(h); }
+  Status copy_to_host(void* h, DevicePtr p, Bytes n) { return sim_->copy_to_host(h, p, n); }
+  Status copy_to_device(DevicePtr p, const void* h, Bytes n) { return sim_->copy_to_device(p, h, n); }
+  Status copy_synchronize() { return sim_->copy_synchronize(); }
+  Status map_pieces(DevicePtr p, Bytes n) { return sim_->map_pieces(p, n); }
 
  private:
   std::shared_ptr<HostSim> sim_;

@@ -1,0 +1,413 @@
+// Sleep and wake in gpu/ (issue 24; the rules are docs/sleep-wake.md): policy:pytorch over the host
+// backend (which keeps the contents of mapped memory, so backups and restores are observable) and
+// the fault backend (a wake's map and a backup's pinned buffer failing at a chosen call), with
+// expandable segments off and on. Every case runs in validate mode (invariants() after every
+// operation, INV-SLEEP-1..5 included). Exact pointers, stats and contents; the values are worked
+// out by hand in the comments.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cachet/errors.h"
+#include "cachet/gpu/allocator.h"
+#include "cachet/gpu/fault_backend.h"
+#include "cachet/gpu/host_backend.h"
+#include "cachet/tags.h"
+
+namespace cachet::test {
+namespace {
+
+using gpu::DevicePtr;
+
+// The host backend's first reservation (HostOptions::first_address + 2^44): cachet_sleep segments
+// are reserved, and each reservation is followed by a 2 MiB guard gap.
+constexpr DevicePtr kVa = 0x7f0000000000 + (DevicePtr{1} << 44);
+
+DevicePtr dev(void* p) { return static_cast<DevicePtr>(reinterpret_cast<std::uintptr_t>(p)); }
+
+struct Rig {
+  std::shared_ptr<gpu::HostSim> sim;
+  gpu::FaultInjector* faults = nullptr;
+  std::unique_ptr<CachingAllocator> a;
+
+  void* alloc(Bytes n, const char* tag = "default", StreamId s = 0) {
+    TagScope t(tag);
+    return a->allocate(n, s);
+  }
+  void fill(void* p, unsigned char byte, Bytes n) { ASSERT_TRUE(sim->fill(dev(p), byte, n).is_ok()); }
+  // Every byte of [p, p+n) is `byte`.
+  bool holds(void* p, unsigned char byte, Bytes n) const {
+    std::vector<unsigned char> got(n);
+    if (!sim->read(dev(p), got.data(), n).is_ok()) return false;
+    for (unsigned char c : got)
+      if (c != byte) return false;
+    return true;
+  }
+};
+
+Rig make_rig(bool expandable, Bytes capacity = 1 * GiB, bool sleep = true) {
+  Rig r;
+  gpu::HostOptions o;
+  o.capacity = capacity;
+  auto inj = std::make_unique<gpu::FaultInjector>(gpu::make_host_memory(o, &r.sim));
+  r.faults = inj.get();
+  Config c;
+  c.expandable_segments = expandable;
+  c.sleep = sleep;
+  c.validate = true;
+  r.a = std::make_unique<CachingAllocator>(std::move(inj), c);
+  return r;
+}
+
+class Sleep : public ::testing::TestWithParam<bool> {
+ protected:
+  bool expandable() const { return GetParam(); }
+};
+
+TEST_P(Sleep, WeightsSleepAndWakeAtTheSameAddresses) {
+  Rig r = make_rig(expandable());
+  // Off: three segments, of 30 MiB (weights), 20 MiB (kv_cache) and 20 MiB ("default", stream 7).
+  // On: one expandable segment per (stream, tag), 20 MiB pages: 40, 20 and 20 MiB mapped.
+  void* w = r.alloc(30 * MiB, "weights");
+  void* kv = r.alloc(8 * MiB, "kv_cache");
+  void* other = r.alloc(4 * MiB, "default", 7);
+  const Bytes seg_w = expandable() ? 40 * MiB : 30 * MiB;
+  const Bytes va_w = expandable() ? 1162 * MiB : 32 * MiB;  // 58 pages of 20 MiB (1.125 GiB) + the gap
+  EXPECT_EQ(dev(w), kVa);
+  EXPECT_EQ(dev(kv), kVa + va_w);
+  EXPECT_EQ(dev(other), kVa + va_w + (expandable() ? 1162 * MiB : 22 * MiB));
+  EXPECT_EQ(r.sim->used(), seg_w + 40 * MiB);
+  r.fill(w, 0x11, 30 * MiB);
+  r.fill(kv, 0x22, 8 * MiB);
+  r.fill(other, 0x33, 4 * MiB);
+  const DeviceStats before = r.a->stats();
+
+  EXPECT_EQ(r.a->sleep({"weights", "kv_cache"}, {"weights"}), seg_w + 20 * MiB);
+  EXPECT_EQ(r.sim->used(), 20 * MiB);
+  EXPECT_EQ(r.sim->pinned_bytes(), 30 * MiB);  // one buffer: the weights' live bytes
+  DeviceStats expected = before;
+  expected.num_sync_all_streams += 1;  // sleep synchronizes as empty_cache does
+  EXPECT_EQ(r.a->stats(), expected);   // PyTorch's 122 keys keep their meaning
+  const SleepStats s = r.a->sleep_stats();
+  EXPECT_EQ(s.sleeping_segments.current, 2);
+  EXPECT_EQ(s.sleeping_bytes.current, static_cast<std::int64_t>(seg_w + 20 * MiB));
+  EXPECT_EQ(s.sleeping_allocated_bytes.current, 38 * 1048576);
+  EXPECT_EQ(s.backup_bytes.current, 30 * 1048576);
+  EXPECT_EQ(s.num_sleeps, 1);
+  EXPECT_EQ(r.a->sleeping(), (TagList{"kv_cache", "weights"}));
+  const Snapshot snap = r.a->snapshot();
+  ASSERT_EQ(snap.size(), 3u);
+  EXPECT_TRUE(snap[0].is_sleeping);
+  EXPECT_EQ(snap[0].backup_size, 30 * MiB);
+  EXPECT_EQ(snap[0].total_size, seg_w);
+  EXPECT_TRUE(snap[1].is_sleeping);
+  EXPECT_EQ(snap[1].backup_size, 0u);
+  EXPECT_FALSE(snap[2].is_sleeping);
+  EXPECT_FALSE(r.holds(w, 0x11, 1));  // no memory behind it now
+
+  // No allocation lands in a sleeping range (kv_cache's free 12 MiB would be the best fit).
+  void* fresh = r.alloc(8 * MiB, "default", 7);
+  EXPECT_EQ(dev(fresh), dev(other) + 4 * MiB);
+  EXPECT_EQ(r.a->sleep({"weights"}, {"weights"}), 0u);  // already asleep: nothing more
+
+  const std::size_t pieces = r.sim->map_piece_calls();
+  r.a->wake({});
+  EXPECT_EQ(r.sim->map_piece_calls(), pieces + 2);  // one piece per range (each under 512 MiB)
+  EXPECT_EQ(r.sim->used(), seg_w + 40 * MiB);
+  EXPECT_EQ(r.sim->pinned_bytes(), 0u);
+  EXPECT_TRUE(r.holds(w, 0x11, 30 * MiB));   // backed up and restored
+  EXPECT_TRUE(r.holds(kv, 0xA5, 8 * MiB));   // not backed up: the backend's fresh pattern
+  EXPECT_TRUE(r.holds(other, 0x33, 4 * MiB));  // never slept
+  const SleepStats after = r.a->sleep_stats();
+  EXPECT_EQ(after.sleeping_segments.current, 0);
+  EXPECT_EQ(after.sleeping_bytes.current, 0);
+  EXPECT_EQ(after.sleeping_bytes.peak, static_cast<std::int64_t>(seg_w + 20 * MiB));
+  EXPECT_EQ(after.backup_bytes.current, 0);
+  EXPECT_EQ(after.num_wakes, 1);
+  EXPECT_TRUE(r.a->sleeping().empty());
+  // kv_cache's free 12 MiB is found again, by kv_cache only (segments are tag-homogeneous).
+  EXPECT_EQ(dev(r.alloc(12 * MiB, "kv_cache")), dev(kv) + 8 * MiB);
+}
+
+TEST_P(Sleep, FreeWhileAsleepTakesEffectAtWake) {
+  Rig r = make_rig(expandable());
+  void* a = r.alloc(4 * MiB, "weights");
+  void* b = r.alloc(4 * MiB, "weights");  // one 20 MiB segment (page), 12 MiB free
+  EXPECT_EQ(dev(b), dev(a) + 4 * MiB);
+  r.fill(b, 0x5B, 4 * MiB);
+  r.a->record_stream(b, 5);  // a stream use; sleep's synchronize has nothing to wait for
+  EXPECT_EQ(r.a->sleep({"weights"}, {"weights"}), 20 * MiB);
+  EXPECT_EQ(r.sim->pinned_bytes(), 8 * MiB);
+  r.a->record_stream(a, 9);  // allowed while asleep: it only adds a stream use
+  r.a->free(a);              // no event: nothing runs on memory that is not there
+  EXPECT_EQ(r.a->stats().allocated_bytes[0].current, 4 * 1048576);
+  EXPECT_EQ(r.a->stats().active_bytes[0].current, 4 * 1048576);
+  EXPECT_EQ(r.a->sleep_stats().sleeping_allocated_bytes.current, 4 * 1048576);
+  EXPECT_EQ(r.a->sleep_stats().backup_bytes.current, 4 * 1048576);
+  EXPECT_EQ(r.a->sleep_stats().num_frees_while_asleep, 1);
+  EXPECT_THROW(r.a->free(a), UsageError);  // no double free
+  // Still asleep: a new segment (page), a is not reused.
+  void* c = r.alloc(4 * MiB, "weights");
+  EXPECT_EQ(dev(c), dev(a) + (expandable() ? 20 * MiB : 22 * MiB));
+  r.a->wake({"weights"});
+  EXPECT_TRUE(r.holds(b, 0x5B, 4 * MiB));
+  EXPECT_EQ(r.alloc(4 * MiB, "weights"), a);  // the free took effect at wake
+  EXPECT_EQ(r.sim->pinned_bytes(), 0u);
+}
+
+TEST_P(Sleep, WakeOutOfMemoryStaysAsleepAndSucceedsLater) {
+  Rig r = make_rig(expandable(), 64 * MiB);
+  void* w = r.alloc(30 * MiB, "weights");
+  r.fill(w, 0x77, 30 * MiB);
+  const Bytes seg_w = expandable() ? 40 * MiB : 30 * MiB;
+  EXPECT_EQ(r.a->sleep({}, {"weights"}), seg_w);
+  void* big = r.alloc(50 * MiB);  // takes the memory the sleep gave back (expandable: 60 MiB mapped)
+  try {
+    r.a->wake({});
+    FAIL() << "wake fitted";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("waking needs " + std::to_string(seg_w) + " bytes"), std::string::npos)
+        << e.what();
+  }
+  SleepStats s = r.a->sleep_stats();
+  EXPECT_EQ(s.num_wake_ooms, 1);
+  EXPECT_EQ(s.num_wakes, 0);
+  EXPECT_EQ(s.sleeping_bytes.current, static_cast<std::int64_t>(seg_w));
+  EXPECT_EQ(s.backup_bytes.current, 30 * 1048576);
+  EXPECT_EQ(r.sim->pinned_bytes(), 30 * MiB);
+  EXPECT_EQ(r.a->sleeping(), TagList{"weights"});
+  r.a->free(big);
+  r.a->empty_cache();
+  r.a->wake({});
+  EXPECT_TRUE(r.holds(w, 0x77, 30 * MiB));
+  EXPECT_EQ(r.a->sleep_stats().backup_bytes.current, 0);
+  EXPECT_EQ(r.sim->pinned_bytes(), 0u);
+  r.a->free(w);
+}
+
+TEST_P(Sleep, AFailingMapLeavesEverythingAsleep) {
+  Rig r = make_rig(expandable());
+  void* w = r.alloc(30 * MiB, "weights");
+  void* kv = r.alloc(8 * MiB, "kv_cache");
+  r.fill(w, 0x42, 30 * MiB);
+  r.a->sleep({}, {"weights"});
+  const Bytes asleep = r.sim->used();
+  // The second range's map fails: the first one's is undone.
+  r.faults->set_plan({gpu::CallClass::Alloc, 2, 0.0, 1, true, false});
+  EXPECT_THROW(r.a->wake({}), OutOfMemory);
+  r.faults->clear();
+  EXPECT_EQ(r.sim->used(), asleep);
+  EXPECT_EQ(r.a->sleep_stats().num_wake_ooms, 1);
+  EXPECT_EQ(r.a->sleep_stats().sleeping_segments.current, 2);
+  EXPECT_EQ(r.a->sleeping(), (TagList{"kv_cache", "weights"}));
+  r.a->wake({"kv_cache", "weights"});
+  EXPECT_TRUE(r.holds(w, 0x42, 30 * MiB));
+  r.a->free(w);
+  r.a->free(kv);
+}
+
+TEST_P(Sleep, ABackupThatCannotBeHadChangesNothing) {
+  Rig r = make_rig(expandable());
+  void* w = r.alloc(30 * MiB, "weights");
+  void* kv = r.alloc(8 * MiB, "kv_cache");
+  r.fill(w, 0x42, 30 * MiB);
+  r.a->free(r.alloc(2 * MiB));  // a free cached segment too
+  const DeviceStats stats = r.a->stats();
+  const Snapshot snap = r.a->snapshot();
+  const Bytes used = r.sim->used();
+  r.faults->set_plan({gpu::CallClass::HostAlloc, 2, 0.0, 1, true, false});  // the second tag's buffer
+  EXPECT_THROW(r.a->sleep({}, {"weights", "kv_cache"}), OutOfMemory);
+  r.faults->clear();
+  DeviceStats expected = stats;
+  expected.num_sync_all_streams = stats.num_sync_all_streams;
+  EXPECT_EQ(r.a->stats(), expected);  // not even the synchronize happened
+  EXPECT_EQ(r.sim->used(), used);
+  EXPECT_EQ(r.sim->pinned_bytes(), 0u);
+  EXPECT_EQ(r.a->sleep_stats().num_backup_failures, 1);
+  EXPECT_EQ(r.a->sleep_stats().num_sleeps, 0);
+  EXPECT_EQ(r.a->sleep_stats().sleeping_segments.current, 0);
+  const Snapshot now = r.a->snapshot();
+  ASSERT_EQ(now.size(), snap.size());
+  for (std::size_t i = 0; i < now.size(); ++i) EXPECT_FALSE(now[i].is_sleeping);
+  EXPECT_TRUE(r.holds(w, 0x42, 30 * MiB));
+  // And once the host memory is there, the same sleep works.
+  EXPECT_GT(r.a->sleep({}, {"weights", "kv_cache"}), 0u);
+  EXPECT_EQ(r.sim->pinned_bytes(), 38 * MiB);
+  r.a->wake({});
+  EXPECT_TRUE(r.holds(w, 0x42, 30 * MiB));
+  r.a->free(w);
+  r.a->free(kv);
+}
+
+TEST_P(Sleep, SleepingBytesDoNotCountAgainstTheCap) {
+  Rig r = make_rig(expandable());
+  r.a->set_memory_fraction(0.0625);  // 64 MiB of 1 GiB
+  void* w = r.alloc(30 * MiB, "weights");
+  EXPECT_THROW(r.alloc(40 * MiB), OutOfMemory);  // 30 (40) + 40 MiB is over the cap
+  r.a->sleep({"weights"}, {});
+  void* t = r.alloc(40 * MiB);  // the memory the sleep gave back, under the same cap
+  EXPECT_NE(t, nullptr);
+  EXPECT_THROW(r.a->wake({}), OutOfMemory);  // the cap refuses the wake
+  EXPECT_EQ(r.a->sleep_stats().num_wake_ooms, 1);
+  r.a->free(t);
+  r.a->empty_cache();
+  r.a->wake({});
+  r.a->free(w);
+}
+
+TEST_P(Sleep, EmptyCacheGivesBackSleepingRangesWithNoLiveBlock) {
+  Rig r = make_rig(expandable());
+  void* a = r.alloc(4 * MiB, "weights");
+  void* keep = r.alloc(30 * MiB, "kv_cache");
+  r.a->sleep({}, {"weights"});
+  r.a->free(a);
+  EXPECT_EQ(r.a->sleep_stats().backup_bytes.current, 0);
+  const std::int64_t reserved = r.a->stats().reserved_bytes[0].current;
+  r.a->empty_cache();
+  // a's range (20 MiB) is gone, addresses and all; kv_cache's stays asleep.
+  EXPECT_EQ(r.a->stats().reserved_bytes[0].current, reserved - 20 * 1048576);
+  EXPECT_EQ(r.a->sleep_stats().sleeping_segments.current, 1);
+  EXPECT_EQ(r.a->sleeping(), TagList{"kv_cache"});
+  EXPECT_EQ(r.sim->pinned_bytes(), 0u);
+  r.a->wake({});
+  r.a->free(keep);
+  r.a->empty_cache();
+  EXPECT_EQ(r.a->stats().reserved_bytes[0].current, 0);
+  EXPECT_EQ(r.sim->used(), 0u);
+}
+
+TEST_P(Sleep, OtherTagsKeepWorkingWhileAsleep) {
+  Rig r = make_rig(expandable());
+  void* w = r.alloc(2 * MiB, "weights");
+  r.a->free(r.alloc(6 * MiB, "weights"));  // the weights' segment keeps free room
+  r.a->sleep({"weights"}, {});
+  for (int i = 0; i < 20; ++i) {
+    void* p = r.alloc(static_cast<Bytes>(1 + i) * 512 * 1024, i % 2 ? "kv_cache" : "default");
+    EXPECT_TRUE(r.a->invariants().empty());
+    r.a->free(p);
+  }
+  r.a->wake({"weights"});
+  r.a->free(w);
+}
+
+// With every allocation under "default", cachet_sleep changes no decision: the same stats and the
+// same block layout (relative to each segment) as without it.
+TEST_P(Sleep, NoDecisionChangesWithoutTags) {
+  auto run = [&](bool sleep) {
+    Rig r = make_rig(expandable(), 1 * GiB, sleep);
+    std::mt19937_64 rng(7);
+    std::vector<void*> live;
+    for (int i = 0; i < 400; ++i) {
+      if (live.empty() || rng() % 3 != 0) {
+        live.push_back(r.a->allocate(1 + rng() % (rng() % 4 == 0 ? 40 * MiB : MiB), rng() % 2));
+      } else {
+        const std::size_t j = rng() % live.size();
+        r.a->free(live[j]);
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(j));
+      }
+      if (i % 97 == 0) r.a->empty_cache();
+    }
+    std::vector<std::vector<std::pair<Bytes, cachet::BlockState>>> layout;
+    for (const auto& s : r.a->snapshot()) {
+      layout.emplace_back();
+      for (const auto& b : s.blocks) layout.back().emplace_back(b.address - s.address, b.state);
+    }
+    return std::pair{r.a->stats(), layout};
+  };
+  const auto off = run(false);
+  const auto on = run(true);
+  EXPECT_EQ(off.first, on.first);
+  EXPECT_EQ(off.second, on.second);
+}
+
+INSTANTIATE_TEST_SUITE_P(Expandable, Sleep, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? std::string("on") : std::string("off"); });
+
+// --- refusals (docs/sleep-wake.md sections 3 and 6) ---
+
+// A backend with the VMM calls but without BackendCaps::sleep.
+class NoSleepMemory final : public gpu::DeviceMemory {
+ public:
+  explicit NoSleepMemory(std::unique_ptr<gpu::DeviceMemory> in) : in_(std::move(in)) {}
+  gpu::BackendCaps caps() const override {
+    gpu::BackendCaps c = in_->caps();
+    c.sleep = false;
+    return c;
+  }
+  DeviceIndex device() const override { return in_->device(); }
+  gpu::Result<DevicePtr> malloc(Bytes n) override { return in_->malloc(n); }
+  gpu::Status free(DevicePtr p) override { return in_->free(p); }
+  gpu::Result<gpu::MemInfo> mem_get_info() override { return in_->mem_get_info(); }
+  bool stream_valid(StreamId s) override { return in_->stream_valid(s); }
+  gpu::Result<gpu::EventHandle> event_create() override { return in_->event_create(); }
+  gpu::Status event_record(gpu::EventHandle e, StreamId s) override { return in_->event_record(e, s); }
+  gpu::Result<bool> event_query(gpu::EventHandle e) override { return in_->event_query(e); }
+  gpu::Status event_synchronize(gpu::EventHandle e) override { return in_->event_synchronize(e); }
+  void event_destroy(gpu::EventHandle e) override { in_->event_destroy(e); }
+  gpu::Result<DevicePtr> reserve(Bytes n) override { return in_->reserve(n); }
+  gpu::Status unreserve(DevicePtr p, Bytes n) override { return in_->unreserve(p, n); }
+  gpu::Status map(DevicePtr p, Bytes n) override { return in_->map(p, n); }
+  gpu::Status unmap(DevicePtr p, Bytes n) override { return in_->unmap(p, n); }
+
+ private:
+  std::unique_ptr<gpu::DeviceMemory> in_;
+};
+
+TEST(SleepRefusals, ABackendWithoutSleepIsRefusedAtConstruction) {
+  for (Policy policy : {Policy::PyTorch, Policy::Cachet}) {
+    Config c;
+    c.policy = policy;
+    c.sleep = true;
+    try {
+      CachingAllocator a(std::make_unique<NoSleepMemory>(gpu::make_host_memory()), c);
+      FAIL() << "constructed";
+    } catch (const UsageError& e) {
+      EXPECT_STREQ(e.what(),
+                   "cachet_sleep:True needs a backend with the CUDA VMM calls (cuMemCreate/cuMemMap) and pinned host "
+                   "memory; this one has none: use the CUDA VMM backend or drop cachet_sleep");
+    }
+  }
+}
+
+TEST(SleepRefusals, SleepAndWakeNeedTheKey) {
+  for (Policy policy : {Policy::PyTorch, Policy::Cachet}) {
+    Config c;
+    c.policy = policy;
+    CachingAllocator a(gpu::make_host_memory(), c);
+    try {
+      a.sleep({}, {});
+      FAIL() << "slept";
+    } catch (const UsageError& e) {
+      EXPECT_STREQ(e.what(), "sleep(): sleep needs CACHET_ALLOC_CONF cachet_sleep:True set before the first allocation");
+    }
+    EXPECT_THROW(a.wake({}), UsageError);
+    TagScope t("weights");  // tags may still be set
+    a.free(a.allocate(MiB, 0));
+    EXPECT_THROW(a.configure("cachet_sleep:True"), UsageError);  // fixed at construction
+  }
+}
+
+TEST(SleepRefusals, BadTagsAndCapturesChangeNothing) {
+  Rig r = make_rig(false);
+  void* w = r.alloc(MiB, "weights");
+  EXPECT_THROW(r.a->sleep({"no spaces"}, {}), UsageError);
+  EXPECT_THROW(r.a->sleep({"all"}, {}), UsageError);
+  EXPECT_THROW(r.a->sleep({"weights", "weights"}, {}), UsageError);
+  EXPECT_THROW(r.a->wake({"none"}), UsageError);
+  r.a->create_or_incref_pool({1, 1});
+  r.a->begin_allocate_to_pool({1, 1}, [](StreamId) { return true; }, true);
+  EXPECT_THROW(r.a->sleep({}, {}), UsageError);
+  r.a->end_allocate_to_pool({1, 1});
+  r.a->release_pool({1, 1});
+  EXPECT_EQ(r.a->sleep_stats().num_sleeps, 0);
+  EXPECT_EQ(r.a->sleep({}, {}), 2 * MiB);  // 1 MiB: a 2 MiB small-pool segment
+  r.a->wake({});
+  r.a->free(w);
+}
+
+}  // namespace
+}  // namespace cachet::test

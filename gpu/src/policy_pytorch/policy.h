@@ -380,6 +380,9 @@ class PytorchPolicy : public Shell {
     std::vector<BackupCopy> copies;
   };
   const SleepingRange* sleeping_range_at(DevicePtr addr) const;  // the sleeping range holding addr
+  // snapshot.cpp: one snapshot segment per mapped run (a sleeping range is one of its own); with
+  // `hidden`, also the runs of orphaned pools that PyTorch's snapshot does not show.
+  Snapshot mapped_runs(bool hidden) const;
   const SleepingRange* sleeping_range_of(const Block* b) const { return sleeping_range_at(b->ptr); }
   bool asleep(const Block* b) const { return b->segment->sleeping_runs != 0 && sleeping_range_of(b) != nullptr; }
   void free_while_asleep(Block* b);

@@ -17,9 +17,9 @@ namespace cachet::gpu::detail {
 // `hidden`, also an orphaned pool's runs that begin with a free block: PyTorch's snapshot finds
 // blocks through the known pools and the active blocks (get_all_blocks), so it shows such a run
 // only from a run head that is active, and none once its head is free (§14.8).
-static Snapshot mapped_runs(const auto& segments, bool hidden) {
+Snapshot PytorchPolicy::mapped_runs(bool hidden) const {
   Snapshot out;
-  for (const auto& [base, seg] : segments) {
+  for (const auto& [base, seg] : segments_) {
     for (const Block* b = seg->head; b != nullptr;) {
       if (!b->is_mapped() ||
           (!hidden && seg->pool->owner != nullptr && seg->pool->owner->orphaned && !b->is_active())) {
@@ -56,7 +56,7 @@ static Snapshot mapped_runs(const auto& segments, bool hidden) {
 }
 
 Snapshot PytorchPolicy::snapshot() {
-  Snapshot out = mapped_runs(segments_, false);
+  Snapshot out = mapped_runs(false);
   Bytes total_active = 0;
   for (const auto& s : out)
     for (const auto& b : s.blocks)
@@ -65,7 +65,7 @@ Snapshot PytorchPolicy::snapshot() {
   return out;
 }
 
-Snapshot PytorchPolicy::block_table() const { return mapped_runs(segments_, true); }
+Snapshot PytorchPolicy::block_table() const { return mapped_runs(true); }
 
 // ===================================================================== Errors
 

@@ -31,6 +31,7 @@ __all__ = [
     "memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved",
     "reset_peak_memory_stats", "reset_accumulated_memory_stats", "snapshot", "dump_snapshot",
     "settings", "last_error", "backend", "c10_library_path",
+    "tag", "current_tag", "sleep", "wake", "sleeping",
 ]
 
 _LIB_NAME = "libcachet_torch.so"
@@ -64,56 +65,56 @@ _TREES_NOTE = ("cachet_torch: note: torch.compile(mode=\"reduce-overhead\") fail
                "use cachet_torch.install(cudagraph_trees=False)")
 
 
+_BUILD_DIRS = ("build/gpu", "build/default", "build/release", "build-python", "build")
+
+
+def _find_library(name: str, env_var: str, target: str, installed: Optional[str],
+                  extra: tuple = (), subdirs: tuple = ("python",)) -> tuple:
+    """(path or None, the places looked at) for `name`, first found of: $`env_var` (which must
+    exist); the library `cmake --install` installed with this file (`installed`); next to this
+    file; `extra`; a build tree of this checkout (build*/<subdir>/)."""
+    env = os.environ.get(env_var)
+    if env:
+        if not os.path.exists(env):
+            raise FileNotFoundError(f"{env_var}={env}: no such file (unset it, or point it at the {name} "
+                                    f"that the target {target} builds)")
+        return env, [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [installed] if installed else []
+    candidates.append(os.path.join(here, name))
+    candidates.extend(extra)
+    root = os.path.dirname(here)
+    for sub in _BUILD_DIRS:
+        for d in subdirs:
+            candidates.append(os.path.join(root, sub, d, name))
+    for c in candidates:
+        if c and os.path.exists(c):
+            return c, candidates
+    return None, candidates
+
+
 def library_path() -> str:
     """Where libcachet_torch.so is, first found of: $CACHET_TORCH_LIB; the library that
     `cmake --install` installed with this file (its path is written here at install); next to this
     file; a build tree (build*/python/) of the checkout this file belongs to."""
-    env = os.environ.get("CACHET_TORCH_LIB")
-    if env:
-        if not os.path.exists(env):
-            raise FileNotFoundError(f"CACHET_TORCH_LIB={env}: no such file (unset it, or point it at "
-                                    f"the {_LIB_NAME} that the target cachet_torch builds)")
-        return env
-    here = os.path.dirname(os.path.abspath(__file__))
-    candidates = [_INSTALLED_LIB] if _INSTALLED_LIB else []
-    candidates.append(os.path.join(here, _LIB_NAME))
-    root = os.path.dirname(here)
-    for sub in ("build/gpu", "build/default", "build/release", "build-python", "build"):
-        candidates.append(os.path.join(root, sub, "python", _LIB_NAME))
-    for c in candidates:
-        if os.path.exists(c):
-            return c
-    raise FileNotFoundError(
-        f"{_LIB_NAME} not found (set CACHET_TORCH_LIB, or build the target cachet_torch and "
-        f"`cmake --install` it); looked at: {', '.join(candidates)}")
+    path, looked = _find_library(_LIB_NAME, "CACHET_TORCH_LIB", "cachet_torch", _INSTALLED_LIB)
+    if path is None:
+        raise FileNotFoundError(
+            f"{_LIB_NAME} not found (set CACHET_TORCH_LIB, or build the target cachet_torch and "
+            f"`cmake --install` it); looked at: {', '.join(looked)}")
+    return path
 
 
 def c10_library_path() -> Optional[str]:
     """Where libcachet_c10.so (cachet as PyTorch's own CUDA allocator, the c10 backend) is, first
     found of: $CACHET_C10_LIB; the one `cmake --install` installed with this file; next to this
-    file; a build tree of this checkout. None when there is none (it is built only where a torch
-    was found at build time)."""
-    env = os.environ.get("CACHET_C10_LIB")
-    if env:
-        if not os.path.exists(env):
-            raise FileNotFoundError(f"CACHET_C10_LIB={env}: no such file (unset it, or point it at "
-                                    f"the {_C10_LIB_NAME} that the target cachet_c10 builds)")
-        return env
-    here = os.path.dirname(os.path.abspath(__file__))
-    candidates = [_INSTALLED_C10_LIB] if _INSTALLED_C10_LIB else []
-    candidates.append(os.path.join(here, _C10_LIB_NAME))
+    file; beside $CACHET_TORCH_LIB (a build tree's plug-in); a build tree of this checkout. None
+    when there is none (it is built only where a torch was found at build time)."""
     plug = os.environ.get("CACHET_TORCH_LIB")
-    if plug:  # a build tree's plug-in: the backend is built beside it
-        candidates.append(os.path.join(os.path.dirname(plug), _C10_LIB_NAME))
-        candidates.append(os.path.join(os.path.dirname(plug), "c10", _C10_LIB_NAME))
-    root = os.path.dirname(here)
-    for sub in ("build/gpu", "build/default", "build/release", "build-python", "build"):
-        candidates.append(os.path.join(root, sub, "python", _C10_LIB_NAME))
-        candidates.append(os.path.join(root, sub, "python", "c10", _C10_LIB_NAME))
-    for c in candidates:
-        if c and os.path.exists(c):
-            return c
-    return None
+    extra = (os.path.join(os.path.dirname(plug), _C10_LIB_NAME),
+             os.path.join(os.path.dirname(plug), "c10", _C10_LIB_NAME)) if plug else ()
+    return _find_library(_C10_LIB_NAME, "CACHET_C10_LIB", "cachet_c10", _INSTALLED_C10_LIB, extra,
+                         ("python", "python/c10"))[0]
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -157,6 +158,18 @@ def _declare(lib: ctypes.CDLL) -> None:
         getattr(lib, name).argtypes = [c.c_int]
     lib.cachet_torch_empty_cache.restype = None
     lib.cachet_torch_empty_cache.argtypes = []
+    if hasattr(lib, "cachet_torch_sleep"):  # sleep and wake (docs/sleep-wake.md)
+        lib.cachet_torch_set_tag.restype = c.c_int
+        lib.cachet_torch_set_tag.argtypes = [c.c_char_p]
+        lib.cachet_torch_current_tag.restype = c.c_void_p
+        lib.cachet_torch_current_tag.argtypes = []
+        lib.cachet_torch_sleep.restype = c.c_longlong
+        lib.cachet_torch_sleep.argtypes = [c.c_char_p, c.c_char_p, c.c_int]
+        lib.cachet_torch_wake.restype = c.c_int
+        lib.cachet_torch_wake.argtypes = [c.c_char_p, c.c_int]
+        for name in ("cachet_torch_sleeping_json", "cachet_torch_sleep_stats_json", "cachet_torch_sleep_summary"):
+            getattr(lib, name).restype = c.c_void_p
+            getattr(lib, name).argtypes = [c.c_int]
     if hasattr(lib, "cachet_torch_pool_callback"):
         lib.cachet_torch_pool_callback.restype = c.c_void_p
         lib.cachet_torch_pool_callback.argtypes = [c.c_char_p]
@@ -423,11 +436,15 @@ def reset_accumulated_memory_stats(device: Any = None) -> None:
 
 
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
-    """torch.cuda.memory_summary(device, abbreviated), byte for byte."""
+    """torch.cuda.memory_summary(device, abbreviated), byte for byte; once anything has slept on
+    the device, cachet's two sleep lines follow (docs/sleep-wake.md, section 5)."""
     d = _device_index(device)
-    text = _take_string(load().cachet_torch_summary(d, 1 if abbreviated else 0))
+    lib = load()
+    text = _take_string(lib.cachet_torch_summary(d, 1 if abbreviated else 0))
     if text is None:
         raise RuntimeError(f"cachet_torch.memory_summary(device={d}): {last_error()}")
+    if hasattr(lib, "cachet_torch_sleep_summary"):
+        text += _take_string(lib.cachet_torch_sleep_summary(d)) or ""
     return text
 
 
@@ -517,3 +534,103 @@ def dump_snapshot(path: str) -> None:
     data = snapshot()
     with open(path, "wb") as f:
         pickle.dump(data, f)
+
+
+# ---- sleep and wake (docs/sleep-wake.md) ---------------------------------------------------------
+# Needs CACHET_ALLOC_CONF with cachet_sleep:True set before the first CUDA allocation (the segments
+# are then mapped with the CUDA VMM calls, so their addresses outlive their memory).
+
+def _sleep_lib() -> ctypes.CDLL:
+    lib = load()
+    if not hasattr(lib, "cachet_torch_sleep"):
+        raise RuntimeError(f"cachet_torch: {_lib_path} has no sleep/wake (an older build): rebuild cachet")
+    return lib
+
+
+def _tag_text(tags: Any, what: str) -> Optional[bytes]:
+    if tags is None:
+        return None
+    if isinstance(tags, str):
+        tags = (tags,)
+    names = list(tags)
+    for t in names:
+        if not isinstance(t, str):
+            raise TypeError(f"cachet_torch: {what} must be tag names (str), got {t!r}")
+        if "," in t:
+            raise ValueError(f"cachet_torch: the tag {t!r} has a comma; a tag is 1 to 64 of [A-Za-z0-9_.-]")
+    return ",".join(names).encode()
+
+
+def _device_arg(device: Any) -> int:
+    return -1 if device is None else _device_index(device)
+
+
+def current_tag() -> str:
+    """The calling thread's current tag: every allocation it makes carries it ("default")."""
+    return _take_string(_sleep_lib().cachet_torch_current_tag()) or "default"
+
+
+class tag:
+    """`with cachet_torch.tag("weights"):` every allocation the thread makes inside carries the
+    tag (a block keeps the tag it was allocated under until it is freed). Tags nest and are per
+    thread: work PyTorch runs on its own threads (autograd's backward on the device's worker
+    thread) carries that thread's tag, "default". A tag is 1 to 64 of [A-Za-z0-9_.-], not
+    "all" or "none"."""
+
+    def __init__(self, name: str):
+        if not isinstance(name, str):
+            raise TypeError(f"cachet_torch.tag: the name must be a str, got {name!r}")
+        self.name = name
+        self._previous: list = []
+
+    def __enter__(self) -> "tag":
+        lib = _sleep_lib()
+        previous = current_tag()
+        if lib.cachet_torch_set_tag(self.name.encode()) != 0:
+            raise ValueError(f"cachet_torch.tag({self.name!r}): {last_error()}")
+        self._previous.append(previous)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _sleep_lib().cachet_torch_set_tag(self._previous.pop().encode())
+
+
+def _raise_sleep_error(what: str, rc: int) -> None:
+    message = f"{what}: {last_error()}"
+    if rc == -2:
+        torch = sys.modules.get("torch")
+        oom = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+        raise (oom or MemoryError)(message)
+    raise RuntimeError(message)
+
+
+def sleep(tags: Any = None, backup: Any = ("weights",), device: Any = None) -> int:
+    """Gives the physical memory of every segment holding blocks of `tags` (None: every tag), and
+    of every free cached segment, back to the driver; their addresses stay reserved. The contents
+    of blocks whose tag is in `backup` are copied to pinned host memory first (restored by wake).
+    Returns the bytes given back. `device` None: every device cachet serves. Out of memory for the
+    host backup raises torch.OutOfMemoryError and changes nothing."""
+    what = f"cachet_torch.sleep(tags={tags!r}, backup={backup!r})"
+    lib = _sleep_lib()
+    rc = lib.cachet_torch_sleep(_tag_text(tags, "tags"), _tag_text(backup, "backup") or b"", _device_arg(device))
+    if rc < 0:
+        _raise_sleep_error(what, rc)
+    return int(rc)
+
+
+def wake(tags: Any = None, device: Any = None) -> None:
+    """Maps memory again at the addresses of every sleeping segment of `tags` (None: every tag) and
+    restores its backups; blocks without a backup come back with undefined contents. Every pointer
+    is as before the sleep. If the memory cannot be had, raises torch.OutOfMemoryError and
+    everything stays asleep, backups kept: wake again once memory is free."""
+    rc = _sleep_lib().cachet_torch_wake(_tag_text(tags, "tags"), _device_arg(device))
+    if rc != 0:
+        _raise_sleep_error(f"cachet_torch.wake(tags={tags!r})", rc)
+
+
+def sleeping(device: Any = None) -> list:
+    """The tags with sleeping blocks (on `device`; None: any device), sorted."""
+    text = _take_string(_sleep_lib().cachet_torch_sleeping_json(_device_arg(device)))
+    if text is None:
+        raise RuntimeError(f"cachet_torch.sleeping(): {last_error()}")
+    return json.loads(text)

@@ -2,6 +2,7 @@
 // C functions that both PyTorch libraries export (torch_common.h says what is shared and why).
 #include "torch_common.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -9,10 +10,13 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cachet/errors.h"
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
+#include "cachet/summary.h"
+#include "cachet/tags.h"
 #include "cachet/trace.h"
 
 namespace cachet::torch_common {
@@ -219,7 +223,8 @@ CACHET_TORCH_API int cachet_torch_has_device(int device) {
          state().allocators[device].load(std::memory_order_acquire) != nullptr;
 }
 
-// {"key": value, ...}: the 122 memory_stats() keys of `device` (creating its allocator).
+// {"key": value, ...}: the 122 memory_stats() keys of `device` (creating its allocator), and the 21
+// sleep keys when sleep is enabled.
 CACHET_TORCH_API char* cachet_torch_stats_json(int device) {
   cachet::CachingAllocator* a = allocator_for(device, false);
   if (!a) return nullptr;
@@ -233,6 +238,13 @@ CACHET_TORCH_API char* cachet_torch_stats_json(int device) {
           append_json_string(out, k);
           out += ": " + std::to_string(v);
         }
+        // With cachet_sleep:True, cachet's 21 sleep keys follow PyTorch's 122 (docs/sleep-wake.md, §5).
+        if (a->config().sleep)
+          for (const auto& [k, v] : cachet::flatten(a->sleep_stats())) {
+            out += ", ";
+            append_json_string(out, k);
+            out += ": " + std::to_string(v);
+          }
         out += "}";
       },
                false))
@@ -356,5 +368,159 @@ CACHET_TORCH_API char* cachet_torch_settings_json(void) {
     out += std::to_string(c.roundup_power2_divisions[i]);
   }
   out += "]}";
+  return dup(out);
+}
+
+// ---- sleep and wake (docs/sleep-wake.md; cachet_torch.tag/sleep/wake/sleeping) ----------------
+// Tag lists travel as comma-separated text; NULL or "" is the empty list (sleep's and wake's
+// `tags`: every tag; sleep's `backup_tags`: none). Each name is checked (cachet::check_tag).
+
+namespace {
+
+cachet::TagList parse_tags(const char* csv) {
+  cachet::TagList out;
+  if (csv == nullptr || *csv == '\0') return out;
+  const std::string s = csv;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t comma = s.find(',', start);
+    std::string t = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    cachet::check_tag(t);  // an empty name between commas is refused here, by name
+    if (std::find(out.begin(), out.end(), t) != out.end())
+      throw cachet::UsageError("the tag '" + t + "' is named twice; name each tag once");
+    out.push_back(std::move(t));
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
+}
+
+// The allocators a sleep or wake applies to: `device`'s (created if need be) or, with -1, every
+// allocator that exists, in device order.
+std::vector<std::pair<int, cachet::CachingAllocator*>> targets(int device) {
+  std::vector<std::pair<int, cachet::CachingAllocator*>> out;
+  if (device >= 0) {
+    if (cachet::CachingAllocator* a = allocator_for(device, false)) out.emplace_back(device, a);
+    return out;
+  }
+  for (int d = 0; d < kMaxDevices; ++d)
+    if (cachet::CachingAllocator* a = state().allocators[d].load(std::memory_order_acquire)) out.emplace_back(d, a);
+  return out;
+}
+
+// -1 with last_error for a refusal (UsageError and the like), -2 for out of memory.
+template <class F>
+long long sleep_call(const char* what, F&& f) {
+  try {
+    // Each allocator refuses by itself when it was built without cachet_sleep; with none built
+    // yet, the configuration that will build them answers.
+    load_config();
+    const State& s = state();
+    if (s.created.load() == 0 && !(s.config_ok && s.config.sleep))
+      throw cachet::UsageError(
+          s.config_ok ? "sleep needs CACHET_ALLOC_CONF cachet_sleep:True set before the first allocation "
+                        "(the segments are then mapped with the CUDA VMM calls, so their addresses "
+                        "outlive their memory)"
+                      : "the configuration was refused: " + s.config_error);
+    return f();
+  } catch (const cachet::OutOfMemory& e) {
+    set_error(e.what(), false);
+    return -2;
+  } catch (const std::exception& e) {
+    set_error(std::string(what) + ": " + e.what(), false);
+    return -1;
+  }
+}
+
+}  // namespace
+
+// Sets the calling thread's current tag: 0, or 1 with last_error naming what is wrong.
+CACHET_TORCH_API int cachet_torch_set_tag(const char* tag) {
+  return guarded([&] { cachet::set_current_tag(tag ? tag : ""); }, false) ? 0 : 1;
+}
+
+// The calling thread's current tag ("default" unless set).
+CACHET_TORCH_API char* cachet_torch_current_tag(void) { return dup(cachet::current_tag()); }
+
+// sleep(tags, backup_tags) on `device` (-1: every device with an allocator): the bytes given back,
+// or -1 (refused: last_error says why, nothing changed) or -2 (out of memory for the host backup:
+// nothing changed). With several devices, those before the failing one stay asleep; the error
+// names them.
+CACHET_TORCH_API long long cachet_torch_sleep(const char* tags, const char* backup_tags, int device) {
+  return sleep_call("sleep", [&]() -> long long {
+    const cachet::TagList t = parse_tags(tags), b = parse_tags(backup_tags);
+    long long total = 0;
+    std::string done;
+    for (auto [d, a] : targets(device)) {
+      try {
+        total += static_cast<long long>(a->sleep(t, b));
+      } catch (const cachet::OutOfMemory& e) {
+        if (done.empty()) throw;
+        throw cachet::OutOfMemory(std::string(e.what()) + " (device " + std::to_string(d) +
+                                  "; devices " + done + " are asleep: wake them or retry)");
+      }
+      done += (done.empty() ? "" : ", ") + std::to_string(d);
+    }
+    return total;
+  });
+}
+
+// wake(tags) on `device` (-1: every device with an allocator): 0, -1 (refused) or -2 (out of
+// memory: that device stays asleep with its backups; last_error says how many bytes it needed).
+CACHET_TORCH_API int cachet_torch_wake(const char* tags, int device) {
+  return static_cast<int>(sleep_call("wake", [&]() -> long long {
+    const cachet::TagList t = parse_tags(tags);
+    for (auto [d, a] : targets(device)) a->wake(t);
+    return 0;
+  }));
+}
+
+// ["tag", ...]: the tags with sleeping blocks on `device` (-1: on any device), sorted, each once.
+CACHET_TORCH_API char* cachet_torch_sleeping_json(int device) {
+  std::string out;
+  if (!guarded([&] {
+        std::vector<std::string> all;
+        for (auto [d, a] : targets(device))
+          for (const auto& t : a->sleeping()) all.push_back(t);
+        std::sort(all.begin(), all.end());
+        all.erase(std::unique(all.begin(), all.end()), all.end());
+        out = "[";
+        for (std::size_t i = 0; i < all.size(); ++i) {
+          if (i) out += ", ";
+          append_json_string(out, all[i]);
+        }
+        out += "]";
+      },
+               false))
+    return nullptr;
+  return dup(out);
+}
+
+// {"sleep.backup_bytes.allocated": n, ...}: the 21 sleep keys of `device`.
+CACHET_TORCH_API char* cachet_torch_sleep_stats_json(int device) {
+  cachet::CachingAllocator* a = allocator_for(device, false);
+  if (!a) return nullptr;
+  std::string out;
+  if (!guarded([&] {
+        out = "{";
+        bool first = true;
+        for (const auto& [k, v] : cachet::flatten(a->sleep_stats())) {
+          if (!first) out += ", ";
+          first = false;
+          append_json_string(out, k);
+          out += ": " + std::to_string(v);
+        }
+        out += "}";
+      },
+               false))
+    return nullptr;
+  return dup(out);
+}
+
+// cachet's sleep lines for memory_summary() ("" when nothing ever slept on `device`).
+CACHET_TORCH_API char* cachet_torch_sleep_summary(int device) {
+  cachet::CachingAllocator* a = allocator_for(device, false);
+  if (!a) return nullptr;
+  std::string out;
+  if (!guarded([&] { out = cachet::sleep_summary(a->sleep_stats()); }, false)) return nullptr;
   return dup(out);
 }

@@ -47,7 +47,10 @@ def main():
         syms = {line.split()[-1]: line.split()[-2] for line in out.splitlines() if len(line.split()) >= 2}
         for s in ("cachet_malloc", "cachet_free", "cachet_torch_record_stream",
                   "cachet_torch_empty_cache", "cachet_torch_set_memory_fraction",
-                  "cachet_torch_stats_json", "cachet_torch_snapshot_json", "cachet_torch_trace_json"):
+                  "cachet_torch_stats_json", "cachet_torch_snapshot_json", "cachet_torch_trace_json",
+                  "cachet_torch_set_tag", "cachet_torch_current_tag", "cachet_torch_sleep",
+                  "cachet_torch_wake", "cachet_torch_sleeping_json", "cachet_torch_sleep_stats_json",
+                  "cachet_torch_sleep_summary"):
             check(syms.get(s) == "T", f"nm -D: {s} is an exported function")
         # The private-pool callbacks: C++ linkage, PyTorch's types (python/README.md, "ABI").
         demangled = subprocess.run([nm, "-DC", "--defined-only", lib], capture_output=True, text=True).stdout
@@ -147,6 +150,51 @@ def main():
           f"install() raises ValueError with the parser's message: {r.stdout.strip()[:300]} {r.stderr.strip()[-300:]}")
     check("torch imported: False" in r.stdout, "install() refuses before importing torch")
     check("configuration refused" not in r.stderr, "install() raises instead of printing as well")
+
+    # 7. tags and sleep without a GPU (docs/sleep-wake.md): the thread's tag, a bad tag refused by
+    # name, sleep refused without cachet_sleep:True, and with it nothing to sleep (no allocator).
+    code = """
+        import cachet_torch, threading
+        print("tag0:", cachet_torch.current_tag())
+        with cachet_torch.tag("weights"):
+            with cachet_torch.tag("kv_cache"):
+                print("nested:", cachet_torch.current_tag())
+            print("inner done:", cachet_torch.current_tag())
+            seen = []
+            t = threading.Thread(target=lambda: seen.append(cachet_torch.current_tag()))
+            t.start(); t.join()
+            print("other thread:", seen[0])
+        print("tag1:", cachet_torch.current_tag())
+        for bad in ("no way", "all", "x" * 65):
+            try:
+                with cachet_torch.tag(bad):
+                    pass
+                print("accepted:", bad)
+            except ValueError as e:
+                print("refused:", str(e)[:120])
+        print("tag2:", cachet_torch.current_tag())
+        try:
+            print("slept:", cachet_torch.sleep())
+            print("sleeping:", cachet_torch.sleeping())
+            cachet_torch.wake()
+            print("woke")
+        except RuntimeError as e:
+            print("sleep refused:", e)
+        """
+    r = run_py(code, {}, lib)
+    out = r.stdout
+    check(r.returncode == 0, f"tags and sleep without a GPU (rc {r.returncode}) {r.stderr.strip()[-300:]}")
+    check("tag0: default" in out and "nested: kv_cache" in out and "inner done: weights" in out and
+          "other thread: default" in out and "tag1: default" in out and "tag2: default" in out,
+          f"tag() nests, restores and is per thread: {out.strip()[:400]}")
+    check(out.count("refused: cachet_torch.tag(") == 3 and "accepted:" not in out and "'no way'" in out,
+          f"bad tags refused by name: {out.strip()[-600:]}")
+    check("sleep refused:" in out and "cachet_sleep:True" in out,
+          f"sleep without cachet_sleep:True refused, naming the key: {out.strip()[-300:]}")
+    r = run_py(code, {"CACHET_ALLOC_CONF": "cachet_sleep:True"}, lib)
+    check(r.returncode == 0 and "slept: 0" in r.stdout and "sleeping: []" in r.stdout and "woke" in r.stdout,
+          f"with cachet_sleep:True and no allocator: sleep gives back 0 bytes, wake does nothing: "
+          f"{r.stdout.strip()[-300:]} {r.stderr.strip()[-300:]}")
 
     print(f"\n{len(failures)} failure(s)")
     return 1 if failures else 0

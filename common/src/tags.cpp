@@ -2,10 +2,15 @@
 #include "cachet/tags.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "cachet/errors.h"
 
 namespace cachet {
+
+namespace detail {
+std::atomic<bool> g_tag_ever_set{false};
+}  // namespace detail
 
 namespace {
 Tag& thread_tag() {
@@ -33,6 +38,7 @@ const Tag& current_tag() { return thread_tag(); }
 
 void set_current_tag(std::string_view tag) {
   check_tag(tag);
+  if (tag != kDefaultTag) detail::g_tag_ever_set.store(true, std::memory_order_relaxed);
   thread_tag() = Tag(tag);
 }
 

@@ -13,6 +13,7 @@
 // gpu/'s, separately.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -34,6 +35,14 @@ void check_tag(std::string_view tag);
 const Tag& current_tag();
 // Sets the calling thread's current tag (check_tag first; nothing changes on a bad tag).
 void set_current_tag(std::string_view tag);
+
+namespace detail {
+extern std::atomic<bool> g_tag_ever_set;
+}  // namespace detail
+// Whether any thread of the process ever set a tag other than "default". While false, every
+// current_tag() is "default": the allocators' hot path reads this one flag instead of the
+// thread-local tag (a __tls_get_addr call in a shared library) and a string comparison.
+inline bool tag_ever_set() noexcept { return detail::g_tag_ever_set.load(std::memory_order_relaxed); }
 
 // Sets the current tag for its lifetime and restores the previous one (cachet_torch.tag()).
 class TagScope {

@@ -88,6 +88,8 @@ class Shell {
   // The calling thread's current tag as a small id (0 = "default"), interned on first use. While
   // no thread ever used another tag, tags_seen() is false and the block search looks at no tag.
   std::uint32_t current_tag_id() {
+    if (!tags_seen_ && !tag_ever_set()) [[likely]]
+      return 0;
     const Tag& t = current_tag();
     if (!tags_seen_) {
       if (t == kDefaultTag) [[likely]]

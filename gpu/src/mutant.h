@@ -4,7 +4,7 @@
 // allocator). The list, with what each breaks, is in gpu/README.md.
 //
 // Only the policies' mutated sources include this header: src/policy_pytorch/ (malloc.cpp,
-// free.cpp, release.cpp: mutants 1-16, 24-26) and src/policy_cachet/ (malloc.cpp, pages.cpp,
+// free.cpp, release.cpp: mutants 1-16, 24-26; sleep.cpp: 29, 30) and src/policy_cachet/ (malloc.cpp, pages.cpp,
 // free.cpp: 17-23, 27, 28). Only those translation units are compiled with CACHET_MUTANT
 // (gpu/CMakeLists.txt: CACHET_GPU_MUTATED_SOURCES; the other sources are built once and shared by
 // every mutant library). Never include it from a header or from a checker

@@ -294,6 +294,34 @@ TEST_P(Sleep, OtherTagsKeepWorkingWhileAsleep) {
   r.a->free(w);
 }
 
+// A CUDA graph's private pool sleeps and wakes with its blocks, pointers and use count as before
+// (docs/sleep-wake.md section 2: a capture's allocations carry the capturing thread's tag).
+TEST_P(Sleep, AGraphPoolSleepsAndWakesWhole) {
+  Rig r = make_rig(expandable());
+  const PoolId pool{1, 7};
+  r.a->create_or_incref_pool(pool);
+  r.a->begin_allocate_to_pool(pool, [](StreamId) { return true; }, true);
+  void* g = r.alloc(6 * MiB, "graph");
+  void* h = r.alloc(3 * MiB, "graph");
+  r.a->end_allocate_to_pool(pool);
+  r.fill(g, 0x61, 6 * MiB);
+  r.fill(h, 0x62, 3 * MiB);
+  void* outside = r.alloc(2 * MiB, "graph");  // the default pool: a segment of its own
+  const Snapshot before = r.a->snapshot();
+  EXPECT_EQ(r.a->sleep({"graph"}, {"graph"}), 40 * MiB);  // the pool's 20 MiB and the default pool's 20 MiB
+  EXPECT_EQ(r.a->pool_use_count(pool), 2);  // create_or_incref_pool and begin_allocate_to_pool: unchanged
+  r.a->wake({"graph"});
+  EXPECT_TRUE(r.holds(g, 0x61, 6 * MiB));
+  EXPECT_TRUE(r.holds(h, 0x62, 3 * MiB));
+  Snapshot after = r.a->snapshot();
+  EXPECT_EQ(after, before);
+  // The pool's free room is the pool's again after the wake.
+  r.a->begin_allocate_to_pool(pool, [](StreamId) { return true; }, true);
+  EXPECT_EQ(dev(r.alloc(MiB * 2, "graph")), dev(h) + 3 * MiB);
+  r.a->end_allocate_to_pool(pool);
+  r.a->free(outside);
+}
+
 // With every allocation under "default", cachet_sleep changes no decision: the same stats and the
 // same block layout (relative to each segment) as without it.
 TEST_P(Sleep, NoDecisionChangesWithoutTags) {

@@ -109,7 +109,24 @@ class LoggingMemory final : public gpu::DeviceMemory {
     return inner_->copy_to_device(p, h, n);
   }
   gpu::Status copy_synchronize() override { return inner_->copy_synchronize(); }
-  gpu::Status map_pieces(gpu::DevicePtr p, Bytes n) override { return inner_->map_pieces(p, n); }
+  // A reserve + map_pieces of the same range is a cachet_sleep segment (gpu/'s vmm_segment_alloc):
+  // the model's cudaMalloc. Any other map_pieces is a wake's map: the model's map.
+  gpu::Status map_pieces(gpu::DevicePtr p, Bytes n) override {
+    auto s = inner_->map_pieces(p, n);
+    if (!log_.reserve.empty() && log_.reserve.back().addr == p && log_.reserve.back().size == n &&
+        log_.reserve.back().ok) {
+      log_.reserve.pop_back();
+      --log_.counters.reserves;
+      log_.malloc.push_back({DeviceCall::Kind::Malloc, s.is_ok() ? p : 0, n, s.is_ok()});
+      if (s.is_ok()) ++log_.counters.mallocs;
+      else ++log_.counters.oom_calls;
+      return s;
+    }
+    log_.map.push_back({DeviceCall::Kind::Map, p, n, s.is_ok()});
+    if (s.is_ok()) ++log_.counters.maps;
+    else ++log_.counters.oom_calls;
+    return s;
+  }
 
  private:
   std::unique_ptr<gpu::DeviceMemory> inner_;

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <deque>
 #include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <type_traits>
@@ -17,6 +18,7 @@
 #include "cachet/model/segment_source.h"
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
+#include "cachet/tags.h"
 #include "cachet/trace.h"
 #include "device_log.h"
 #include "pool_calls.h"
@@ -59,6 +61,15 @@ double fraction_for_cap(Bytes cap, Bytes total) {
 
 // ----------------------------------------------------------------------------- the runner
 
+// Both sides have sleep and wake (docs/sleep-wake.md section 8): model::Allocator (policy:pytorch,
+// cudaMalloc segments) and gpu/'s CachingAllocator.
+template <class A>
+concept HasSleep = requires(A& a, const A& c, const TagList& t) {
+  a.sleep(t, t);
+  a.wake(t);
+  c.sleeping();
+};
+
 template <class Model, class Impl>
 struct Lockstep<Model, Impl>::State {
   struct Bound {  // one allocation a handle names
@@ -66,6 +77,7 @@ struct Lockstep<Model, Impl>::State {
     Bytes size;
     StreamId stream;
     bool live;
+    Tag tag{kDefaultTag};  // the runner's current tag when it was allocated
   };
 
   Options opts;
@@ -87,6 +99,12 @@ struct Lockstep<Model, Impl>::State {
   BothSides<Model, Impl> calls{model, sut, threads};
   front_end::PoolFrontEnd pools{calls};
   bool ended = false;  // a PyTorch failure (§14.8) ended the case
+  std::set<ThreadIndex> threads_used;  // the op threads other than the runner's
+  // The runner's thread starts each case, and ends it, at the tag "default" (cachet/tags.h).
+  struct DefaultTag {
+    DefaultTag() { set_current_tag(kDefaultTag); }
+    ~DefaultTag() { set_current_tag(kDefaultTag); }
+  } default_tag;
   SutState sut_before;  // the sut's state after the previous op (the §14.8 check of one-call ops)
 
   void build(std::unique_ptr<gpu::DeviceMemory> memory, bool host) {
@@ -155,16 +173,24 @@ struct Lockstep<Model, Impl>::State {
         return apply_pool_op(op);
       }
     }
-    if (ops::is_sleep_op(op)) {  // issue 24: the lockstep runs sleep ops once both sides have them
+    if (ops::is_sleep_op(op)) {  // issue 24: where both sides have them (docs/sleep-wake.md section 8)
+      if constexpr (HasSleep<Model> && HasSleep<Impl>) {
+        if (opts.config.sleep && !opts.config.expandable_segments) return apply_sleep_op(op);
+      }
       last_sut = last_model = {Outcome::Kind::Unsupported, 0, show(op)};
-      return "not supported by this pair: " + show(op) + "\n  the lockstep harness does not run tag, sleep and "
-             "wake yet (docs/sleep-wake.md §8); nothing was applied\n";
+      return "not supported by this pair: " + show(op) + "\n  the lockstep runs tag, sleep and wake only under "
+             "policy:pytorch with cachet_sleep:True and expandable_segments:False, where the model has them "
+             "(docs/sleep-wake.md section 9); nothing was applied\n";
     }
     Outcome s, m;
     std::visit(
         [&](const auto& o) {
           using T = std::decay_t<decltype(o)>;
           if constexpr (std::is_same_v<T, Allocate>) {
+            if (o.thread != 0 && threads_used.insert(o.thread).second) {
+              const Tag tag = current_tag();  // a new op thread starts at the runner's tag
+              threads.run(o.thread, [&] { set_current_tag(tag); });
+            }
             threads.run(o.thread, [&] {  // gpu/'s use_mem_pool filter looks at the calling thread
               s = capture([&](Outcome& r) {
                 r.kind = Outcome::Kind::Pointer;
@@ -180,7 +206,7 @@ struct Lockstep<Model, Impl>::State {
               if (auto old = bound.find(h); old != bound.end() && old->second.live) live_by_addr.erase(old->second.addr);
               ++bindings;
               live_by_addr[s.ptr] = h;
-              bound[h] = {s.ptr, o.size, o.stream, true};
+              bound[h] = {s.ptr, o.size, o.stream, true, current_tag()};
             }
           } else if constexpr (std::is_same_v<T, Free> || std::is_same_v<T, RecordStream>) {
             const auto it = bound.find(o.handle);
@@ -223,6 +249,89 @@ struct Lockstep<Model, Impl>::State {
     last_model = m;
     if (m.kind == Outcome::Kind::PyTorchFailure) return end_case(sut_before);
     return compare();
+  }
+
+  // tag, sleep, wake (docs/sleep-wake.md): the tag is every op thread's current tag (the model
+  // allocates on the runner's thread); sleep's outcome carries the bytes given back; both sides'
+  // out-of-memory texts are cachet's own (not PyTorch's), so only their kind is compared.
+  std::optional<std::string> apply_sleep_op(const Op& op) {
+    if constexpr (!HasSleep<Model> || !HasSleep<Impl>) {
+      return std::nullopt;  // apply() answers Unsupported for this pair first
+    } else {
+    Outcome s{Outcome::Kind::Ok, 0, {}}, m = s;
+    if (const auto* t = std::get_if<ops::SetTag>(&op)) {
+      set_current_tag(t->tag);
+      for (ThreadIndex k : threads_used) threads.run(k, [&] { set_current_tag(t->tag); });
+    } else if (const auto* sl = std::get_if<ops::Sleep>(&op)) {
+      mark_contents(sl->backup_tags);
+      s = capture([&](Outcome& r) { r.ptr = sut->sleep(sl->tags, sl->backup_tags); });
+      m = capture([&](Outcome& r) { r.ptr = model->sleep(sl->tags, sl->backup_tags); });
+    } else if (const auto* w = std::get_if<ops::Wake>(&op)) {
+      s = capture([&](Outcome&) { sut->wake(w->tags); });
+      m = capture([&](Outcome&) { model->wake(w->tags); });
+    }
+    if (s.kind == Outcome::Kind::OutOfMemory && m.kind == Outcome::Kind::OutOfMemory) s.message = m.message;
+    last_sut = s;
+    last_model = m;
+    if (auto d = compare()) return d;
+    if (std::holds_alternative<ops::Wake>(op) && s.kind == Outcome::Kind::Ok)
+      if (auto d = check_contents()) return d;
+    if (s.kind == Outcome::Kind::Ok) {
+      const auto st = sut->sleeping();
+      const auto mt = model->sleeping();
+      if (st != mt) {
+        auto list = [](const TagList& l) {
+          std::string r;
+          for (const auto& t : l) r += (r.empty() ? "" : ",") + t;
+          return r.empty() ? std::string("(none)") : r;
+        };
+        return "sleeping tags differ\n  model: " + list(mt) + "\n  sut:   " + list(st) + "\n";
+      }
+    }
+    return std::nullopt;
+    }
+  }
+
+  // The backed-up contents survive (docs/sleep-wake.md section 8; the host backend keeps
+  // contents): before each sleep every awake live allocation gets a pattern of its own in its
+  // first and last 4 KiB; those of a backed-up tag must read the same after every wake that woke
+  // them. (One that slept without backup has undefined contents: its pattern is forgotten.)
+  std::map<Handle, unsigned char> patterns;
+  static constexpr Bytes kPatternBytes = 4096;
+  void mark_contents(const TagList& backup_tags) {
+    if (!sim) return;
+    for (auto& [h, b] : bound) {
+      if (!b.live || b.size == 0) continue;
+      const auto byte = static_cast<unsigned char>(0x10 + (h * 37) % 0xe0);
+      const Bytes head = std::min(b.size, kPatternBytes);
+      if (!sim->fill(b.addr, byte, head).is_ok() || !sim->fill(b.addr + b.size - head, byte, head).is_ok())
+        continue;  // asleep already: its memory (and pattern) is where the last sleep left it
+      if (lists_tag(backup_tags, b.tag)) patterns[h] = byte;
+      else patterns.erase(h);
+    }
+  }
+  std::optional<std::string> check_contents() {
+    for (auto it = patterns.begin(); it != patterns.end();) {
+      const Bound& b = bound.at(it->first);
+      if (!b.live) {
+        it = patterns.erase(it);
+        continue;
+      }
+      const Bytes head = std::min(b.size, kPatternBytes);
+      std::vector<unsigned char> got(2 * head);
+      if (sim->read(b.addr, got.data(), head).is_ok() && sim->read(b.addr + b.size - head, got.data() + head, head).is_ok())
+        for (std::size_t i = 0; i < got.size(); ++i)
+          if (got[i] != it->second) {
+            std::ostringstream r;
+            r << "backup contents differ\n  h" << it->first << " (" << hex(b.addr) << ", " << b.size << " B, tag '"
+              << b.tag << "') holds 0x" << std::hex << int(got[i]) << " at byte " << std::dec
+              << (i < head ? i : b.size - head + (i - head)) << " after the wake; 0x" << std::hex << int(it->second)
+              << " was written before its sleep\n";
+            return r.str();
+          }
+      ++it;
+    }
+    return std::nullopt;
   }
 
   // A pool or capture op through the front end; the first call that did not succeed alike on

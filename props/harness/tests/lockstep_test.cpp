@@ -34,6 +34,61 @@ empty_cache
   EXPECT_GE(ls.model().stats().num_ooms, 1);
 }
 
+// Sleep and wake on both sides (docs/sleep-wake.md section 8): policy:pytorch with cachet_sleep and
+// cudaMalloc-style segments; the same pointers, bytes given back, stats, snapshots (sleeping
+// segments marked) and trace events.
+TEST(Lockstep, AgreesOnSleepAndWake) {
+  Options o;
+  o.capacity = 256 * MiB;
+  o.config.sleep = true;
+  PytorchLockstep ls(o);
+  const auto ops = parse_ops(R"(tag weights
+alloc 4194304 s0
+alloc 4194304 s0
+tag kv_cache
+alloc 8388608 s0
+tag default
+sleep tags weights,kv_cache backup weights
+alloc 8388608 s0
+free h1
+free h1
+sleep tags all backup none
+tag weights
+alloc 4194304 s0
+alloc 220000000 s0
+wake tags all
+free h5
+empty_cache
+wake tags weights
+tag kv_cache
+alloc 12582912 s0
+wake tags all
+)");
+  EXPECT_EQ(ls.run(ops), std::nullopt);
+  EXPECT_EQ(ls.sut().sleep_stats().num_sleeps, 2);
+  EXPECT_EQ(ls.sut().sleep_stats().num_wake_ooms, 1);
+  EXPECT_EQ(ls.sut().sleep_stats().num_wakes, 2);
+  EXPECT_EQ(ls.sut().sleep_stats().num_frees_while_asleep, 1);
+  EXPECT_EQ(ls.sut().sleep_stats().sleeping_bytes.peak, 60 * 1048576);
+  EXPECT_TRUE(ls.sut().sleeping().empty());
+}
+
+// Where the model has no sleep yet (expandable segments), or the configuration has no
+// cachet_sleep, the ops are Unsupported on both sides and nothing is applied.
+TEST(Lockstep, SleepOpsAreUnsupportedWhereTheModelHasNone) {
+  for (bool expandable : {false, true}) {
+    Options o;
+    o.config.sleep = expandable;
+    o.config.expandable_segments = expandable;
+    PytorchLockstep ls(o);
+    auto d = ls.apply(*parse_op("sleep tags all backup none"));
+    ASSERT_TRUE(d.has_value());
+    EXPECT_NE(d->find("not supported by this pair"), std::string::npos) << *d;
+    EXPECT_EQ(ls.last_sut().kind, Outcome::Kind::Unsupported);
+    EXPECT_EQ(ls.sut().sleep_stats().num_sleeps, 0);
+  }
+}
+
 TEST(Lockstep, ReportsADisagreement) {
   PytorchLockstep ls(Options{});
   ASSERT_EQ(ls.apply(Allocate{1000, 0, {}}), std::nullopt);

@@ -37,8 +37,9 @@ Block* Allocator::try_allocate_expandable_block(AllocParams& p) {
 }
 
 Block* Allocator::find_expandable_block(StreamId stream, BlockPool& pool, Bytes size) {
-  auto allocatable = [](const Block* b) {
-    return b != nullptr && b->is_free_or_unmapped();
+  // Never through a sleeping run nor an unmapped block touching one (docs/sleep-wake.md, SLEEP-R2).
+  auto allocatable = [this](const Block* b) {
+    return b != nullptr && b->is_free_or_unmapped() && !touches_sleeping(b);
   };
   auto has_room = [&](const Block* b) {
     Bytes bytes = 0;
@@ -56,6 +57,8 @@ Block* Allocator::find_expandable_block(StreamId stream, BlockPool& pool, Bytes 
   for (auto it = pool.unmapped.lower_bound(&key); it != pool.unmapped.end() && (*it)->stream == stream;
        ++it) {
     Block* c = *it;
+    // SLEEP-R1: not a segment holding live blocks of another tag.
+    if (!allocatable(c) || !reservation_takes_current_tag(c->expandable)) continue;
     if (allocatable(c->prev)) c = c->prev;
     if (has_room(c)) return c;
   }

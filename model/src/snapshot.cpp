@@ -38,7 +38,8 @@ Snapshot Allocator::snapshot_of(bool orphaned) const {
   for (const auto& [ptr, b] : active_blocks_) all.push_back(b);
   // Sleeping runs with no live block are in no pool (docs/sleep-wake.md): their heads.
   for (const auto& [key, owned] : owned_)
-    if (owned->prev == nullptr && sleeping_.contains(owned->ptr)) all.push_back(owned.get());
+    if (owned->is_mapped() && run_head(owned.get()) == owned.get() && sleeping_.contains(owned->ptr))
+      all.push_back(owned.get());
   std::sort(all.begin(), all.end());
   all.erase(std::unique(all.begin(), all.end()), all.end());
   for (const Block* head : all) {

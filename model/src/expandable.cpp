@@ -121,7 +121,7 @@ bool Allocator::map_block(Block* to_map, Bytes size) {
   return true;
 }
 
-void Allocator::unmap_block(Block* block) {
+void Allocator::unmap_block(Block* block, bool asleep) {
   ExpandableSegment& es = *block->expandable;
   // Only pages wholly inside the block are unmapped.
   const Bytes first = page_right(es, block->ptr);
@@ -130,7 +130,7 @@ void Allocator::unmap_block(Block* block) {
   const std::uint64_t addr = es.base + first * es.page_size;
   const Bytes unmapped = (last - first) * es.page_size;
   refuse_device_free_in_capture("unmapping an expandable segment");  // §14.8
-  source_.unmap(addr, unmapped);
+  if (!asleep) source_.unmap(addr, unmapped);  // a sleeping run's pages went back at the sleep
   for (Bytes i = first; i < last; ++i) es.mapped_pages.erase(i);
 
   BlockPool& pool = *block->pool;

@@ -11,6 +11,7 @@
 // (reachable only through a use_on_oom pool's fallback).
 #include <algorithm>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -222,6 +223,32 @@ void Allocator::wake(const TagList& tags) {
     if (r.backed_up) sleep_stats_.backup_bytes.decrease(static_cast<std::int64_t>(live));
   }
   ++sleep_stats_.num_wakes;
+}
+
+void Allocator::release_sleeping_blocks(BlockPool& pool) {
+  std::vector<std::uint64_t> bases;
+  for (const auto& [base, r] : sleeping_) {
+    const Block* head = mapped_block_at(base);
+    if (head->pool != &pool) continue;
+    bool live = false;
+    for (const Block* b = head; b != nullptr && b->is_mapped(); b = b->next) live = live || b->is_active();
+    if (!live) bases.push_back(base);
+  }
+  for (const std::uint64_t base : bases) {
+    // No live block: the run is one free block (its frees merged).
+    Block* b = mapped_block_at(base);
+    const Bytes size = sleeping_.at(base).size;
+    if (b->size != size) throw std::logic_error("model: a sleeping run with no live block is not one free block");
+    sleeping_.erase(base);
+    sleep_stats_.sleeping_segments.decrease(1);
+    sleep_stats_.sleeping_bytes.decrease(static_cast<std::int64_t>(size));
+    if (b->expandable == nullptr) {
+      release_block(b, true);
+    } else {
+      unmap_block(b, true);
+      if (b->is_unmapped() && !b->is_split()) release_expandable_segment(b);
+    }
+  }
 }
 
 TagList Allocator::sleeping() const {

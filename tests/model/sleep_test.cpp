@@ -264,6 +264,77 @@ TEST(Sleep, ExpandableGrowthNeverJoinsASleepingRun) {
   d.free(big);
 }
 
+TEST(Sleep, EmptyCacheGivesBackSleepingSegmentsWithNoLiveBlock) {
+  Device d(Config{}, 1 * GiB);
+  std::uint64_t w = 0, k = 0;
+  {
+    TagScope t("weights");
+    w = d.malloc(30 * MiB);  // a 30 MiB segment at kSeg0
+  }
+  {
+    TagScope t("kv_cache");
+    k = d.malloc(8 * MiB);  // a 20 MiB segment at kSeg0 + 30 MiB
+  }
+  d.free(d.malloc(1 * MiB));  // a free cached 2 MiB small segment at kSeg0 + 50 MiB
+  EXPECT_EQ(k, kSeg0 + 30 * MiB);
+  EXPECT_EQ(d.alloc.sleep({}, {}), 52 * MiB);
+  d.free(k);  // while asleep: the kv_cache segment now holds no live block
+  const std::size_t rows = d.alloc.trace().size();
+  d.alloc.empty_cache();
+  d.alloc.check_invariants();
+  // Both sleeping segments with no live block go back, addresses and all, as empty_cache gives
+  // back awake ones (large pool first); the weights segment (live) stays asleep.
+  const auto& tr = d.alloc.trace();
+  ASSERT_EQ(tr.size(), rows + 2);
+  EXPECT_EQ(tr[rows].action, TraceAction::SegmentFree);
+  EXPECT_EQ(tr[rows].addr, kSeg0 + 30 * MiB);
+  EXPECT_EQ(tr[rows].size, 20 * MiB);
+  EXPECT_EQ(tr[rows + 1].action, TraceAction::SegmentFree);
+  EXPECT_EQ(tr[rows + 1].addr, kSeg0 + 50 * MiB);
+  EXPECT_EQ(tr[rows + 1].size, 2 * MiB);
+  EXPECT_EQ(d.alloc.stats().segment[0].current, 1);
+  EXPECT_EQ(d.alloc.stats().reserved_bytes[0].current, 30 * 1048576);
+  EXPECT_EQ(d.alloc.stats().num_device_free, 2);
+  EXPECT_EQ(d.alloc.total_allocated_memory(), 30 * MiB);
+  EXPECT_EQ(d.alloc.sleep_stats().sleeping_segments.current, 1);
+  EXPECT_EQ(d.alloc.sleep_stats().sleeping_bytes.current, 30 * 1048576);
+  EXPECT_EQ(d.source.in_use(), 0u);  // nothing more: their memory went back at the sleep
+  EXPECT_EQ(d.alloc.snapshot().size(), 1u);
+  d.alloc.wake({});
+  EXPECT_EQ(d.source.in_use(), 30 * MiB);
+  TagScope t("kv_cache");
+  EXPECT_EQ(d.malloc(8 * MiB), kSeg0 + 52 * MiB);  // a new segment: the old one is gone
+  d.free(w);
+}
+
+TEST(Sleep, EmptyCacheUnmapsASleepingExpandableRunWithNoLiveBlock) {
+  Small d(conf("expandable_segments:True"));
+  const auto a = d.malloc(20 * MiB);
+  const auto b = d.malloc(20 * MiB);
+  const auto c = d.malloc(20 * MiB);
+  d.free(b);
+  d.alloc.empty_cache();  // page 1 unmapped: runs [0, 20) and [40, 60) MiB
+  d.free(c);
+  EXPECT_EQ(d.alloc.sleep({"weights"}, {}), 20 * MiB);  // the run with no live block
+  d.alloc.empty_cache();
+  d.alloc.check_invariants();
+  const TraceEvent& last = d.alloc.trace().back();
+  EXPECT_EQ(last.action, TraceAction::SegmentUnmap);
+  EXPECT_EQ(last.addr, kRes0 + 40 * MiB);
+  EXPECT_EQ(last.size, 20 * MiB);
+  EXPECT_EQ(d.alloc.stats().reserved_bytes[0].current, 20 * 1048576);
+  EXPECT_EQ(d.alloc.stats().num_device_free, 2);  // page 1, then the sleeping page 2
+  EXPECT_EQ(d.alloc.sleep_stats().sleeping_segments.current, 0);
+  EXPECT_EQ(d.alloc.sleep_stats().sleeping_bytes.current, 0);
+  EXPECT_EQ(d.source.in_use(), 20 * MiB);
+  // Nothing sleeps next to a's run any more: the segment grows right after it again.
+  const auto big = d.malloc(40 * MiB);
+  EXPECT_EQ(big, kRes0 + 20 * MiB);
+  EXPECT_EQ(d.source.in_use(), 60 * MiB);
+  d.free(a);
+  d.free(big);
+}
+
 TEST(Sleep, RefusalsChangeNothing) {
   Device d(Config{}, 1 * GiB);
   d.malloc(4 * MiB);

@@ -200,14 +200,19 @@ class Allocator {
   // release.cpp
   void release_cached_blocks(PoolId id = PoolId{});
   void release_blocks(BlockPool& pool);
-  void release_block(Block* b);
+  // `asleep`: the segment sleeps (docs/sleep-wake.md): its memory went back at the sleep, only its
+  // addresses go back now.
+  void release_block(Block* b, bool asleep = false);
+  // sleep.cpp: empty_cache's part of sleep: the pool's sleeping runs with no live block go back
+  // entirely, as release_blocks gives back an awake free segment (or run) of the pool.
+  void release_sleeping_blocks(BlockPool& pool);
   bool release_available_cached_blocks(const AllocParams& p);
   void garbage_collect_cached_blocks();
   // expandable.cpp
   Block* try_allocate_expandable_block(AllocParams& p);
   Block* find_expandable_block(StreamId stream, BlockPool& pool, Bytes size);
   bool map_block(Block* to_map, Bytes size);
-  void unmap_block(Block* b);
+  void unmap_block(Block* b, bool asleep = false);  // asleep: no device call (a sleeping run)
   void release_expandable_segment(Block* b);
 
   // Shared helpers.

@@ -6,9 +6,8 @@
 // to it (touches_sleeping), so a sleeping run never joins an awake one.
 //
 // Placement keeps runs tag-homogeneous (get_free_block_for_tag; an expandable segment with live
-// blocks of one tag takes no other, reservation_takes_current_tag). Not in the model yet
-// (UsageError, nothing changes): a segment whose live blocks mix a named tag with another
-// (reachable only through a use_on_oom pool's fallback).
+// blocks of one tag takes no other, reservation_takes_current_tag; a use_on_oom pool lends only
+// what the tag allows).
 #include <algorithm>
 #include <set>
 #include <stdexcept>
@@ -122,14 +121,15 @@ Bytes Allocator::sleep(const TagList& tags, const TagList& backup_tags) {
     const bool named = std::any_of(live.begin(), live.end(), [&](const Tag& t) { return names_tag(tags, t); });
     const bool other = std::any_of(live.begin(), live.end(), [&](const Tag& t) { return !names_tag(tags, t); });
     if (!live.empty() && !named) continue;
-    if (other)
-      throw UsageError("sleep(): the segment at " + hex(head->ptr) + " holds live blocks of the tags " +
+    if (other)  // placement keeps runs tag-homogeneous: a model bug, not the caller's
+      throw std::logic_error("[INV-SLEEP-3] model: sleep(): the segment at " + hex(head->ptr) +
+                             " holds live blocks of the tags " +
                        [&] {
                          std::string r;
                          for (const Tag& t : live) r += (r.empty() ? "'" : ", '") + t + "'";
                          return r;
                        }() +
-                       ", some not named; name them all, or allocate them apart (nothing was put to sleep)");
+                       " (nothing was put to sleep)");
     plan.push_back(p);
   }
   // 2. Pending frees complete (the device is idle before memory goes back); their merges may

@@ -335,6 +335,41 @@ TEST(Sleep, EmptyCacheUnmapsASleepingExpandableRunWithNoLiveBlock) {
   d.free(big);
 }
 
+TEST(Sleep, UseOnOomPoolLendsOnlyWhatTheTagAllows) {
+  Device d(Config{}, 64 * MiB);
+  const PoolId pool{0, 1};
+  d.alloc.set_use_on_oom(pool, true);
+  d.alloc.begin_allocate_to_pool(pool, PoolRoute{});
+  std::uint64_t g = 0;
+  {
+    TagScope t("graph");
+    g = d.malloc(4 * MiB);  // the pool's 20 MiB segment at kSeg0, 16 MiB free after g
+  }
+  d.alloc.end_allocate_to_pool(pool);
+  const auto x = d.malloc(40 * MiB);  // "default": 60 of the 64 MiB in use
+  EXPECT_EQ(x, kSeg0 + 20 * MiB);
+  {
+    // No new 20 MiB segment fits; the pool's free block lies in a segment holding live "graph":
+    // the fallback does not lend it to "weights" (SLEEP-R1), nothing else frees memory: OOM.
+    TagScope t("weights");
+    EXPECT_THROW(d.alloc.malloc(8 * MiB), OutOfMemory);
+    d.alloc.check_invariants();
+  }
+  EXPECT_EQ(d.alloc.stats().num_ooms, 1);
+  std::uint64_t borrowed = 0;
+  {
+    TagScope t("graph");
+    borrowed = d.malloc(8 * MiB);  // the same tag: borrowed from the pool, after g
+  }
+  EXPECT_EQ(borrowed, kSeg0 + 4 * MiB);
+  EXPECT_EQ(d.alloc.sleep({"graph"}, {}), 20 * MiB);
+  EXPECT_EQ(d.alloc.sleep_stats().sleeping_allocated_bytes.current, 12 * 1048576);
+  d.alloc.wake({});
+  d.free(borrowed);
+  d.free(g);
+  d.free(x);
+}
+
 TEST(Sleep, RefusalsChangeNothing) {
   Device d(Config{}, 1 * GiB);
   d.malloc(4 * MiB);

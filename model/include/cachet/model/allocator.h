@@ -120,7 +120,7 @@ class Allocator {
   // (every tag when empty), and every run with no live block, gives its memory back (the source's
   // unmap) and keeps its addresses; the live blocks of tags in `backup_tags` are backed up.
   // Returns the bytes given back. UsageError, nothing changed: a capture or use_mem_pool under
-  // way, a run mixing a named tag with another (only a use_on_oom fallback makes one). A mapped run
+  // way. A mapped run
   // of an expandable segment sleeps as one range (its pages go back in one unmap).
   Bytes sleep(const TagList& tags, const TagList& backup_tags);
   // wake: every sleeping run with a live block of a tag in `tags` (every tag when empty), and every

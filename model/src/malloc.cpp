@@ -1,6 +1,7 @@
 // The malloc order (docs/pytorch-allocator.md §3.1), best fit with the oversize rules (§2.2), new
 // segments (§3.2) and splitting (§2.3, §2.4). § numbers refer to docs/pytorch-allocator.md.
 #include <algorithm>
+#include <stdexcept>
 #include <limits>
 
 #include "cachet/errors.h"
@@ -67,7 +68,11 @@ std::uint64_t Allocator::malloc(Bytes orig_size, StreamId stream, ThreadIndex th
   if (!found) raise_oom(p);
 
   const bool split = should_split(p.block, p.size, p.expandable);
-  return alloc_found_block(p, orig_size, split)->ptr;
+  const Block* block = alloc_found_block(p, orig_size, split);
+  if (!sleeping_.empty() && sleeping_range_of(block) != nullptr)  // docs/sleep-wake.md, SLEEP-R2
+    throw std::logic_error("[INV-SLEEP-1] model: malloc placed the block at " + std::to_string(block->ptr) +
+                           " in a sleeping range");
+  return block->ptr;
 }
 
 bool Allocator::get_free_block(AllocParams& p) {

@@ -97,7 +97,10 @@ Bytes Allocator::sleep(const TagList& tags, const TagList& backup_tags) {
   if (!captures_underway_.empty())
     throw UsageError("sleep(): a CUDA graph capture or use_mem_pool is under way; end it first (a sleeping "
                      "range must not be captured into a graph)");
-  // 1. Which runs sleep, decided before anything changes.
+  // 1. Pending frees complete (the device is idle before memory goes back, section 3 step 2), so a
+  //    run whose last live blocks were awaiting events sleeps as a free run.
+  synchronize_and_free_events();
+  // 2. Which runs sleep.
   struct Plan {
     std::uint64_t head_ptr;
     Bytes size;
@@ -132,9 +135,6 @@ Bytes Allocator::sleep(const TagList& tags, const TagList& backup_tags) {
                        " (nothing was put to sleep)");
     plan.push_back(p);
   }
-  // 2. Pending frees complete (the device is idle before memory goes back); their merges may
-  //    replace a run's head block, never its address.
-  synchronize_and_free_events();
   // 3. Give the memory back.
   Bytes given = 0;
   for (const Plan& p : plan) {

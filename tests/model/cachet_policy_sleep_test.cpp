@@ -191,6 +191,30 @@ TEST(CachetSleep, WakeOutOfMemoryStaysAsleepAndSucceedsLater) {
   c.free(w);
 }
 
+TEST(CachetSleep, SleepingPagesDoNotCountAgainstTheCap) {
+  Cachet c;
+  c.p.set_memory_fraction(0.015625);  // 4 GiB x 1/64: a cap of 64 MiB, 32 pages
+  std::uint64_t w = 0;
+  {
+    TagScope t("weights");
+    w = c.malloc(40 * MiB);  // pages 0-19
+  }
+  EXPECT_EQ(c.p.sleep({}, {}), 40 * MiB);
+  // SLEEP-R5: R7 counts awake pages, 0 + 20 <= 32.
+  const auto x = c.malloc(40 * MiB);
+  EXPECT_EQ(x, B + 40 * MiB);
+  EXPECT_EQ(c.reserved(), 80 * 1048576);
+  EXPECT_THROW(c.p.wake({}), OutOfMemory);  // 20 + 20 awake pages would pass the cap
+  c.free(x);
+  EXPECT_THROW(c.p.wake({}), OutOfMemory);  // x's free pages are still mapped
+  c.p.empty_cache();                        // R9 unmaps them
+  c.p.wake({});
+  c.p.check_invariants();
+  EXPECT_EQ(c.p.sleep_stats().num_wake_ooms, 2);
+  EXPECT_EQ(c.source.in_use(), 40 * MiB);
+  c.free(w);
+}
+
 TEST(CachetSleep, RefusedWhileAPoolIsActive) {
   Cachet c;
   const PoolId id{0, 1};

@@ -370,6 +370,30 @@ TEST(Sleep, UseOnOomPoolLendsOnlyWhatTheTagAllows) {
   d.free(x);
 }
 
+TEST(Sleep, SleepingBytesDoNotCountAgainstTheCap) {
+  Small d(Config{});
+  d.alloc.set_memory_fraction(0.0625);  // 1 GiB x 0.0625: a cap of 64 MiB
+  std::uint64_t w = 0;
+  {
+    TagScope t("weights");
+    w = d.malloc(40 * MiB);
+  }
+  EXPECT_EQ(d.alloc.sleep({}, {}), 40 * MiB);
+  // SLEEP-R5: the cap counts reserved minus sleeping bytes, 0 + 40 MiB <= 64 MiB.
+  const auto x = d.malloc(40 * MiB);
+  EXPECT_EQ(x, kSeg0 + 40 * MiB);
+  EXPECT_EQ(d.alloc.stats().reserved_bytes[0].current, 80 * 1048576);
+  EXPECT_THROW(d.alloc.wake({}), OutOfMemory);  // 40 + 40 MiB awake would pass the cap
+  EXPECT_EQ(d.alloc.sleep_stats().num_wake_ooms, 1);
+  EXPECT_EQ(d.source.in_use(), 40 * MiB);
+  d.free(x);
+  d.alloc.empty_cache();
+  d.alloc.wake({});
+  d.alloc.check_invariants();
+  EXPECT_EQ(d.source.in_use(), 40 * MiB);
+  d.free(w);
+}
+
 TEST(Sleep, RefusalsChangeNothing) {
   Device d(Config{}, 1 * GiB);
   d.malloc(4 * MiB);

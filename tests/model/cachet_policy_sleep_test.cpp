@@ -215,6 +215,28 @@ TEST(CachetSleep, SleepingPagesDoNotCountAgainstTheCap) {
   c.free(w);
 }
 
+TEST(CachetSleep, PendingFreesCompleteBeforeThePagesAreChosen) {
+  Cachet c;
+  {
+    TagScope t("weights");
+    c.malloc(4 * MiB);  // pages 0, 1
+  }
+  std::uint64_t k = 0;
+  {
+    TagScope t("kv_cache");
+    k = c.malloc(4 * MiB);  // pages 2, 3
+  }
+  EXPECT_EQ(k, B + 4 * MiB);
+  c.p.record_stream(k, 7);
+  c.free(k);  // awaiting its event on stream 7: still live
+  // R9's wait first: pages 2 and 3 then hold no live block and sleep too.
+  EXPECT_EQ(c.p.sleep({"weights"}, {}), 8 * MiB);
+  c.p.check_invariants();
+  EXPECT_EQ(c.p.stats().num_sync_all_streams, 1);
+  EXPECT_EQ(c.p.sleep_stats().sleeping_segments.current, 1);  // pages 0-3: one run
+  EXPECT_EQ(c.source.in_use(), 0u);
+}
+
 TEST(CachetSleep, RefusedWhileAPoolIsActive) {
   Cachet c;
   const PoolId id{0, 1};

@@ -394,6 +394,28 @@ TEST(Sleep, SleepingBytesDoNotCountAgainstTheCap) {
   d.free(w);
 }
 
+TEST(Sleep, PendingFreesCompleteBeforeTheRunsAreChosen) {
+  Device d(Config{}, 1 * GiB);
+  {
+    TagScope t("weights");
+    d.malloc(4 * MiB);  // a 20 MiB segment at kSeg0
+  }
+  std::uint64_t k = 0;
+  {
+    TagScope t("kv_cache");
+    k = d.malloc(4 * MiB);  // a 20 MiB segment at kSeg0 + 20 MiB
+  }
+  d.alloc.record_stream(k, 7);
+  d.free(k);  // awaiting its event on stream 7: still live
+  // The sleep waits for the event first (section 3, step 2): the kv_cache segment then holds no
+  // live block and sleeps too.
+  EXPECT_EQ(d.alloc.sleep({"weights"}, {}), 40 * MiB);
+  d.alloc.check_invariants();
+  EXPECT_EQ(d.alloc.stats().num_sync_all_streams, 1);
+  EXPECT_EQ(d.alloc.sleep_stats().sleeping_segments.current, 2);
+  EXPECT_EQ(d.source.in_use(), 0u);
+}
+
 TEST(Sleep, RefusalsChangeNothing) {
   Device d(Config{}, 1 * GiB);
   d.malloc(4 * MiB);

@@ -65,6 +65,9 @@ std::uint64_t CachetPolicy::malloc(Bytes orig_size, StreamId stream, ThreadIndex
   if (!pool_active() && (!events_.empty() || !deferred_.empty())) process_events();
   const Bytes size = (orig_size + kCachetBlockAlign - 1) / kCachetBlockAlign * kCachetBlockAlign;
   const PoolId to = route(stream, thread);  // R10
+  // From the first allocation under a tag other than "default" on, placement keeps pages
+  // tag-homogeneous (docs/sleep-wake.md, SLEEP-R1).
+  if (current_tag() != kDefaultTag) tags_seen_ = true;
 
   std::uint64_t ptr = 0;
   if (auto fit = take_best_fit(stream, to, size))
@@ -81,7 +84,6 @@ std::uint64_t CachetPolicy::malloc(Bytes orig_size, StreamId stream, ThreadIndex
   b.stream = stream;
   b.uses.clear();
   b.tag = current_tag();  // docs/sleep-wake.md: the block keeps it for its life
-  if (b.tag != kDefaultTag) tags_seen_ = true;
   peak_touched_ = std::max<Bytes>(peak_touched_, touched_pages());
 
   const StatType pool = pool_of(size);

@@ -26,7 +26,7 @@ bool CachetPolicy::placeable(std::uint64_t lo, std::uint64_t hi) const {
   const std::uint64_t first = page_of(lo), last = page_of(hi - 1);
   for (std::uint64_t p = first; p <= last; ++p)
     if (sleeping_pages_.count(p) != 0) return false;
-  if (!tags_seen_) return true;
+  if (!tags_seen_) return true;  // every live block is "default", and so is this one
   const Tag& tag = current_tag();
   // The blocks overlapping [page_addr(first), page_addr(last + 1)).
   auto it = blocks_.upper_bound(page_addr(first));
@@ -123,8 +123,15 @@ Bytes CachetPolicy::sleep(const TagList& tags, const TagList& backup_tags) {
     sleeping_pages_.emplace(p, sp);
   }
   split_at_sleep_edges();
-  // The live blocks now asleep (each lies wholly on pages of one sleep state).
+  // The free blocks now asleep merge with their sleeping free neighbours (R1: no two free blocks
+  // of one stream and pool lie side by side in one sleep state).
   const std::set<std::uint64_t> fresh(pages.begin(), pages.end());
+  std::vector<std::uint64_t> slept;
+  for (const auto& [ptr, b] : blocks_)
+    if (b.mapped_free() && fresh.count(page_of(b.ptr)) != 0) slept.push_back(ptr);
+  for (std::uint64_t ptr : slept)
+    if (blocks_.count(ptr) != 0 && blocks_.at(ptr).mapped_free()) merge(ptr);
+  // The live blocks now asleep (each lies wholly on pages of one sleep state).
   Bytes allocated = 0, backup = 0;
   for (const auto& [ptr, b] : blocks_) {
     if (!b.live() || fresh.count(page_of(b.ptr)) == 0) continue;
@@ -198,6 +205,9 @@ void CachetPolicy::wake(const TagList& tags) {
   sleep_stats_.sleeping_allocated_bytes.decrease(static_cast<std::int64_t>(allocated));
   sleep_stats_.backup_bytes.decrease(static_cast<std::int64_t>(backup));
   ++sleep_stats_.num_wakes;
+  // Woken free pages may pass R4's budget (they slept free): whole free pages beyond budget(T)
+  // are unmapped in R6's order, as at the end of a capture (R12).
+  if (!pool_active()) trim_to_budget();
 }
 
 TagList CachetPolicy::sleeping() const {

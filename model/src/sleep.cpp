@@ -51,7 +51,7 @@ bool Allocator::touches_sleeping(const Block* b) const {
 }
 
 bool Allocator::reservation_takes_current_tag(const ExpandableSegment* es) const {
-  if (!tags_seen_) return true;  // every live block is "default": nothing to keep apart
+  if (!tags_seen_) return true;  // every live block is "default", and so is this one
   const Tag& tag = current_tag();
   for (const auto& [ptr, b] : active_blocks_)
     if (b->expandable == es && b->tag != tag) return false;

@@ -133,6 +133,61 @@ TEST(CachetSleep, PagesAreTagHomogeneous) {
   }
 }
 
+TEST(CachetSleep, TheFirstTaggedAllocationKeepsApartFromDefault) {
+  Cachet c;
+  EXPECT_EQ(c.malloc(512 * KiB), B);  // "default": page 0
+  TagScope t("kv_cache");
+  EXPECT_EQ(c.malloc(512 * KiB), B + 2 * MiB);  // not page 0's high end: page 1
+}
+
+TEST(CachetSleep, SleepingFreeNeighboursMergeAndSplitAgainAtAPartialWake) {
+  Cachet c;
+  std::uint64_t k = 0, w1 = 0, w2 = 0;
+  {
+    TagScope t("kv_cache");
+    k = c.malloc(3 * MiB);  // pages 0, 1; [B + 3 MiB, B + 4 MiB) free
+  }
+  EXPECT_EQ(c.p.sleep({"kv_cache"}, {}), 4 * MiB);
+  {
+    TagScope t("weights");
+    w1 = c.malloc(3 * MiB);    // R3 past the sleeping pages: pages 2, 3
+    w2 = c.malloc(512 * KiB);  // R2: the high end of [B + 7 MiB, B + 8 MiB)
+  }
+  EXPECT_EQ(w1, B + 4 * MiB);
+  EXPECT_EQ(w2, B + 7680 * KiB);
+  c.free(w1);  // [B + 4 MiB, B + 7.5 MiB) free; page 2 now holds no live block
+  // Page 2 (free) and page 3 ("weights") sleep; the free 3.5 MiB merges with the sleeping free
+  // 1 MiB before it.
+  EXPECT_EQ(c.p.sleep({"weights"}, {}), 4 * MiB);
+  c.p.check_invariants();
+  Snapshot s = c.p.snapshot();
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_TRUE(s[0].is_sleeping);
+  ASSERT_EQ(s[0].blocks.size(), 3u);
+  EXPECT_EQ(s[0].blocks[1].address, B + 3 * MiB);
+  EXPECT_EQ(s[0].blocks[1].size, 4608 * KiB);
+  EXPECT_EQ(c.p.sleep_stats().sleeping_segments.current, 1);
+  // kv_cache's pages wake, and page 2 (no live block at its sleep) with them; page 3 stays: the
+  // free block is cut at B + 6 MiB.
+  c.p.wake({"kv_cache"});
+  c.p.check_invariants();
+  EXPECT_EQ(c.p.sleep_stats().sleeping_bytes.current, 2 * 1048576);
+  EXPECT_EQ(c.source.in_use(), 6 * MiB);
+  s = c.p.snapshot();
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_FALSE(s[0].is_sleeping);
+  EXPECT_EQ(s[0].total_size, 6 * MiB);
+  ASSERT_EQ(s[0].blocks.size(), 2u);
+  EXPECT_EQ(s[0].blocks[1].size, 3 * MiB);
+  EXPECT_TRUE(s[1].is_sleeping);
+  EXPECT_EQ(s[1].address, B + 6 * MiB);
+  ASSERT_EQ(s[1].blocks.size(), 2u);
+  EXPECT_EQ(s[1].blocks[0].size, 1536 * KiB);
+  c.p.wake({});
+  c.free(k);
+  c.free(w2);
+}
+
 TEST(CachetSleep, FreePagesSleepAndEmptyCacheGivesThemBack) {
   Cachet c;
   const auto x = c.malloc(4 * MiB);  // pages 0, 1

@@ -240,6 +240,16 @@ TEST(Sleep, ExpandableRunSleepsAndWakesAtItsAddresses) {
   EXPECT_EQ(d.malloc(12 * MiB), w2);
 }
 
+TEST(Sleep, TheFirstTaggedAllocationKeepsApartFromDefault) {
+  Small d(conf("expandable_segments:True"));
+  const auto a = d.malloc(4 * MiB);  // "default": the first reservation, 16 MiB free after a
+  TagScope t("kv_cache");
+  // The first allocation under another tag: not a's reservation (found by growing from its free
+  // block), a reservation of its own.
+  EXPECT_EQ(d.malloc(4 * MiB), kRes1);
+  EXPECT_EQ(a, kRes0);
+}
+
 TEST(Sleep, ExpandableGrowthNeverJoinsASleepingRun) {
   Small d(conf("expandable_segments:True"));
   const auto a = d.malloc(20 * MiB);  // page 0

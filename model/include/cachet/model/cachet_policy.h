@@ -231,7 +231,7 @@ class CachetPolicy {
   void release_sleeping_free_pages();
   std::map<std::uint64_t, SleepingPage> sleeping_pages_;  // by page index
   SleepStats sleep_stats_;
-  bool tags_seen_ = false;  // a live block was ever allocated under a tag other than "default"
+  bool tags_seen_ = false;  // malloc was ever called under a tag other than "default"
 
   Config config_;
   SegmentSource& source_;

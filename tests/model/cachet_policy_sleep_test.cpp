@@ -188,6 +188,24 @@ TEST(CachetSleep, SleepingFreeNeighboursMergeAndSplitAgainAtAPartialWake) {
   c.free(w2);
 }
 
+TEST(CachetSleep, WokenFreePagesBeyondTheBudgetAreUnmapped) {
+  Cachet c;
+  c.free(c.malloc(4 * MiB));  // pages 0, 1: T = 2, both free, still mapped
+  EXPECT_EQ(c.p.sleep({}, {}), 4 * MiB);
+  const auto y = c.malloc(4 * MiB);  // not the sleeping pages: pages 2, 3 (2 awake <= budget 2)
+  EXPECT_EQ(y, B + 4 * MiB);
+  c.p.wake({});  // pages 0, 1 wake: 4 awake pages, budget(2) = 2: R6 unmaps pages 0, 1 again
+  c.p.check_invariants();
+  EXPECT_EQ(c.reserved(), 4 * 1048576);
+  EXPECT_EQ(c.source.in_use(), 4 * MiB);
+  EXPECT_EQ(c.p.stats().num_device_free, 1);
+  const TraceEvent& last = c.p.trace().back();
+  EXPECT_EQ(last.action, TraceAction::SegmentUnmap);
+  EXPECT_EQ(last.addr, B);
+  EXPECT_EQ(last.size, 4 * MiB);
+  c.free(y);
+}
+
 TEST(CachetSleep, FreePagesSleepAndEmptyCacheGivesThemBack) {
   Cachet c;
   const auto x = c.malloc(4 * MiB);  // pages 0, 1

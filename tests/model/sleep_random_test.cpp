@@ -83,13 +83,20 @@ void run(A& a, std::uint64_t seed, int ops) {
           active.pop_back();
           a.end_allocate_to_pool(id);
           if (rng() % 2 == 0) {
+            // A marked pool whose users all released it is where PyTorch fails (§15.2): unmarked.
+            if constexpr (requires { a.set_use_on_oom(id, false); })
+              if (refs[id] == 1) a.set_use_on_oom(id, false);
             a.release_pool(id);
             --refs[id];
           }
         }
-      } else {
+      } else if (op < 99) {
         const double fractions[] = {1.0, 0.5, 0.25};
         a.set_memory_fraction(fractions[rng() % 3]);
+      } else if constexpr (requires { a.set_use_on_oom(PoolId{0, 1}, true); }) {
+        // MemPool(use_on_oom=True): the fallback lends only what the tag allows (SLEEP-R1).
+        const PoolId id{0, 1 + static_cast<std::uint64_t>(rng() % 2)};
+        if (refs[id] > 0) a.set_use_on_oom(id, rng() % 2 == 0);
       }
     } catch (const PyTorchFailure&) {
       return;  // where PyTorch 2.11 itself fails, the run ends (docs/pytorch-allocator.md §14.8)
@@ -116,8 +123,10 @@ void run(A& a, std::uint64_t seed, int ops) {
   for (const auto& [p, size] : live) a.free(p);  // every pointer is still the caller's
   live.clear();
   a.complete_all_events();
-  for (auto& [id, n] : refs)
+  for (auto& [id, n] : refs) {
+    if constexpr (requires { a.set_use_on_oom(id, false); }) a.set_use_on_oom(id, false);
     for (; n > 0; --n) a.release_pool(id);
+  }
   a.empty_cache();  // the sleeping ranges hold no live block now: they go back
   a.wake({});
   a.check_invariants();

@@ -32,7 +32,8 @@ bool CachetPolicy::placeable(std::uint64_t lo, std::uint64_t hi) const {
   auto it = blocks_.upper_bound(page_addr(first));
   if (it != blocks_.begin()) --it;
   for (; it != blocks_.end() && it->first < page_addr(last + 1); ++it)
-    if (it->second.live() && it->second.end() > page_addr(first) && it->second.tag != tag) return false;
+    if (it->second.live() && it->second.end() > page_addr(first) && it->second.tag != tag)
+      return false;
   return true;
 }
 
@@ -84,8 +85,9 @@ Bytes CachetPolicy::sleep(const TagList& tags, const TagList& backup_tags) {
   for (const Tag& t : tags) check_tag(t);
   for (const Tag& t : backup_tags) check_tag(t);
   if (pool_active())
-    throw UsageError("sleep(): a CUDA graph capture or use_mem_pool is under way; end it first (a sleeping "
-                     "range must not be captured into a graph)");
+    throw UsageError(
+        "sleep(): a CUDA graph capture or use_mem_pool is under way; end it first (a sleeping "
+        "range must not be captured into a graph)");
   // Pending frees complete first (the device is idle before memory goes back, R9's wait).
   if (!events_.empty() || !deferred_.empty()) synchronize_events();
   // The tag of the live blocks touching each awake mapped page (one at most: SLEEP-R1).
@@ -96,7 +98,8 @@ Bytes CachetPolicy::sleep(const TagList& tags, const TagList& backup_tags) {
       const auto [it, fresh] = live_tag.emplace(p, b.tag);
       if (!fresh && it->second != b.tag)  // placement keeps pages homogeneous: a model bug
         throw std::logic_error("[INV-SLEEP-3] cachet model: sleep(): page " + std::to_string(p) +
-                               " is touched by live blocks of '" + it->second + "' and '" + b.tag + "'");
+                               " is touched by live blocks of '" + it->second + "' and '" + b.tag +
+                               "'");
     }
   }
   std::vector<std::uint64_t> pages;  // the awake pages that sleep now, ascending
@@ -152,7 +155,7 @@ void CachetPolicy::free_while_asleep(Block& b) {
   if (sleeping_pages_.at(page_of(b.ptr)).backed_up)
     sleep_stats_.backup_bytes.decrease(static_cast<std::int64_t>(b.size));  // its backup is dropped
   ++sleep_stats_.num_frees_while_asleep;
-  b.uses.clear();  // nothing can run on memory that is not there: no event
+  b.uses.clear();     // nothing can run on memory that is not there: no event
   free_completed(b);  // Free, merged with its sleeping free neighbours only
 }
 
@@ -173,20 +176,23 @@ void CachetPolicy::wake(const TagList& tags) {
   bool ok = !allowed_max_ || (awake_pages() + pages.size()) * kCachetPage <= *allowed_max_;
   for (std::size_t i = 0; ok && i < runs.size(); ++i)
     if (!source_.map(runs[i].first, runs[i].second - runs[i].first)) {
-      for (std::size_t j = 0; j < i; ++j) source_.unmap(runs[j].first, runs[j].second - runs[j].first);
+      for (std::size_t j = 0; j < i; ++j)
+        source_.unmap(runs[j].first, runs[j].second - runs[j].first);
       ok = false;
     }
   if (!ok) {
     ++sleep_stats_.num_wake_ooms;
-    throw OutOfMemory("wake(): out of memory: waking needs " + std::to_string(pages.size() * kCachetPage) +
-                      " bytes of device memory; everything stays asleep with its backups; free memory and "
-                      "wake again");
+    throw OutOfMemory(
+        "wake(): out of memory: waking needs " + std::to_string(pages.size() * kCachetPage) +
+        " bytes of device memory; everything stays asleep with its backups; free memory and "
+        "wake again");
   }
   Bytes allocated = 0, backup = 0;
   for (const auto& [ptr, b] : blocks_) {
     if (!b.live()) continue;
     const auto it = sleeping_pages_.find(page_of(b.ptr));
-    if (it == sleeping_pages_.end() || !std::binary_search(pages.begin(), pages.end(), it->first)) continue;
+    if (it == sleeping_pages_.end() || !std::binary_search(pages.begin(), pages.end(), it->first))
+      continue;
     if (b.state() == BlockState::Allocated) allocated += b.size;
     if (it->second.backed_up) backup += b.size;
   }
@@ -227,7 +233,8 @@ void CachetPolicy::release_sleeping_free_pages() {
     auto it = blocks_.upper_bound(page_addr(p));
     if (it != blocks_.begin()) --it;
     for (; free && it != blocks_.end() && it->first < page_addr(p + 1); ++it)
-      if (it->second.end() > page_addr(p) && (it->second.live() || !it->second.pool.is_default())) free = false;
+      if (it->second.end() > page_addr(p) && (it->second.live() || !it->second.pool.is_default()))
+        free = false;
     if (free) pages.push_back(p);
   }
   for (std::size_t i = 0; i < pages.size();) {

@@ -1,9 +1,9 @@
 // Sleep and wake in the model of policy:cachet (issue 24; cachet's rules, docs/sleep-wake.md): the
 // 2 MiB page is the unit, pages are tag-homogeneous. Every address and figure below is worked out
-// by hand from the rules (R1-R12 in gpu/include/cachet/gpu/policy_cachet.h, and docs/sleep-wake.md):
-// the reservation starts at the synthetic source's first reservation address B = 0x300000000;
-// requests of 1 MiB or less take the high end of R2's best fit, larger ones the low end; R3's
-// window with no free neighbour of the stream starts at the unmapped block.
+// by hand from the rules (R1-R12 in gpu/include/cachet/gpu/policy_cachet.h, and
+// docs/sleep-wake.md): the reservation starts at the synthetic source's first reservation address B
+// = 0x300000000; requests of 1 MiB or less take the high end of R2's best fit, larger ones the low
+// end; R3's window with no free neighbour of the stream starts at the unmapped block.
 #include <gtest/gtest.h>
 
 #include "cachet/config.h"
@@ -87,7 +87,7 @@ TEST(CachetSleep, PagesOfATagSleepAndWakeAtTheSameAddresses) {
   EXPECT_EQ(c.p.sleep_stats().backup_bytes.current, 0);
   EXPECT_EQ(c.p.sleep_stats().num_frees_while_asleep, 1);
   EXPECT_EQ(c.p.stats().allocated_bytes[0].current, 2 * 1048576 + 512 * 1024);  // k and w2
-  EXPECT_THROW(c.p.free(w), UsageError);  // no double free
+  EXPECT_THROW(c.p.free(w), UsageError);                                        // no double free
   c.free(k);  // awake, next to the sleeping free 4 MiB: not merged with it
   {
     const Snapshot asleep = c.p.snapshot();
@@ -319,7 +319,9 @@ TEST(CachetSleep, RefusedWhileAPoolIsActive) {
     c.p.sleep({}, {});
     ADD_FAILURE() << "no exception";
   } catch (const UsageError& e) {
-    EXPECT_EQ(std::string(e.what()).rfind("sleep(): a CUDA graph capture or use_mem_pool is under way", 0), 0u);
+    EXPECT_EQ(std::string(e.what()).rfind(
+                  "sleep(): a CUDA graph capture or use_mem_pool is under way", 0),
+              0u);
   }
   EXPECT_EQ(c.p.sleep_stats().num_sleeps, 0);
   EXPECT_EQ(c.source.in_use(), 2 * MiB);

@@ -40,7 +40,8 @@ void run(A& a, std::uint64_t seed, int ops) {
   bool pools_used = false;
   for (int i = 0; i < ops; ++i) {
     const int op = static_cast<int>(rng() % 100);
-    SCOPED_TRACE("seed " + std::to_string(seed) + " op " + std::to_string(i) + " kind " + std::to_string(op));
+    SCOPED_TRACE("seed " + std::to_string(seed) + " op " + std::to_string(i) + " kind " +
+                 std::to_string(op));
     try {
       if (op < 40) {
         TagScope t(kTags[rng() % kTags.size()]);
@@ -60,8 +61,10 @@ void run(A& a, std::uint64_t seed, int ops) {
         a.complete_all_events();
       } else if (op < 78) {
         // Refused (UsageError, nothing changes) while a pool is active.
-        if (!active.empty()) EXPECT_THROW(a.sleep(random_tags(rng), random_tags(rng)), UsageError);
-        else a.sleep(random_tags(rng), random_tags(rng));
+        if (!active.empty())
+          EXPECT_THROW(a.sleep(random_tags(rng), random_tags(rng)), UsageError);
+        else
+          a.sleep(random_tags(rng), random_tags(rng));
       } else if (op < 86) {
         try {
           a.wake(random_tags(rng));
@@ -71,7 +74,8 @@ void run(A& a, std::uint64_t seed, int ops) {
         a.empty_cache();
       } else if (op < 94) {  // use_mem_pool enters a pool
         const PoolId id{0, 1 + static_cast<std::uint64_t>(rng() % 2)};
-        if (std::find(active.begin(), active.end(), id) == active.end() && (refs[id] > 0 || !a.has_pool(id))) {
+        if (std::find(active.begin(), active.end(), id) == active.end() &&
+            (refs[id] > 0 || !a.has_pool(id))) {
           a.begin_allocate_to_pool(id, PoolRoute{PoolRoute::Kind::CurrentThread, 0, 0});
           active.push_back(id);
           ++refs[id];

@@ -124,15 +124,12 @@ Bytes Allocator::sleep(const TagList& tags, const TagList& backup_tags) {
     const bool named = std::any_of(live.begin(), live.end(), [&](const Tag& t) { return names_tag(tags, t); });
     const bool other = std::any_of(live.begin(), live.end(), [&](const Tag& t) { return !names_tag(tags, t); });
     if (!live.empty() && !named) continue;
-    if (other)  // placement keeps runs tag-homogeneous: a model bug, not the caller's
+    if (other) {  // placement keeps runs tag-homogeneous: a model bug, not the caller's
+      std::string names;
+      for (const Tag& t : live) names += (names.empty() ? "'" : ", '") + t + "'";
       throw std::logic_error("[INV-SLEEP-3] model: sleep(): the segment at " + hex(head->ptr) +
-                             " holds live blocks of the tags " +
-                       [&] {
-                         std::string r;
-                         for (const Tag& t : live) r += (r.empty() ? "'" : ", '") + t + "'";
-                         return r;
-                       }() +
-                       " (nothing was put to sleep)");
+                             " holds live blocks of the tags " + names + " (nothing was put to sleep)");
+    }
     plan.push_back(p);
   }
   // 3. Give the memory back.

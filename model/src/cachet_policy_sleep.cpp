@@ -213,7 +213,8 @@ void CachetPolicy::wake(const TagList& tags) {
   ++sleep_stats_.num_wakes;
   // Woken free pages may pass R4's budget (they slept free): whole free pages beyond budget(T)
   // are unmapped in R6's order, as at the end of a capture (R12).
-  if (!pool_active()) trim_to_budget();
+  if (!pages.empty() && !pool_active())
+    trim_to_budget();  // (a wake that woke nothing changes nothing)
 }
 
 TagList CachetPolicy::sleeping() const {

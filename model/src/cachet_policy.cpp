@@ -3,6 +3,7 @@
 #include "cachet/model/cachet_policy.h"
 
 #include <algorithm>
+#include <stdexcept>
 #include <string>
 
 #include "cachet/errors.h"
@@ -43,8 +44,8 @@ void CachetPolicy::set_memory_fraction(double fraction) {
 void CachetPolicy::trim_to_cap() {
   if (!allowed_max_ || reservation_size_ == 0 || pool_active()) return;  // R12
   const Bytes cap_pages = *allowed_max_ / kCachetPage;
-  if (mapped_pages_.size() > cap_pages)
-    unmap_whole_free_pages(mapped_pages_.size() - cap_pages, 0, 0);
+  // Sleeping pages do not count against the cap (docs/sleep-wake.md, section 4).
+  if (awake_pages() > cap_pages) unmap_whole_free_pages(awake_pages() - cap_pages, 0, 0);
 }
 
 double CachetPolicy::memory_fraction() const {
@@ -64,6 +65,9 @@ std::uint64_t CachetPolicy::malloc(Bytes orig_size, StreamId stream, ThreadIndex
   if (!pool_active() && (!events_.empty() || !deferred_.empty())) process_events();
   const Bytes size = (orig_size + kCachetBlockAlign - 1) / kCachetBlockAlign * kCachetBlockAlign;
   const PoolId to = route(stream, thread);  // R10
+  // From the first allocation under a tag other than "default" on, placement keeps pages
+  // tag-homogeneous (docs/sleep-wake.md, SLEEP-R1).
+  if (current_tag() != kDefaultTag) tags_seen_ = true;
 
   std::uint64_t ptr = 0;
   if (auto fit = take_best_fit(stream, to, size))
@@ -71,11 +75,15 @@ std::uint64_t CachetPolicy::malloc(Bytes orig_size, StreamId stream, ThreadIndex
   else
     ptr = allocate_slow(stream, to, size);
   Block& b = blocks_.at(ptr);
+  if (asleep(b))  // docs/sleep-wake.md, SLEEP-R2
+    throw std::logic_error("[INV-SLEEP-1] cachet model: malloc placed a block on sleeping page " +
+                           std::to_string(page_of(ptr)));
   b.set_state(BlockState::Allocated);  // Free -> Allocated
   b.pool = to;  // already its pool (R2, R3 take only the pool's blocks; [INV-PRIV-4] checks)
   b.requested = orig_size;
   b.stream = stream;
   b.uses.clear();
+  b.tag = current_tag();  // docs/sleep-wake.md: the block keeps it for its life
   peak_touched_ = std::max<Bytes>(peak_touched_, touched_pages());
 
   const StatType pool = pool_of(size);
@@ -125,8 +133,10 @@ Snapshot CachetPolicy::snapshot() const {
       in_run = false;
       continue;
     }
-    // A segment: a run of mapped blocks of one pool (R10), with the pool's id.
-    if (in_run && out.back().pool_id != b.pool) in_run = false;
+    // A segment: a run of mapped blocks of one pool (R10), with the pool's id, awake or asleep
+    // (docs/sleep-wake.md, section 5).
+    const bool sleeping = asleep(b);
+    if (in_run && (out.back().pool_id != b.pool || out.back().is_sleeping != sleeping)) in_run = false;
     if (!in_run) {
       SegmentSnapshot s;
       s.address = ptr;
@@ -134,11 +144,13 @@ Snapshot CachetPolicy::snapshot() const {
       s.pool_id = b.pool;
       s.is_large = true;
       s.is_expandable = true;
+      s.is_sleeping = sleeping;
       out.push_back(std::move(s));
       in_run = true;
     }
     SegmentSnapshot& s = out.back();
     s.total_size += b.size;
+    if (sleeping && b.live() && sleeping_pages_.at(page_of(b.ptr)).backed_up) s.backup_size += b.size;
     BlockSnapshot bs;
     bs.address = ptr;
     bs.size = b.size;

@@ -1,6 +1,7 @@
 // The cachet policy model: its invariants, recounted from the blocks and the mapped pages.
 #include <algorithm>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -48,7 +49,7 @@ void CachetPolicy::check_invariants() const {
       fail("[INV-EVENT-3]",
            std::string("stream uses on a block in state ") + state_name(b.state()) + at);
     if (b.mapped_free() && prev != nullptr && prev->mapped_free() && prev->stream == b.stream &&
-        prev->pool == b.pool)
+        prev->pool == b.pool && asleep(*prev) == asleep(b))  // (docs/sleep-wake.md: never across)
       fail("[INV-MERGE-1]", "adjacent free blocks of one stream and pool" + at);
     if ((b.state() == BlockState::AwaitingEvents) != (events_.count(ptr) == 1))
       fail("[INV-EVENT-1]", "pending block without events (or events without one)" + at);
@@ -119,19 +120,56 @@ void CachetPolicy::check_invariants() const {
   // [INV-BUDGET-1]: mapped pages <= budget(T) + free pages split between free blocks of different
   // streams, or held by private pools with a user (not whole free pages, R10). Not while a pool
   // is active (R12).
+  // Sleeping pages count in neither (docs/sleep-wake.md): only the awake ones.
   if (!pool_active()) {
-    const Bytes idle =
-        mapped_pages_.size() - touched_pages();  // live blocks touch mapped pages only
+    std::set<std::uint64_t> touched_awake;  // awake pages touched by live blocks
+    for (const auto& [ptr, b] : blocks_)
+      if (b.live() && !asleep(b))
+        for (std::uint64_t p = page_of(b.ptr); p <= page_of(b.end() - 1); ++p) touched_awake.insert(p);
+    const Bytes idle = awake_pages() - touched_awake.size();  // live blocks touch mapped pages only
     const Bytes whole = count_whole_free_pages(0, 0);
     const Bytes split = idle - whole;
     const Bytes budget = peak_touched_ + peak_touched_ / kCachetSlack;
-    if (mapped_pages_.size() > budget + split)
-      fail("[INV-BUDGET-1]", std::to_string(mapped_pages_.size()) + " pages mapped, budget " +
+    if (awake_pages() > budget + split)
+      fail("[INV-BUDGET-1]", std::to_string(awake_pages()) + " awake pages mapped, budget " +
                                  std::to_string(budget) + " + " + std::to_string(split) +
                                  " split free pages");
   }
+  // Sleep (docs/sleep-wake.md). [INV-SLEEP-1]: a sleeping page stays reserved, and no block spans
+  // an awake and a sleeping page (the searches skip the blocks of sleeping pages: none can reach
+  // sleeping memory through an awake block). [INV-SLEEP-3]: the live blocks touching one page carry
+  // one tag. [INV-SLEEP-2]: the sleep stats equal a recount.
+  for (const auto& [p, sp] : sleeping_pages_)
+    if (mapped_pages_.count(p) == 0) fail("[INV-SLEEP-1]", "sleeping page " + std::to_string(p) + " is not reserved");
+  std::map<std::uint64_t, const Block*> page_live;
+  std::int64_t sl_allocated = 0, sl_backup = 0;
+  for (const auto& [ptr, b] : blocks_) {
+    if (!b.mapped()) continue;
+    const bool a = asleep(b);
+    for (std::uint64_t p = page_of(b.ptr); p <= page_of(b.end() - 1); ++p) {
+      if ((sleeping_pages_.count(p) != 0) != a)
+        fail("[INV-SLEEP-1]", "the block at " + std::to_string(ptr - base_) + " spans an awake and a sleeping page");
+      if (!b.live()) continue;
+      const auto [it, fresh] = page_live.emplace(p, &b);
+      if (!fresh && it->second->tag != b.tag)
+        fail("[INV-SLEEP-3]", "page " + std::to_string(p) + " is touched by live blocks of '" + it->second->tag +
+                                  "' and '" + b.tag + "'");
+    }
+    if (a && b.state() == BlockState::Allocated) sl_allocated += static_cast<std::int64_t>(b.size);
+    if (a && b.live() && sleeping_pages_.at(page_of(b.ptr)).backed_up) sl_backup += static_cast<std::int64_t>(b.size);
+  }
+  auto check_sleep = [&](const char* name, std::int64_t counted, std::int64_t stat) {
+    if (counted != stat)
+      fail("[INV-SLEEP-2]", std::string(name) + ": the sleeping pages have " + std::to_string(counted) +
+                                ", the sleep stats say " + std::to_string(stat));
+  };
+  check_sleep("sleeping_segments", sleeping_runs(), sleep_stats_.sleeping_segments.current);
+  check_sleep("sleeping_bytes", static_cast<std::int64_t>(sleeping_pages_.size() * kCachetPage),
+              sleep_stats_.sleeping_bytes.current);
+  check_sleep("sleeping_allocated_bytes", sl_allocated, sleep_stats_.sleeping_allocated_bytes.current);
+  check_sleep("backup_bytes", sl_backup, sleep_stats_.backup_bytes.current);
   // [INV-CAP-1]: the cap; above it (a lowered cap) only while no whole free page is left to unmap.
-  if (allowed_max_ && !pool_active() && mapped_bytes() > *allowed_max_ &&
+  if (allowed_max_ && !pool_active() && awake_pages() * kCachetPage > *allowed_max_ &&
       count_whole_free_pages(0, 0) > 0)
     fail("[INV-CAP-1]", "mapped bytes above the cap with whole free pages still mapped");
 }

@@ -45,6 +45,10 @@ void CachetPolicy::free(std::uint64_t ptr) {
   drop(stats_.allocation, pool, 1);
   drop(stats_.allocated_bytes, pool, static_cast<std::int64_t>(b.size));
   record(TraceAction::FreeRequested, ptr, b.requested, b.stream);
+  if (asleep(b)) {  // docs/sleep-wake.md, section 4: no event, free at once, found at its wake
+    free_while_asleep(b);
+    return;
+  }
   if (b.uses.empty()) {
     free_completed(b);
     trim_to_cap();  // R7: only acts while mapped bytes are above a lowered cap
@@ -138,6 +142,8 @@ void CachetPolicy::synchronize_events() {
 void CachetPolicy::empty_cache() {
   if (!pool_active() && (!events_.empty() || !deferred_.empty())) synchronize_events();
   unmap_whole_free_pages(~Bytes{0}, 0, 0);
+  // Sleeping pages no live block touches go back too, addresses and all (docs/sleep-wake.md).
+  if (!pool_active()) release_sleeping_free_pages();
 }
 
 }  // namespace cachet::model

@@ -57,7 +57,7 @@ std::vector<std::uint64_t> CachetPolicy::whole_free_pages(const Block& b, std::u
 Bytes CachetPolicy::count_whole_free_pages(std::uint64_t ex_lo, std::uint64_t ex_hi) const {
   Bytes n = 0;
   for (const auto& [ptr, b] : blocks_)
-    if (b.mapped_free() && b.pool.is_default()) n += whole_free_pages(b, ex_lo, ex_hi).size();
+    if (b.mapped_free() && b.pool.is_default() && !asleep(b)) n += whole_free_pages(b, ex_lo, ex_hi).size();
   return n;
 }
 
@@ -67,7 +67,7 @@ void CachetPolicy::unmap_whole_free_pages(Bytes pages, std::uint64_t ex_lo, std:
   if (pages == 0 || reservation_size_ == 0 || pool_active()) return;  // R12
   std::vector<std::pair<std::uint64_t, std::vector<std::uint64_t>>> blocks;  // (block, its pages)
   for (const auto& [ptr, b] : blocks_)
-    if (b.mapped_free() && b.pool.is_default())  // R10
+    if (b.mapped_free() && b.pool.is_default() && !asleep(b))  // R10; a sleeping page is not unmapped
       if (auto w = whole_free_pages(b, ex_lo, ex_hi); !w.empty())
         blocks.emplace_back(ptr, std::move(w));
   std::stable_sort(blocks.begin(), blocks.end(),

@@ -43,6 +43,10 @@ std::optional<std::uint64_t> CachetPolicy::best_fit(StreamId stream, PoolId pool
   const Block* best = nullptr;
   for (const auto& [ptr, b] : blocks_) {
     if (!b.mapped_free() || b.stream != stream || b.pool != pool || b.size < size) continue;
+    // Not a sleeping page's block, nor one whose carve would share a page with a live block of
+    // another tag (docs/sleep-wake.md, SLEEP-R1, SLEEP-R2): the next candidate in R2's order.
+    const std::uint64_t at = size <= kSmallSize ? b.end() - size : b.ptr;
+    if (!placeable(at, at + size)) continue;
     if (best == nullptr || b.size < best->size) best = &b;  // address order: first of a size wins
   }
   if (best == nullptr) return std::nullopt;
@@ -64,9 +68,12 @@ std::optional<CachetPolicy::Placement> CachetPolicy::find_window(StreamId stream
                                                                  Bytes size) const {
   std::optional<Placement> best;
   auto consider = [&](std::uint64_t at, Bytes pages) {
+    // SLEEP-R1: not where it would share a page with a live block of another tag.
+    if (!placeable(at, at + size)) return false;
     // A 0-page candidate would lie inside one mapped free block of `stream`, which R2 (run
-    // before every R3, also on R7's retry) would have taken: there is none.
-    if (pages == 0)
+    // before every R3, also on R7's retry) would have taken: there is none. With tags, R2's one
+    // carve position may have been refused where this one is not: then it is a candidate.
+    if (pages == 0 && !tags_seen_)
       throw std::logic_error("cachet model: a window candidate with no new page (R2 missed it)");
     if (!best || pages < best->new_pages) best = Placement{at, pages};
     return best->new_pages <= 1;  // nothing can beat it: stop
@@ -75,7 +82,11 @@ std::optional<CachetPolicy::Placement> CachetPolicy::find_window(StreamId stream
     if (!u.unmapped()) continue;
     const Block* l = block_before(ptr);
     const Block* r = block_after(ptr);
-    auto ours = [&](const Block* n) { return n->mapped_free() && n->stream == stream && n->pool == pool; };
+    // (docs/sleep-wake.md: a neighbour on a sleeping page, or sharing a page with a live block of
+    // another tag, is not part of a window)
+    auto ours = [&](const Block* n) {
+      return n->mapped_free() && n->stream == stream && n->pool == pool && placeable(n->ptr, n->end());
+    };
     if (l != nullptr && !ours(l)) l = nullptr;
     if (r != nullptr && !ours(r)) r = nullptr;
     const std::uint64_t start = l ? l->ptr : u.ptr;
@@ -105,7 +116,7 @@ std::optional<std::uint64_t> CachetPolicy::try_place(StreamId stream, PoolId poo
   // R4: T counts the new block's pages.
   const Bytes t = std::max<Bytes>(peak_touched_, touched_pages(ex_lo, ex_hi));
   const Bytes budget = t + t / kCachetSlack;
-  const Bytes after = mapped_pages_.size() + p->new_pages;
+  const Bytes after = awake_pages() + p->new_pages;  // sleeping pages count in neither R4 nor R7
   Bytes excess = after > budget ? after - budget : 0;
   // R12: no page is unmapped while a pool is active.
   const Bytes available = pool_active() ? 0 : count_whole_free_pages(ex_lo, ex_hi);
@@ -164,9 +175,10 @@ CachetPolicy::Block& CachetPolicy::carve(std::uint64_t free_ptr, std::uint64_t a
 // block its Unmapped neighbours.
 std::uint64_t CachetPolicy::merge(std::uint64_t ptr) {
   check_born_or_deleted(blocks_.at(ptr).state(), "merged", ptr);
-  auto joins = [](const Block& a, const Block* o) {
+  // (docs/sleep-wake.md: a free block on a sleeping page joins only free blocks on sleeping pages)
+  auto joins = [this](const Block& a, const Block* o) {
     return o != nullptr && o->state() == a.state() &&
-           (a.unmapped() || (o->stream == a.stream && o->pool == a.pool));
+           (a.unmapped() || (o->stream == a.stream && o->pool == a.pool && asleep(*o) == asleep(a)));
   };
   if (Block* after = block_after(ptr); joins(blocks_.at(ptr), after)) {
     blocks_.at(ptr).size += after->size;

@@ -110,7 +110,7 @@ void CachetPolicy::leave_released_pool(Block& b) {
 void CachetPolicy::trim_to_budget() {
   if (reservation_size_ == 0) return;
   const Bytes budget = peak_touched_ + peak_touched_ / kCachetSlack;
-  if (mapped_pages_.size() > budget) unmap_whole_free_pages(mapped_pages_.size() - budget, 0, 0);
+  if (awake_pages() > budget) unmap_whole_free_pages(awake_pages() - budget, 0, 0);
   trim_to_cap();
 }
 

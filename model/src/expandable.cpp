@@ -37,8 +37,9 @@ Block* Allocator::try_allocate_expandable_block(AllocParams& p) {
 }
 
 Block* Allocator::find_expandable_block(StreamId stream, BlockPool& pool, Bytes size) {
-  auto allocatable = [](const Block* b) {
-    return b != nullptr && b->is_free_or_unmapped();
+  // Never through a sleeping run nor an unmapped block touching one (docs/sleep-wake.md, SLEEP-R2).
+  auto allocatable = [this](const Block* b) {
+    return b != nullptr && b->is_free_or_unmapped() && !touches_sleeping(b);
   };
   auto has_room = [&](const Block* b) {
     Bytes bytes = 0;
@@ -56,6 +57,8 @@ Block* Allocator::find_expandable_block(StreamId stream, BlockPool& pool, Bytes 
   for (auto it = pool.unmapped.lower_bound(&key); it != pool.unmapped.end() && (*it)->stream == stream;
        ++it) {
     Block* c = *it;
+    // SLEEP-R1: not a segment holding live blocks of another tag.
+    if (!allocatable(c) || !reservation_takes_current_tag(c->expandable)) continue;
     if (allocatable(c->prev)) c = c->prev;
     if (has_room(c)) return c;
   }
@@ -118,7 +121,7 @@ bool Allocator::map_block(Block* to_map, Bytes size) {
   return true;
 }
 
-void Allocator::unmap_block(Block* block) {
+void Allocator::unmap_block(Block* block, bool asleep) {
   ExpandableSegment& es = *block->expandable;
   // Only pages wholly inside the block are unmapped.
   const Bytes first = page_right(es, block->ptr);
@@ -127,7 +130,7 @@ void Allocator::unmap_block(Block* block) {
   const std::uint64_t addr = es.base + first * es.page_size;
   const Bytes unmapped = (last - first) * es.page_size;
   refuse_device_free_in_capture("unmapping an expandable segment");  // §14.8
-  source_.unmap(addr, unmapped);
+  if (!asleep) source_.unmap(addr, unmapped);  // a sleeping run's pages went back at the sleep
   for (Bytes i = first; i < last; ++i) es.mapped_pages.erase(i);
 
   BlockPool& pool = *block->pool;

@@ -1,6 +1,7 @@
 // The malloc order (docs/pytorch-allocator.md §3.1), best fit with the oversize rules (§2.2), new
 // segments (§3.2) and splitting (§2.3, §2.4). § numbers refer to docs/pytorch-allocator.md.
 #include <algorithm>
+#include <stdexcept>
 #include <limits>
 
 #include "cachet/errors.h"
@@ -38,6 +39,9 @@ std::uint64_t Allocator::malloc(Bytes orig_size, StreamId stream, ThreadIndex th
   p.pool = &get_pool(p.size, stream, thread);
   p.alloc_size = allocation_size(config_, p.size);
   p.expandable = config_.expandable_segments;
+  // From the first allocation under a tag other than "default" on, placement keeps segments
+  // tag-homogeneous (docs/sleep-wake.md, SLEEP-R1); until then every decision is PyTorch's.
+  if (current_tag() != kDefaultTag) tags_seen_ = true;
 
   // 3. Best fit in the pool; then the ladder of ways to get memory (§3.1 step 5).
   bool found = get_free_block_for_tag(p);
@@ -67,7 +71,11 @@ std::uint64_t Allocator::malloc(Bytes orig_size, StreamId stream, ThreadIndex th
   if (!found) raise_oom(p);
 
   const bool split = should_split(p.block, p.size, p.expandable);
-  return alloc_found_block(p, orig_size, split)->ptr;
+  const Block* block = alloc_found_block(p, orig_size, split);
+  if (!sleeping_.empty() && sleeping_range_of(block) != nullptr)  // docs/sleep-wake.md, SLEEP-R2
+    throw std::logic_error("[INV-SLEEP-1] model: malloc placed the block at " + std::to_string(block->ptr) +
+                           " in a sleeping range");
+  return block->ptr;
 }
 
 bool Allocator::get_free_block(AllocParams& p) {
@@ -236,7 +244,6 @@ Block* Allocator::alloc_found_block(AllocParams& p, Bytes orig_size, bool split_
   block->set_state(BlockState::Allocated);  // Free -> Allocated
   block->requested_size = orig_size;
   block->tag = current_tag();
-  if (block->tag != kDefaultTag) tags_seen_ = true;
   record(TraceAction::Alloc, block->ptr, orig_size, block->stream);
   active_blocks_.emplace(block->ptr, block);
   const auto size = static_cast<std::int64_t>(block->size);

@@ -59,7 +59,9 @@ bool Allocator::try_mempool_fallback(AllocParams& p) {
     borrowed.pool = &get_pool(p.size, p.stream, p.thread);  // the pool just made active takes this thread
     borrowed.expandable = false;
     borrowed.block = nullptr;
-    const bool found = get_free_block(borrowed);
+    // Only a block its segment's tag allows (docs/sleep-wake.md, SLEEP-R1); PyTorch's search while
+    // every allocation is "default".
+    const bool found = get_free_block_for_tag(borrowed);
     end_allocate_to_pool(id);
     release_pool(id);
     if (found) {

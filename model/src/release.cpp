@@ -96,14 +96,18 @@ void Allocator::release_blocks(BlockPool& pool) {
     unmap_block(b);
     if (b->is_unmapped() && !b->is_split()) release_expandable_segment(b);
   }
+  if (!sleeping_.empty()) release_sleeping_blocks(pool);
 }
 
-void Allocator::release_block(Block* b) {
+void Allocator::release_block(Block* b, bool asleep) {
   refuse_device_free_in_capture("cudaFree");  // §14.8
   count_device_free(*b->pool, "release_block");  // §14.5
   ++stats_.num_device_free;
   record(TraceAction::SegmentFree, b->ptr, b->size, b->stream);
-  source_.free(b->ptr, b->size);
+  if (asleep)
+    source_.release_reservation(b->ptr, b->size);  // its memory went back at the sleep
+  else
+    source_.free(b->ptr, b->size);
   total_allocated_ -= b->size;
   const StatType type = stat_type(*b->pool);
   DeviceStats::for_all_and(stats_.segment, type, [](Stat& s) { s.decrease(1); });

@@ -1,13 +1,16 @@
 // Sleep and wake in the model of policy:pytorch (issue 24). The rules are cachet's own,
-// docs/sleep-wake.md, not PyTorch's: a sleeping run (here: one cudaMalloc segment) keeps its
-// blocks, addresses and stats; its memory goes back through the source's unmap and comes again
-// through its map; its free blocks are in no pool while it sleeps, so no allocation lands there.
+// docs/sleep-wake.md, not PyTorch's: a sleeping run (a cudaMalloc segment, or a mapped run of an
+// expandable segment) keeps its blocks, addresses and stats; its memory goes back through the
+// source's unmap and comes again through its map; its free blocks are in no pool while it sleeps,
+// so no allocation lands there, and an expandable segment never grows into a sleeping run nor next
+// to it (touches_sleeping), so a sleeping run never joins an awake one.
 //
-// Placement keeps cudaMalloc segments tag-homogeneous (get_free_block_for_tag). Not in the model
-// yet (UsageError, nothing changes): expandable segments, and so a segment whose live blocks mix
-// a named tag with another (reachable only through a use_on_oom pool's fallback).
+// Placement keeps runs tag-homogeneous (get_free_block_for_tag; an expandable segment with live
+// blocks of one tag takes no other, reservation_takes_current_tag; a use_on_oom pool lends only
+// what the tag allows).
 #include <algorithm>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -34,6 +37,27 @@ const Allocator::SleepingRange* Allocator::sleeping_range_of(const Block* b) con
   return it == sleeping_.end() ? nullptr : &it->second;
 }
 
+Block* Allocator::mapped_block_at(std::uint64_t ptr) const {
+  for (const auto& [key, owned] : owned_)
+    if (owned->ptr == ptr && owned->is_mapped()) return owned.get();
+  return nullptr;
+}
+
+bool Allocator::touches_sleeping(const Block* b) const {
+  if (sleeping_.empty() || b == nullptr) return false;
+  auto asleep = [&](const Block* x) { return x != nullptr && x->is_mapped() && sleeping_range_of(x) != nullptr; };
+  if (b->is_mapped()) return asleep(b);
+  return asleep(b->prev) || asleep(b->next);
+}
+
+bool Allocator::reservation_takes_current_tag(const ExpandableSegment* es) const {
+  if (!tags_seen_) return true;  // every live block is "default", and so is this one
+  const Tag& tag = current_tag();
+  for (const auto& [ptr, b] : active_blocks_)
+    if (b->expandable == es && b->tag != tag) return false;
+  return true;
+}
+
 void Allocator::hide_free_blocks(const Block* head) {
   for (const Block* b = head; b != nullptr && b->is_mapped(); b = b->next)
     if (b->is_free()) b->pool->blocks.erase(const_cast<Block*>(b));
@@ -46,8 +70,15 @@ bool Allocator::get_free_block_for_tag(AllocParams& p) {
   // blocks carry another tag; the search then takes the next candidate in PyTorch's order.
   BlockPool& pool = *p.pool;
   std::vector<Block*> hidden;
+  std::set<const ExpandableSegment*> foreign;  // expandable segments with live blocks of another tag
+  for (const auto& [ptr, b] : active_blocks_)
+    if (b->expandable != nullptr && b->tag != tag) foreign.insert(b->expandable);
   for (Block* b : pool.blocks) {
     if (b->stream != p.stream) continue;
+    if (b->expandable != nullptr) {
+      if (foreign.contains(b->expandable)) hidden.push_back(b);
+      continue;
+    }
     for (const Block* x = run_head(b); x != nullptr && x->is_mapped(); x = x->next)
       if (x->is_active() && x->tag != tag) {
         hidden.push_back(b);
@@ -66,7 +97,10 @@ Bytes Allocator::sleep(const TagList& tags, const TagList& backup_tags) {
   if (!captures_underway_.empty())
     throw UsageError("sleep(): a CUDA graph capture or use_mem_pool is under way; end it first (a sleeping "
                      "range must not be captured into a graph)");
-  // 1. Which runs sleep, decided before anything changes.
+  // 1. Pending frees complete (the device is idle before memory goes back, section 3 step 2), so a
+  //    run whose last live blocks were awaiting events sleeps as a free run.
+  synchronize_and_free_events();
+  // 2. Which runs sleep.
   struct Plan {
     std::uint64_t head_ptr;
     Bytes size;
@@ -90,30 +124,19 @@ Bytes Allocator::sleep(const TagList& tags, const TagList& backup_tags) {
     const bool named = std::any_of(live.begin(), live.end(), [&](const Tag& t) { return names_tag(tags, t); });
     const bool other = std::any_of(live.begin(), live.end(), [&](const Tag& t) { return !names_tag(tags, t); });
     if (!live.empty() && !named) continue;
-    if (head->expandable != nullptr)
-      throw UsageError("sleep(): the segment at " + hex(head->ptr) +
-                       " is part of an expandable segment; the model does not put expandable segments to sleep "
-                       "yet (docs/sleep-wake.md, section 9): run it with expandable_segments:False");
-    if (other)
-      throw UsageError("sleep(): the segment at " + hex(head->ptr) + " holds live blocks of the tags " +
-                       [&] {
-                         std::string r;
-                         for (const Tag& t : live) r += (r.empty() ? "'" : ", '") + t + "'";
-                         return r;
-                       }() +
-                       ", some not named; name them all, or allocate them apart (nothing was put to sleep)");
+    if (other) {  // placement keeps runs tag-homogeneous: a model bug, not the caller's
+      std::string names;
+      for (const Tag& t : live) names += (names.empty() ? "'" : ", '") + t + "'";
+      throw std::logic_error("[INV-SLEEP-3] model: sleep(): the segment at " + hex(head->ptr) +
+                             " holds live blocks of the tags " + names + " (nothing was put to sleep)");
+    }
     plan.push_back(p);
   }
-  // 2. Pending frees complete (the device is idle before memory goes back); their merges may
-  //    replace a run's head block, never its address.
-  synchronize_and_free_events();
   // 3. Give the memory back.
   Bytes given = 0;
   for (const Plan& p : plan) {
     const std::uint64_t base = p.head_ptr;
-    const Block* head = nullptr;
-    for (const auto& [key, owned] : owned_)
-      if (owned->ptr == base && owned->prev == nullptr) head = owned.get();
+    const Block* head = mapped_block_at(base);
     Tag tag;
     Bytes live = 0, allocated = 0;
     for (const Block* b = head; b != nullptr && b->is_mapped(); b = b->next) {
@@ -126,6 +149,9 @@ Bytes Allocator::sleep(const TagList& tags, const TagList& backup_tags) {
     const bool backed_up = !tag.empty() && lists_tag(backup_tags, tag);
     hide_free_blocks(head);
     source_.unmap(base, p.size);
+    if (ExpandableSegment* es = head->expandable; es != nullptr)  // its pages are not mapped now
+      for (Bytes i = (base - es->base) / es->page_size; i < (base + p.size - es->base) / es->page_size; ++i)
+        es->mapped_pages.erase(i);
     sleeping_.emplace(base, SleepingRange{p.size, tag, backed_up});
     sleep_stats_.sleeping_segments.increase(1);
     sleep_stats_.sleeping_bytes.increase(static_cast<std::int64_t>(p.size));
@@ -147,11 +173,7 @@ void Allocator::free_while_asleep(Block* b) {
   b->capture_stream_uses.clear();
   free_block(b);  // Allocated -> Free, merged, into the pool ...
   // ... and out of it again until the wake.
-  for (const auto& [key, owned] : owned_)
-    if (owned->ptr == head_ptr && owned->is_mapped() && owned->prev == nullptr) {
-      hide_free_blocks(owned.get());
-      return;
-    }
+  hide_free_blocks(mapped_block_at(head_ptr));
 }
 
 void Allocator::wake(const TagList& tags) {
@@ -181,6 +203,9 @@ void Allocator::wake(const TagList& tags) {
   for (const std::uint64_t ptr : waking) {
     const SleepingRange r = sleeping_.at(ptr);
     sleeping_.erase(ptr);
+    if (ExpandableSegment* es = mapped_block_at(ptr)->expandable; es != nullptr)
+      for (Bytes i = (ptr - es->base) / es->page_size; i < (ptr + r.size - es->base) / es->page_size; ++i)
+        es->mapped_pages.insert(i);
     Bytes allocated = 0, live = 0;
     for (const auto& [key, owned] : owned_) {
       Block* b = owned.get();
@@ -195,6 +220,32 @@ void Allocator::wake(const TagList& tags) {
     if (r.backed_up) sleep_stats_.backup_bytes.decrease(static_cast<std::int64_t>(live));
   }
   ++sleep_stats_.num_wakes;
+}
+
+void Allocator::release_sleeping_blocks(BlockPool& pool) {
+  std::vector<std::uint64_t> bases;
+  for (const auto& [base, r] : sleeping_) {
+    const Block* head = mapped_block_at(base);
+    if (head->pool != &pool) continue;
+    bool live = false;
+    for (const Block* b = head; b != nullptr && b->is_mapped(); b = b->next) live = live || b->is_active();
+    if (!live) bases.push_back(base);
+  }
+  for (const std::uint64_t base : bases) {
+    // No live block: the run is one free block (its frees merged).
+    Block* b = mapped_block_at(base);
+    const Bytes size = sleeping_.at(base).size;
+    if (b->size != size) throw std::logic_error("model: a sleeping run with no live block is not one free block");
+    sleeping_.erase(base);
+    sleep_stats_.sleeping_segments.decrease(1);
+    sleep_stats_.sleeping_bytes.decrease(static_cast<std::int64_t>(size));
+    if (b->expandable == nullptr) {
+      release_block(b, true);
+    } else {
+      unmap_block(b, true);
+      if (b->is_unmapped() && !b->is_split()) release_expandable_segment(b);
+    }
+  }
 }
 
 TagList Allocator::sleeping() const {

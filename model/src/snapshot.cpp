@@ -38,7 +38,8 @@ Snapshot Allocator::snapshot_of(bool orphaned) const {
   for (const auto& [ptr, b] : active_blocks_) all.push_back(b);
   // Sleeping runs with no live block are in no pool (docs/sleep-wake.md): their heads.
   for (const auto& [key, owned] : owned_)
-    if (owned->prev == nullptr && sleeping_.contains(owned->ptr)) all.push_back(owned.get());
+    if (owned->is_mapped() && run_head(owned.get()) == owned.get() && sleeping_.contains(owned->ptr))
+      all.push_back(owned.get());
   std::sort(all.begin(), all.end());
   all.erase(std::unique(all.begin(), all.end()), all.end());
   for (const Block* head : all) {
@@ -210,6 +211,20 @@ void Allocator::check_invariants() const {
   check("inactive_split", inactive_split, stats_.inactive_split[0].current);
   check("inactive_split_bytes", inactive_split_bytes, stats_.inactive_split_bytes[0].current);
   check("total_allocated_memory", reserved, static_cast<std::int64_t>(total_allocated_));
+  // SLEEP-R1 (docs/sleep-wake.md): the live blocks of a cudaMalloc segment, and of an expandable
+  // segment (per (stream, tag)), all carry one tag.
+  {
+    std::map<const void*, const Block*> first_live;  // segment (head block or reservation) -> a live block
+    for (const auto& [ptr, b] : active_blocks_) {
+      const void* seg = b->expandable != nullptr ? static_cast<const void*>(b->expandable)
+                                                 : static_cast<const void*>(run_head(b));
+      const auto [it, fresh] = first_live.emplace(seg, b);
+      if (!fresh && it->second->tag != b->tag)
+        fail("[INV-SLEEP-3]", "the segment of the live blocks at " + std::to_string(it->second->ptr) + " ('" +
+                                  it->second->tag + "') and " + std::to_string(b->ptr) + " ('" + b->tag +
+                                  "') mixes tags");
+    }
+  }
   // Sleeping segments (docs/sleep-wake.md): no free set holds their blocks, and the sleep stats
   // agree with a recount.
   std::int64_t sl_segments = 0, sl_bytes = 0, sl_allocated = 0, sl_backup = 0;

@@ -120,7 +120,8 @@ class Allocator {
   // (every tag when empty), and every run with no live block, gives its memory back (the source's
   // unmap) and keeps its addresses; the live blocks of tags in `backup_tags` are backed up.
   // Returns the bytes given back. UsageError, nothing changed: a capture or use_mem_pool under
-  // way, expandable segments (not in the model yet), a run mixing a named tag with another.
+  // way. A mapped run
+  // of an expandable segment sleeps as one range (its pages go back in one unmap).
   Bytes sleep(const TagList& tags, const TagList& backup_tags);
   // wake: every sleeping run with a live block of a tag in `tags` (every tag when empty), and every
   // sleeping run with no live block, maps memory at its addresses again (the source's map).
@@ -199,14 +200,19 @@ class Allocator {
   // release.cpp
   void release_cached_blocks(PoolId id = PoolId{});
   void release_blocks(BlockPool& pool);
-  void release_block(Block* b);
+  // `asleep`: the segment sleeps (docs/sleep-wake.md): its memory went back at the sleep, only its
+  // addresses go back now.
+  void release_block(Block* b, bool asleep = false);
+  // sleep.cpp: empty_cache's part of sleep: the pool's sleeping runs with no live block go back
+  // entirely, as release_blocks gives back an awake free segment (or run) of the pool.
+  void release_sleeping_blocks(BlockPool& pool);
   bool release_available_cached_blocks(const AllocParams& p);
   void garbage_collect_cached_blocks();
   // expandable.cpp
   Block* try_allocate_expandable_block(AllocParams& p);
   Block* find_expandable_block(StreamId stream, BlockPool& pool, Bytes size);
   bool map_block(Block* to_map, Bytes size);
-  void unmap_block(Block* b);
+  void unmap_block(Block* b, bool asleep = false);  // asleep: no device call (a sleeping run)
   void release_expandable_segment(Block* b);
 
   // Shared helpers.
@@ -267,6 +273,15 @@ class Allocator {
   // The sleeping run `b` belongs to, or null.
   const SleepingRange* sleeping_range_of(const Block* b) const;
   static const Block* run_head(const Block* b);
+  // The mapped block at `ptr` (the head of a run), or null.
+  Block* mapped_block_at(std::uint64_t ptr) const;
+  // Whether an expandable segment may not grow through `b` while a run sleeps: a block of a
+  // sleeping run, or an unmapped block touching one (growth never maps into a sleeping run nor
+  // next to it, so a sleeping run never joins an awake one).
+  bool touches_sleeping(const Block* b) const;
+  // The live blocks of `es` all carry the current tag or it has none (SLEEP-R1: an expandable
+  // segment is per (stream, tag)).
+  bool reservation_takes_current_tag(const ExpandableSegment* es) const;
   // Takes the free blocks of the run starting at `head` out of their pool (no search finds them).
   void hide_free_blocks(const Block* head);
   void free_while_asleep(Block* b);

@@ -43,6 +43,7 @@
 #include "cachet/model/segment_source.h"
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
+#include "cachet/tags.h"
 #include "cachet/trace.h"
 #include "cachet/types.h"
 
@@ -100,6 +101,22 @@ class CachetPolicy {
   // Throws std::logic_error naming the first broken rule or promise.
   void check_invariants() const;
 
+  // Sleep and wake (issue 24; docs/sleep-wake.md), the 2 MiB page as the unit:
+  // cachet_policy_sleep.cpp. The same calls as model::Allocator's.
+  // sleep: every awake mapped page touched by a live block of a tag in `tags` (every tag when
+  // empty), and every awake mapped page touched by none, gives its memory back (the source's
+  // unmap, one call per run of such pages) and stays mapped in the stats (reserved_bytes,
+  // segment); the live blocks of tags in `backup_tags` are backed up. Returns the bytes given
+  // back. UsageError, nothing changed: a pool active (a capture or use_mem_pool under way).
+  Bytes sleep(const TagList& tags, const TagList& backup_tags);
+  // wake: every sleeping page of a tag in `tags` (every tag when empty), and every sleeping page
+  // no live block touched at its sleep, maps memory again (the source's map, one call per run).
+  // OutOfMemory when the source or the cap refuses any of it: everything stays asleep.
+  void wake(const TagList& tags);
+  // The tags with sleeping pages, sorted.
+  TagList sleeping() const;
+  const SleepStats& sleep_stats() const { return sleep_stats_; }
+
   struct Block {
     // Created Unmapped (the reservation) or as a copy of a Free or Unmapped block (carve).
     explicit Block(BlockState born = BlockState::Unmapped) : state_(born) {
@@ -111,6 +128,7 @@ class CachetPolicy {
     PoolId pool;              // R10: its pool; PoolId{} = the default pool (Unmapped: always)
     Bytes requested = 0;      // live blocks: the caller's size
     std::set<StreamId> uses;  // record_stream() since allocation: Allocated only
+    Tag tag{kDefaultTag};     // live blocks: the allocating thread's current tag (docs/sleep-wake.md)
     std::uint64_t end() const { return ptr + size; }
     BlockState state() const { return state_; }
     // The one writer of the state: throws std::logic_error on an illegal transition.
@@ -187,6 +205,33 @@ class CachetPolicy {
   void record(TraceAction a, std::uint64_t addr, Bytes size, StreamId stream) {
     trace_.push_back(TraceEvent{a, addr, size, stream, 0});
   }
+  // cachet_policy_sleep.cpp (docs/sleep-wake.md). A sleeping page stays in mapped_pages_ (it is
+  // reserved, in reserved_bytes and in the runs `segment` counts) and is also in sleeping_pages_:
+  // no device memory behind it. Its blocks keep their states; no search takes its free blocks,
+  // none merges with an awake block, R6 does not unmap it, and R4/R7 count only awake pages.
+  struct SleepingPage {
+    Tag tag;                 // the tag of the live blocks touching it at its sleep; "" for none
+    bool backed_up = false;  // tag in sleep's backup_tags
+  };
+  bool asleep(const Block& b) const {
+    return !sleeping_pages_.empty() && sleeping_pages_.count(page_of(b.ptr)) != 0;
+  }
+  Bytes awake_pages() const { return mapped_pages_.size() - sleeping_pages_.size(); }
+  // SLEEP-R1, SLEEP-R2: [lo, hi) may take a block of the current tag: none of its pages sleeps or
+  // is touched by a live block of another tag.
+  bool placeable(std::uint64_t lo, std::uint64_t hi) const;
+  // Carves free blocks so that none spans an awake and a sleeping page.
+  void split_at_sleep_edges();
+  std::int64_t sleeping_runs() const;
+  void apply_sleeping_run_change(std::int64_t before);
+  // free() of a block on a sleeping page: no event, free at once, found again at its wake.
+  void free_while_asleep(Block& b);
+  // empty_cache (R9): the sleeping pages of the default pool that no live block touches go back
+  // entirely (reserved_bytes, segment, num_device_free and the trace as for R6's unmapping).
+  void release_sleeping_free_pages();
+  std::map<std::uint64_t, SleepingPage> sleeping_pages_;  // by page index
+  SleepStats sleep_stats_;
+  bool tags_seen_ = false;  // malloc was ever called under a tag other than "default"
 
   Config config_;
   SegmentSource& source_;

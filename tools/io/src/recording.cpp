@@ -309,6 +309,9 @@ std::vector<ops::Op> read_ops(const std::string& path) {
       if (a.size() != 2 && a.size() != 3) r.fail(where, "expected [\"f\", id] or [\"f\", id, thread]");
       (void)thread_at(2);  // a free goes to no pool's filter: its thread changes nothing
       out.push_back(ops::Free{uint_at(1, "id")});
+    } else if (kind == "r") {
+      arity(3, "[\"r\", id, stream] (Tensor.record_stream)");
+      out.push_back(ops::RecordStream{uint_at(1, "id"), uint_at(2, "stream")});
     } else if (kind == "e") {
       out.push_back(ops::EmptyCache{});
     } else if (kind == "pb" || kind == "pe" || kind == "pr") {
@@ -335,7 +338,8 @@ std::vector<ops::Op> read_ops(const std::string& path) {
       if (kind == "ge") out.push_back(ops::CaptureEnd{k});
       else out.push_back(ops::GraphReset{k});
     } else {
-      r.fail(where, "unknown op \"" + kind + "\" (expected \"a\", \"f\", \"e\", \"pb\", \"pe\", \"pr\", \"gb\", \"ge\" or \"gx\")");
+      r.fail(where, "unknown op \"" + kind +
+                        "\" (expected \"a\", \"f\", \"r\", \"e\", \"pb\", \"pe\", \"pr\", \"gb\", \"ge\" or \"gx\")");
     }
   }
   return out;

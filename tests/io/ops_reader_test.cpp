@@ -66,6 +66,10 @@ TEST(ReadOps, MalformedOpsNameTheOpAndTheForm) {
       {R"([["e"], ["gb", 0, 1, -2]])", ": op 1 share: expected a graph index or -1 (a new pool)"},
       {R"([["gx", 0, 1]])", ": op 0: expected [\"ge\"|\"gx\", graph]"},
       {R"([["a", 0, 1, 0], ["r", 0]])", ": op 1: expected [\"r\", id, stream] (Tensor.record_stream)"},
+      {R"([["k", 2]])", ": op 0: \"k\" (a captured kernel) is not in cachet's op vocabulary yet: replaying it needs "
+                        "a model of a capture's graph (docs/pytorch-allocator.md §14.10.1)"},
+      {R"([["e"], ["w", 1, 2]])", ": op 1: \"w\" (wait_stream) is not in cachet's op vocabulary yet: replaying it "
+                                  "needs a model of a capture's graph (docs/pytorch-allocator.md §14.10.1)"},
       {R"([["zz", 0]])", ": op 0: unknown op \"zz\" (expected \"a\", \"f\", \"r\", \"e\", \"pb\", \"pe\", \"pr\", \"gb\", \"ge\" or \"gx\")"},
   };
   for (const auto& [text, message] : rows) {

@@ -24,9 +24,15 @@ namespace {
 class CachetModelEngine final : public ReplayEngine {
  public:
   explicit CachetModelEngine(const EngineSetup& s) : source_(s.total_memory), policy_(s.config, source_) {
+    policy_.set_events_complete_when_recorded(true);  // engine.h
     if (s.cap > 0) policy_.set_memory_fraction(static_cast<double>(s.cap) / static_cast<double>(s.total_memory));
   }
-  std::uint64_t malloc(Bytes size, StreamId stream) override { return checked([&] { return policy_.malloc(size, stream); }); }
+  std::uint64_t malloc(Bytes size, StreamId stream, ThreadIndex thread) override {
+    return checked([&] { return policy_.malloc(size, stream, thread); });
+  }
+  void record_stream(std::uint64_t ptr, StreamId stream) override {
+    checked([&] { return policy_.record_stream(ptr, stream), 0; });
+  }
   void free(std::uint64_t ptr) override { checked([&] { return policy_.free(ptr), 0; }); }
   void empty_cache() override { checked([&] { return policy_.empty_cache(), 0; }); }
   DeviceStats stats() const override { return policy_.stats(); }
@@ -93,7 +99,7 @@ Outcome apply(Run& r, const ops::Op& op, const std::vector<StreamId>& streams, s
         throw std::invalid_argument(
             fmt::format("op {}: stream index {} but the recording has {} streams", i, a->stream, streams.size()));
       try {
-        r.pointers[a->id.value()] = r.engine->malloc(a->size, streams[a->stream]);
+        r.pointers[a->id.value()] = r.engine->malloc(a->size, streams[a->stream], a->thread);
       } catch (const OutOfMemory&) {
         out.oom = true;
       }
@@ -103,6 +109,12 @@ Outcome apply(Run& r, const ops::Op& op, const std::vector<StreamId>& streams, s
         r.engine->free(it->second);
         r.pointers.erase(it);
       }
+    } else if (const auto* rs = std::get_if<ops::RecordStream>(&op)) {
+      if (rs->stream >= streams.size())
+        throw std::invalid_argument(
+            fmt::format("op {}: stream index {} but the recording has {} streams", i, rs->stream, streams.size()));
+      if (auto it = r.pointers.find(rs->handle); it != r.pointers.end())
+        r.engine->record_stream(it->second, streams[rs->stream]);
     } else if (std::holds_alternative<ops::EmptyCache>(op)) {
       r.engine->empty_cache();
     } else if (ops::is_pool_op(op)) {

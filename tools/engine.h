@@ -8,6 +8,11 @@
 // The engine is given the device addresses PyTorch's driver returned (the recording's trace);
 // a request the recording does not show (another size, one segment too many) throws
 // ReplayDivergence. Out of memory throws cachet::OutOfMemory with PyTorch's message.
+//
+// Events complete as soon as they are recorded, as on the device the recordings were made on (no
+// kernels queued: cudaEventQuery reports them complete, even within the call that recorded them;
+// docs/pytorch-allocator.md §14.7). An op list's threads (`["a", id, size, s, t]`, `["pb", k, t]`,
+// §14.10.2) reach the engine as the thread of malloc and of a use_mem_pool's PoolRoute.
 #pragma once
 
 #include <cstdint>
@@ -42,8 +47,10 @@ struct EngineSetup {
 class ReplayEngine {
  public:
   virtual ~ReplayEngine() = default;
-  virtual std::uint64_t malloc(Bytes size, StreamId stream) = 0;
+  // An allocation made by op thread `thread` (0: the main thread).
+  virtual std::uint64_t malloc(Bytes size, StreamId stream, ThreadIndex thread) = 0;
   virtual void free(std::uint64_t ptr) = 0;
+  virtual void record_stream(std::uint64_t ptr, StreamId stream) = 0;  // Tensor.record_stream (§6)
   virtual void empty_cache() = 0;
   virtual DeviceStats stats() const = 0;
   virtual Snapshot snapshot() const = 0;

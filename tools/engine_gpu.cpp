@@ -2,13 +2,19 @@
 // backend in recorded-address mode, so `cachet conform --engine impl|both` replays a recording
 // through the production allocator. The driver addresses come from the recording's trace
 // (segment_alloc and segment_map rows, in order); a device call the recording does not show
-// surfaces as ReplayDivergence.
+// surfaces as ReplayDivergence. The calls of op thread k (an allocation, entering use_mem_pool)
+// run on an OS thread of their own (cachet/op_threads.h): gpu/'s use_mem_pool route takes the
+// allocations of the OS thread that entered, as PyTorch's filter does (docs/pytorch-allocator.md
+// §14.10.2).
+#include <exception>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "cachet/errors.h"
 #include "cachet/gpu/allocator.h"
 #include "cachet/gpu/host_backend.h"
+#include "cachet/op_threads.h"
 #include "engine.h"
 
 namespace cachet::cli {
@@ -20,6 +26,7 @@ class GpuEngine final : public ReplayEngine {
     gpu::HostOptions o;
     o.capacity = s.total_memory;
     o.total_memory = s.total_memory;
+    o.events_complete_when_recorded = true;  // engine.h
     std::vector<gpu::DevicePtr> addrs;
     for (const auto& e : s.device_events)
       if (e.action == TraceAction::SegmentAlloc || e.action == TraceAction::SegmentMap) addrs.push_back(e.addr);
@@ -30,8 +37,13 @@ class GpuEngine final : public ReplayEngine {
     if (s.cap > 0) alloc_->set_memory_fraction(static_cast<double>(s.cap) / static_cast<double>(s.total_memory));
     alloc_->set_trace(true);
   }
-  std::uint64_t malloc(Bytes size, StreamId stream) override {
-    return guard([&] { return reinterpret_cast<std::uintptr_t>(alloc_->allocate(size, stream)); });
+  std::uint64_t malloc(Bytes size, StreamId stream, ThreadIndex thread) override {
+    return on_thread(thread, [&] {
+      return guard([&] { return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(alloc_->allocate(size, stream))); });
+    });
+  }
+  void record_stream(std::uint64_t ptr, StreamId stream) override {
+    alloc_->record_stream(reinterpret_cast<void*>(static_cast<std::uintptr_t>(ptr)), stream);
   }
   void free(std::uint64_t ptr) override {
     guard([&] {
@@ -48,7 +60,10 @@ class GpuEngine final : public ReplayEngine {
   // Private pools (docs/pytorch-allocator.md §14). Where PyTorch 2.11 itself fails (§14.8) gpu/
   // refuses with PyTorchFailsHere; the replay reports it as PyTorch's failure.
   void create_or_incref_pool(PoolId id) override { alloc_->create_or_incref_pool(id); }
-  void begin_allocate_to_pool(PoolId id, PoolRoute route) override { alloc_->begin_allocate_to_pool(id, route); }
+  // use_mem_pool: entered on the OS thread of the op thread that enters.
+  void begin_allocate_to_pool(PoolId id, PoolRoute route) override {
+    on_thread(route.is_capture() ? 0 : route.thread, [&] { return alloc_->begin_allocate_to_pool(id, route), 0; });
+  }
   void end_allocate_to_pool(PoolId id) override { alloc_->end_allocate_to_pool(id); }
   void release_pool(PoolId id) override { alloc_->release_pool(id); }
   void empty_cache_of(PoolId id) override {
@@ -79,7 +94,24 @@ class GpuEngine final : public ReplayEngine {
       throw PyTorchFailure(e.what());
     }
   }
+  // f() on op thread t's OS thread; its exception, if any, is thrown here.
+  template <class F>
+  auto on_thread(ThreadIndex t, F&& f) -> decltype(f()) {
+    if (t == 0) return f();
+    std::optional<decltype(f())> result;
+    std::exception_ptr error;
+    threads_.run(t, [&] {
+      try {
+        result.emplace(f());
+      } catch (...) {
+        error = std::current_exception();
+      }
+    });
+    if (error) std::rethrow_exception(error);
+    return std::move(*result);
+  }
   std::unique_ptr<CachingAllocator> alloc_;
+  OpThreads threads_;  // after alloc_: its threads end before the allocator goes
 };
 
 const bool gpu_registered =

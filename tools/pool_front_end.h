@@ -18,7 +18,8 @@ namespace cachet::cli {
 class EngineCalls final : public front_end::AllocatorCalls {
  public:
   explicit EngineCalls(ReplayEngine& engine) : engine_(engine) {}
-  std::uint64_t malloc(Bytes size, StreamId stream) override { return engine_.malloc(size, stream); }
+  // The generator's tensors: allocated by the thread that begins a capture, the main thread.
+  std::uint64_t malloc(Bytes size, StreamId stream) override { return engine_.malloc(size, stream, 0); }
   void free(std::uint64_t ptr) override { engine_.free(ptr); }
   void create_or_incref_pool(PoolId id) override { engine_.create_or_incref_pool(id); }
   void begin_allocate_to_pool(PoolId id, PoolRoute route) override { engine_.begin_allocate_to_pool(id, route); }

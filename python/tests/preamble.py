@@ -8,12 +8,23 @@
                     python/ first on PYTHONPATH (cachet_torch), CACHET_TORCH_LIB = lib if given.
   Checks            ok/FAIL lines, the failures kept.
   deterministic(t)  the deterministic settings of the training tests (seeds 0, deterministic
-                    algorithms with warn_only, cuDNN deterministic without benchmark, no TF32).
+                    algorithms with warn_only, cuDNN deterministic without benchmark unless
+                    asked, no TF32).
+  run_worker(argv, out, label, checks)
+                    a worker interpreter that writes its results as JSON to `out`: the results,
+                    or None after a FAIL line (kept in `checks`) when it fails.
+  library_symbols(lib), leaked_cxx_symbols(syms), dynamic_section(lib)
+                    what a built library exports (nm -D) and needs (readelf -d), for the tests
+                    that check libcachet_torch.so and libcachet_c10.so without a GPU.
 
 Imported by the scripts beside it (their folder is first on sys.path when they run); it changes
 nothing at import, so test_installed.py still finds the installed cachet_torch.
 """
+import json
 import os
+import shutil
+import subprocess
+import sys
 
 SKIP = 77  # the tests' exit code for "skipped" (SKIP_RETURN_CODE in python/CMakeLists.txt)
 PYDIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # python/: cachet_torch.py
@@ -71,13 +82,51 @@ class Checks:
 
 
 
-def deterministic(torch):
+def deterministic(torch, benchmark=False):
     """Seeds 0, torch.use_deterministic_algorithms(True, warn_only=True), cuDNN deterministic and
-    no benchmark, no TF32 (CUBLAS_WORKSPACE_CONFIG is the caller's: it must be set before CUDA)."""
+    cudnn.benchmark = `benchmark`, no TF32 (CUBLAS_WORKSPACE_CONFIG is the caller's: it must be set
+    before CUDA)."""
     torch.manual_seed(0)
     torch.cuda.manual_seed_all(0)
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.benchmark = benchmark
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+
+
+def library_symbols(lib, nm=None):
+    """{name: type letter} of `nm -D --defined-only lib` (`nm` if given and found, else nm on
+    PATH); None when there is no nm."""
+    tool = nm if nm and shutil.which(nm) else shutil.which("nm")
+    if not tool:
+        return None
+    out = subprocess.run([tool, "-D", "--defined-only", lib], capture_output=True, text=True).stdout
+    return {line.split()[-1]: line.split()[-2] for line in out.splitlines() if len(line.split()) >= 2}
+
+
+def leaked_cxx_symbols(syms):
+    """The C++ symbols of cachet or fmt among `syms` (a library of ours exports none)."""
+    return [s for s in syms if s.startswith("_ZN6cachet") or s.startswith("_ZN3fmt")]
+
+
+def dynamic_section(lib):
+    """`readelf -d lib` (its NEEDED entries among the rest); None when there is no readelf."""
+    readelf = shutil.which("readelf")
+    if not readelf:
+        return None
+    return subprocess.run([readelf, "-d", lib], capture_output=True, text=True).stdout
+
+
+def run_worker(argv, out, label, checks, env=None, timeout=1500):
+    """Runs `python argv...`, a worker that writes its results as JSON to `out`; echoes the end of
+    its output and returns the results. When it exits non-zero or writes nothing: a FAIL line with
+    the end of its stderr, "`label`: worker exited N" kept in checks.failures, and None."""
+    r = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, env=env)
+    sys.stdout.write(r.stdout[-3000:])
+    if r.returncode != 0 or not os.path.exists(out):
+        print(f"FAIL  {label}: worker exited {r.returncode}\n{r.stderr[-4000:]}", flush=True)
+        checks.failures.append(f"{label}: worker exited {r.returncode}")
+        return None
+    with open(out) as f:
+        return json.load(f)

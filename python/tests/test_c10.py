@@ -41,6 +41,8 @@ import subprocess
 import sys
 import tempfile
 
+import preamble
+
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYDIR = os.path.dirname(HERE)
@@ -48,23 +50,9 @@ sys.path.insert(0, PYDIR)
 MiB = 1 << 20
 GiB = 1 << 30
 SCENARIOS = ("oom", "batch_finder", "cudnn", "stats", "compile", "mempool", "ipc")
-failures = []
-
-
-def check(cond, what):
-    print(("ok    " if cond else "FAIL  ") + what, flush=True)
-    if not cond:
-        failures.append(what)
-
-
-def deterministic(torch, benchmark=False):
-    torch.manual_seed(0)
-    torch.cuda.manual_seed_all(0)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = benchmark
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+check = preamble.Checks()
+failures = check.failures
+deterministic = preamble.deterministic
 
 
 # ------------------------------------------------------------------------------------- workers
@@ -338,15 +326,8 @@ def worker(scenario, mode, out, extra):
 
 def run_worker(scenario, mode, tmp, extra=""):
     out = os.path.join(tmp, f"{scenario}-{mode}.json")
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", scenario, mode, out,
-                        extra], capture_output=True, text=True, timeout=1500)
-    sys.stdout.write(r.stdout[-3000:])
-    if r.returncode != 0 or not os.path.exists(out):
-        print(f"FAIL  {scenario}/{mode}: worker exited {r.returncode}\n{r.stderr[-4000:]}", flush=True)
-        failures.append(f"{scenario}/{mode}: worker exited {r.returncode}")
-        return None
-    with open(out) as f:
-        return json.load(f)
+    return preamble.run_worker([os.path.abspath(__file__), "--worker", scenario, mode, out, extra], out,
+                               f"{scenario}/{mode}", check)
 
 
 def diff_dicts(a, b):
@@ -458,19 +439,14 @@ def main():
         print(f"usage: test_c10.py {{{'|'.join(SCENARIOS)}}} [--policy pytorch|cachet]", file=sys.stderr)
         return 2
     scenario = args[0]
-    try:
-        import torch
-    except ImportError:
-        print("skipped: no PyTorch")
-        return 77
-    if not torch.cuda.is_available():
-        print("skipped: no CUDA device")
-        return 77
+    _, _, skip = preamble.start(plugin=False)
+    if skip is not None:
+        return skip
     import cachet_torch
     lib = cachet_torch.c10_library_path()
     if lib is None:
         print("skipped: no libcachet_c10.so (built only where a torch was found)")
-        return 77
+        return preamble.SKIP
     if policy == "cachet":
         os.environ["CACHET_ALLOC_CONF"] = "policy:cachet"
     if scenario == "mempool" and not os.environ.get("CACHET_COUNTING_LIB"):

@@ -18,12 +18,14 @@ usage: test_c10_library.py --lib path/to/libcachet_c10.so --torch-version 2.11 [
 """
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 
-failures = []
+import preamble
+
+check = preamble.Checks()
+failures = check.failures
 
 # The cachet_torch_* functions python/cachet_torch.py calls in both libraries (plugin.cpp adds
 # cachet_torch_pool_callback, which only the plug-in path needs).
@@ -53,15 +55,8 @@ def last_error():
 """
 
 
-def check(cond, what):
-    print(("ok    " if cond else "FAIL  ") + what)
-    if not cond:
-        failures.append(what)
-
-
 def run_py(code, env_extra, lib):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CACHET_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    env = preamble.child_env()
     env.update(env_extra)
     env["CACHET_C10_LIB"] = lib
     return subprocess.run([sys.executable, "-c", textwrap.dedent(PRELUDE) + textwrap.dedent(code)],
@@ -80,19 +75,16 @@ def main():
     other = f"{major}.{minor + 1}.0"
 
     # 1. exported symbols
-    nm = a.nm if a.nm and shutil.which(a.nm) else shutil.which("nm")
-    if nm:
-        out = subprocess.run([nm, "-D", "--defined-only", lib], capture_output=True, text=True).stdout
-        syms = {line.split()[-1]: line.split()[-2] for line in out.splitlines() if len(line.split()) >= 2}
+    syms = preamble.library_symbols(lib, a.nm)
+    if syms is not None:
         for s in C10 + SHARED:
             check(syms.get(s) == "T", f"nm -D: {s} is an exported function")
-        leaked = [s for s in syms if s.startswith("_ZN6cachet") or s.startswith("_ZN3fmt")]
+        leaked = preamble.leaked_cxx_symbols(syms)
         check(not leaked, f"nm -D: no C++ symbols of cachet or fmt exported ({leaked[:3]})")
     else:
         check(False, "nm not found")
-    readelf = shutil.which("readelf")
-    if readelf:
-        dyn = subprocess.run([readelf, "-d", lib], capture_output=True, text=True).stdout
+    dyn = preamble.dynamic_section(lib)
+    if dyn is not None:
         check("libcuda.so" not in dyn, "readelf -d: libcuda is not a dependency")
         for dep in ("libc10.so", "libc10_cuda.so", "libcudart"):
             check(f"[{dep}" in dyn, f"readelf -d: {dep} is a dependency")

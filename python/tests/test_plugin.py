@@ -41,10 +41,9 @@ def main():
     lib = os.path.abspath(a.lib)
 
     # 1. exported symbols
-    nm = a.nm if a.nm and shutil.which(a.nm) else shutil.which("nm")
-    if nm:
-        out = subprocess.run([nm, "-D", "--defined-only", lib], capture_output=True, text=True).stdout
-        syms = {line.split()[-1]: line.split()[-2] for line in out.splitlines() if len(line.split()) >= 2}
+    syms = preamble.library_symbols(lib, a.nm)
+    if syms is not None:
+        nm = a.nm if a.nm and shutil.which(a.nm) else shutil.which("nm")
         for s in ("cachet_malloc", "cachet_free", "cachet_torch_record_stream",
                   "cachet_torch_empty_cache", "cachet_torch_set_memory_fraction",
                   "cachet_torch_stats_json", "cachet_torch_snapshot_json", "cachet_torch_trace_json",
@@ -59,13 +58,12 @@ def main():
                     f"cachet_end_allocate_to_pool(int, {pool_id})",
                     f"cachet_release_pool(int, {pool_id})"):
             check(f" T {sig}\n" in demangled, f"nm -DC: {sig} is an exported function")
-        leaked = [s for s in syms if s.startswith("_ZN6cachet") or s.startswith("_ZN3fmt")]
+        leaked = preamble.leaked_cxx_symbols(syms)
         check(not leaked, f"nm -D: no C++ symbols of cachet or fmt exported ({len(leaked)} found)")
     else:
         check(False, "nm not found")
-    readelf = shutil.which("readelf")
-    if readelf:
-        dyn = subprocess.run([readelf, "-d", lib], capture_output=True, text=True).stdout
+    dyn = preamble.dynamic_section(lib)
+    if dyn is not None:
         check("libcuda.so" not in dyn, "readelf -d: libcuda is not a dependency")
         check("libcudart" in dyn, "readelf -d: linked against the CUDA runtime (libcudart)")
 

@@ -3,7 +3,8 @@
 unit; no GPU, no PyTorch, no plug-in needed): each case runs preamble.start() in a fresh
 interpreter against a stand-in `torch` package (none, no CUDA device, one device, two) and checks
 the exact line printed and the exit code; child_env() drops the allocator configuration and puts
-python/ first on PYTHONPATH; Checks keeps its failures; deterministic() makes every setting.
+python/ first on PYTHONPATH; Checks keeps its failures; deterministic() makes every setting; the
+library helpers (nm -D, readelf -d) read a library of this machine.
 """
 import os
 import subprocess
@@ -109,6 +110,38 @@ def main():
           and fake.backends.cudnn.deterministic and not fake.backends.cudnn.benchmark
           and not fake.backends.cudnn.allow_tf32 and not fake.backends.cuda.matmul.allow_tf32,
           f"deterministic() sets the seeds, the algorithms, cuDNN and TF32: {calls}")
+    preamble.deterministic(fake, benchmark=True)
+    check(fake.backends.cudnn.deterministic and fake.backends.cudnn.benchmark,
+          "deterministic(benchmark=True) leaves cuDNN deterministic with benchmark on")
+
+    # run_worker(): the worker's JSON; a failing worker is one FAIL kept in the checks.
+    tmp = tempfile.mkdtemp(prefix="cachet-preamble-")
+    out = os.path.join(tmp, "w.json")
+    ok = os.path.join(tmp, "ok.py")
+    with open(ok, "w") as f:
+        f.write("import json, sys\njson.dump({'n': 3}, open(sys.argv[1], 'w'))\n")
+    mine = preamble.Checks()
+    check(preamble.run_worker([ok, out], out, "ok/w", mine) == {"n": 3} and not mine.failures,
+          "run_worker() returns the worker's JSON")
+    bad = os.path.join(tmp, "bad.py")
+    with open(bad, "w") as f:
+        f.write("import sys\nsys.exit(3)\n")
+    check(preamble.run_worker([bad, out + ".none"], out + ".none", "bad/w", mine) is None
+          and mine.failures == ["bad/w: worker exited 3"], f"run_worker() keeps a failing worker: {mine.failures}")
+
+    # The library helpers: the C++ symbols a library must not export; nm and readelf on a library
+    # of this machine (the C library), or None without the tool.
+    check(preamble.leaked_cxx_symbols(["cachet_malloc", "_ZN6cachet3gpu1xEv", "_ZN3fmt2v97vformatE", "_ZN3c104XEv"])
+          == ["_ZN6cachet3gpu1xEv", "_ZN3fmt2v97vformatE"],
+          "leaked_cxx_symbols() names the symbols of cachet and fmt only")
+    libc = next((p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/lib64/libc.so.6", "/usr/lib/libc.so.6")
+                 if os.path.exists(p)), None)
+    if libc is not None:
+        syms = preamble.library_symbols(libc)
+        check(syms is None or any(k.split("@")[0] == "malloc" and t == "T" for k, t in syms.items()),
+              f"library_symbols({libc}): malloc is a function")
+        dyn = preamble.dynamic_section(libc)
+        check(dyn is None or "ld-linux" in dyn, f"dynamic_section({libc}) lists its NEEDED ld-linux")
 
     print(f"\n{len(check.failures)} failure(s)")
     return 1 if check.failures else 0

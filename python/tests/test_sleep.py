@@ -31,9 +31,10 @@ folder: each run writes SCENARIO-POLICY-EXPANDABLE.json there).
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
+
+import preamble
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,21 +42,9 @@ sys.path.insert(0, os.path.dirname(HERE))
 MiB = 1 << 20
 GiB = 1 << 30
 SCENARIOS = ("rl_loop", "give_back", "cycles", "wake_oom")
-failures = []
-
-
-def check(cond, what):
-    print(("ok    " if cond else "FAIL  ") + what, flush=True)
-    if not cond:
-        failures.append(what)
-
-
-def deterministic(torch):
-    torch.manual_seed(0)
-    torch.cuda.manual_seed_all(0)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+check = preamble.Checks()
+failures = check.failures
+deterministic = preamble.deterministic
 
 
 def rss_bytes():
@@ -247,15 +236,8 @@ def worker(scenario, mode, out):
 
 def run_worker(scenario, mode, tmp, env=None):
     out = os.path.join(tmp, f"{scenario}-{mode}.json")
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", scenario, mode, out],
-                       capture_output=True, text=True, timeout=1500, env=env)
-    sys.stdout.write(r.stdout[-3000:])
-    if r.returncode != 0 or not os.path.exists(out):
-        print(f"FAIL  {scenario}/{mode}: worker exited {r.returncode}\n{r.stderr[-4000:]}", flush=True)
-        failures.append(f"{scenario}/{mode}: worker exited {r.returncode}")
-        return None
-    with open(out) as f:
-        return json.load(f)
+    return preamble.run_worker([os.path.abspath(__file__), "--worker", scenario, mode, out], out,
+                               f"{scenario}/{mode}", check, env=env)
 
 
 # ------------------------------------------------------------------------------ orchestrator
@@ -328,18 +310,13 @@ def main():
               file=sys.stderr)
         return 2
     scenario = args[0]
-    try:
-        import torch
-    except ImportError:
-        print("skipped: no PyTorch")
-        return 77
-    if not torch.cuda.is_available():
-        print("skipped: no CUDA device")
-        return 77
+    _, _, skip = preamble.start(plugin=False)
+    if skip is not None:
+        return skip
     import cachet_torch
     if cachet_torch.c10_library_path() is None:
         print("skipped: no libcachet_c10.so (built only where a torch was found)")
-        return 77
+        return preamble.SKIP
     if not all(hasattr(cachet_torch, f) for f in ("tag", "sleep", "wake", "sleeping")):
         print("FAIL  cachet_torch has no tag/sleep/wake/sleeping yet (issue 24: docs/sleep-wake.md)")
         return 1

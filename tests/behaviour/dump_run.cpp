@@ -223,8 +223,12 @@ std::string one_line(std::string s) {
 class PoolCalls final : public cli::ReplayEngine {
  public:
   explicit PoolCalls(CachingAllocator& a) : a_(a) {}
-  std::uint64_t malloc(Bytes size, StreamId stream) override { return from_ptr(a_.allocate(size, stream)); }
+  // The front end's only allocations are the generator's tensors, on the main thread.
+  std::uint64_t malloc(Bytes size, StreamId stream, ThreadIndex /*thread*/) override {
+    return from_ptr(a_.allocate(size, stream));
+  }
   void free(std::uint64_t ptr) override { a_.free(to_ptr(ptr)); }
+  void record_stream(std::uint64_t ptr, StreamId stream) override { a_.record_stream(to_ptr(ptr), stream); }
   void empty_cache() override { a_.empty_cache(); }
   DeviceStats stats() const override { return a_.stats(); }
   Snapshot snapshot() const override { return a_.snapshot(); }

@@ -25,17 +25,17 @@ TEST(ReadOps, EveryRecordedOpKind) {
   const std::string path = write_temp(
       "kinds.json",
       R"([["a", 7, 1230, 1], ["pb", 2], ["pe", 2], ["pr", 2], ["gb", 0, 2, -1], ["gb", 1, 1, 0], ["ge", 1],)"
-      R"( ["gx", 0], ["f", 7], ["e"]])");
+      R"( ["gx", 0], ["r", 7, 3], ["f", 7], ["e"]])");
   const std::vector<ops::Op> got = read_ops(path);
   const std::vector<ops::Op> want{ops::Allocate{1230, 1, 7}, ops::UseMemPoolBegin{2},    ops::UseMemPoolEnd{2},
                                   ops::ReleasePool{2},       ops::CaptureBegin{0, 2, {}}, ops::CaptureBegin{1, 1, 0},
-                                  ops::CaptureEnd{1},        ops::GraphReset{0},          ops::Free{7},
-                                  ops::EmptyCache{}};
+                                  ops::CaptureEnd{1},        ops::GraphReset{0},          ops::RecordStream{7, 3},
+                                  ops::Free{7},              ops::EmptyCache{}};
   EXPECT_EQ(got, want);
   EXPECT_EQ(ops::addressing(got), ops::Addressing::Ids);
   EXPECT_EQ(ops::show(got),
             "alloc h7 1230 s1\nuse_pool p2\nend_pool p2\nrelease_pool p2\ncapture_begin g0 s2 pool new\n"
-            "capture_begin g1 s1 pool g0\ncapture_end g1\ngraph_reset g0\nfree h7\nempty_cache\n");
+            "capture_begin g1 s1 pool g0\ncapture_end g1\ngraph_reset g0\nrecord h7 s3\nfree h7\nempty_cache\n");
   std::filesystem::remove(path);
 }
 
@@ -65,7 +65,12 @@ TEST(ReadOps, MalformedOpsNameTheOpAndTheForm) {
       {R"([["a", 0, 1, 0, 4294967296]])", ": op 0 thread: expected a thread index below 2^32"},
       {R"([["e"], ["gb", 0, 1, -2]])", ": op 1 share: expected a graph index or -1 (a new pool)"},
       {R"([["gx", 0, 1]])", ": op 0: expected [\"ge\"|\"gx\", graph]"},
-      {R"([["zz", 0]])", ": op 0: unknown op \"zz\" (expected \"a\", \"f\", \"e\", \"pb\", \"pe\", \"pr\", \"gb\", \"ge\" or \"gx\")"},
+      {R"([["a", 0, 1, 0], ["r", 0]])", ": op 1: expected [\"r\", id, stream] (Tensor.record_stream)"},
+      {R"([["k", 2]])", ": op 0: \"k\" (a captured kernel) is not in cachet's op vocabulary yet: replaying it needs "
+                        "a model of a capture's graph (docs/pytorch-allocator.md §14.10.1)"},
+      {R"([["e"], ["w", 1, 2]])", ": op 1: \"w\" (wait_stream) is not in cachet's op vocabulary yet: replaying it "
+                                  "needs a model of a capture's graph (docs/pytorch-allocator.md §14.10.1)"},
+      {R"([["zz", 0]])", ": op 0: unknown op \"zz\" (expected \"a\", \"f\", \"r\", \"e\", \"pb\", \"pe\", \"pr\", \"gb\", \"ge\" or \"gx\")"},
   };
   for (const auto& [text, message] : rows) {
     const std::string path = write_temp("bad.json", text);

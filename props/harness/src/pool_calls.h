@@ -12,10 +12,10 @@
 
 #include "cachet/front_end/pool_front_end.h"
 #include "cachet/lockstep.h"
+#include "cachet/op_threads.h"
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
 #include "device_log.h"
-#include "op_threads.h"
 
 namespace cachet::lockstep::detail {
 

@@ -309,6 +309,9 @@ std::vector<ops::Op> read_ops(const std::string& path) {
       if (a.size() != 2 && a.size() != 3) r.fail(where, "expected [\"f\", id] or [\"f\", id, thread]");
       (void)thread_at(2);  // a free goes to no pool's filter: its thread changes nothing
       out.push_back(ops::Free{uint_at(1, "id")});
+    } else if (kind == "r") {
+      arity(3, "[\"r\", id, stream] (Tensor.record_stream)");
+      out.push_back(ops::RecordStream{uint_at(1, "id"), uint_at(2, "stream")});
     } else if (kind == "e") {
       out.push_back(ops::EmptyCache{});
     } else if (kind == "pb" || kind == "pe" || kind == "pr") {
@@ -334,8 +337,20 @@ std::vector<ops::Op> read_ops(const std::string& path) {
       const std::uint64_t k = uint_at(1, "graph");
       if (kind == "ge") out.push_back(ops::CaptureEnd{k});
       else out.push_back(ops::GraphReset{k});
+    } else if (kind == "w" || kind == "k" || kind == "cfg") {
+      // Recorded by scripts/oracle for graph_capture_record_stream_reuse (tests/data/oracle-issue23).
+      r.fail(where, "\"" + kind + "\" (" +
+                        (kind == "w"   ? std::string("wait_stream")
+                         : kind == "k" ? std::string("a captured kernel")
+                                       : std::string("a runtime allocator setting")) +
+                        ") is not in cachet's op vocabulary yet: " +
+                        (kind == "cfg" ? std::string("the recordings with it (graph_capture_record_stream_reuse) also "
+                                                     "need wait_stream and captured kernels")
+                                       : std::string("replaying it needs a model of a capture's graph")) +
+                        " (docs/pytorch-allocator.md §14.10.1)");
     } else {
-      r.fail(where, "unknown op \"" + kind + "\" (expected \"a\", \"f\", \"e\", \"pb\", \"pe\", \"pr\", \"gb\", \"ge\" or \"gx\")");
+      r.fail(where, "unknown op \"" + kind +
+                        "\" (expected \"a\", \"f\", \"r\", \"e\", \"pb\", \"pe\", \"pr\", \"gb\", \"ge\" or \"gx\")");
     }
   }
   return out;

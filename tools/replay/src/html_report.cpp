@@ -103,17 +103,11 @@ std::string segment_map_svg(const Snapshot& segs, const char* id) {
       const char* fill = blk.state == BlockState::ActiveAllocated     ? kAllocColor
                          : blk.state == BlockState::ActivePendingFree ? kPendingColor
                                                                       : kFreeColor;
-      double from = b, to = b + static_cast<double>(blk.size);
-      while (from < to) {
-        const double row = std::floor(from / per_row);
-        const double end = std::min(to, (row + 1) * per_row);
-        const double x0 = left + (from - row * per_row) / per_row * (right - left);
-        const double x1 = left + (end - row * per_row) / per_row * (right - left);
+      const double to = b + static_cast<double>(blk.size);
+      for_each_row_piece(b, to, per_row, left, right, [&](double row, double x0, double x1) {
         o += fmt::format("<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"{}\" fill=\"{}\"/>", x0,
                          row * (row_h + gap), std::max(x1 - x0, 0.3), row_h, fill);
-        if (end <= from) break;
-        from = end;
-      }
+      });
       b = to;
     }
     const double row = std::floor(off / per_row);

@@ -415,17 +415,12 @@ std::string render_svg(const PlotData& d) {
       left, s_top - 14, html_escape(human_bytes(static_cast<std::int64_t>(per_row))));
   auto span = [&](double from, double to, const char* fill, const char* cls) {
     // from/to: byte offsets in the concatenated segment list; split across rows.
-    while (from < to) {
-      const double row = std::floor(from / per_row);
-      const double row_end = std::min(to, (row + 1) * per_row);
-      const double x0 = left + (from - row * per_row) / per_row * (right - left);
-      const double x1 = left + (row_end - row * per_row) / per_row * (right - left);
+    for_each_row_piece(from, to, per_row, left, right, [&](double row, double x0, double x1) {
       // Blocks wide enough to tell apart get a thin white edge.
       o += fmt::format("<rect class=\"{}\" x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{}\" fill=\"{}\"{}/>\n", cls,
                        x0, s_top + row * (row_h + row_gap), std::max(x1 - x0, 0.3), row_h, fill,
                        x1 - x0 > 4 ? " stroke=\"#ffffff\" stroke-width=\"0.6\"" : "");
-      from = row_end;
-    }
+    });
   };
   for (int r = 0; r < rows; ++r)
     o += fmt::format("<rect x=\"{}\" y=\"{:.1f}\" width=\"{}\" height=\"{}\" fill=\"#fafafa\" stroke=\"#ddd\"/>\n", left,

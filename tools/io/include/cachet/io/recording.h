@@ -19,11 +19,12 @@
 namespace cachet::io {
 
 // An op list's ops are the project's op vocabulary (cachet/ops.h), id-addressed: each
-// ["a", id, size, s] is ops::Allocate{size, s, id}, ["f", id] ops::Free{id}, ["e"]
-// ops::EmptyCache; the pool and capture ops of the torch-2.11-h100 recordings: ["pb", k]
+// ["a", id, size, s] is ops::Allocate{size, s, id} (["a", id, size, s, t]: made by thread t,
+// docs/pytorch-allocator.md §14.10.2), ["f", id] ops::Free{id}, ["r", id, s] ops::RecordStream{id, s}
+// (Tensor.record_stream), ["e"] ops::EmptyCache; the pool and capture ops of the torch-2.11-h100 recordings: ["pb", k]
 // UseMemPoolBegin, ["pe", k] UseMemPoolEnd, ["pr", k] ReleasePool, ["gb", k, s, share]
 // CaptureBegin (share -1: a new pool), ["ge", k] CaptureEnd, ["gx", k] GraphReset.
-// Streams (Allocate::stream, CaptureBegin::stream) are stream INDICES: Recording::streams[s] is
+// Streams (Allocate::stream, RecordStream::stream, CaptureBegin::stream) are stream INDICES: Recording::streams[s] is
 // the cudaStream_t the recording ran on.
 
 // A pool a recording made: ["<k>" or "g<k>", [first, second]] (pool_ids).

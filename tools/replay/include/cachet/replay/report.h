@@ -2,6 +2,8 @@
 // JSON form, byte sizes, progress on stderr, and the SVG picture.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -106,6 +108,21 @@ std::string cap_label(std::int64_t cap);
 // The step for about `ticks` ticks over `range`: 1, 2, 2.5 or 5 times a power of ten (1 when
 // range <= 0).
 double nice_step(double range, int ticks);
+
+// The segment maps of both charts (the plot's SVG, the HTML report) lay the segments end to end
+// in rows of `per_row` bytes drawn from x = left to right: the bytes [from, to) of that line, cut
+// at row ends, as f(row, x0, x1) per piece.
+template <class F>
+void for_each_row_piece(double from, double to, double per_row, double left, double right, F&& f) {
+  while (from < to) {
+    const double row = std::floor(from / per_row);
+    const double end = std::min(to, (row + 1) * per_row);
+    f(row, left + (from - row * per_row) / per_row * (right - left),
+      left + (end - row * per_row) / per_row * (right - left));
+    if (end <= from) break;  // a row too narrow to advance: drawn once
+    from = end;
+  }
+}
 
 // The timeline reduced to `cols` + 1 pixel columns over [axes.xmin, axes.xmax]: each column's
 // highest allocated and reserved (set: some point fell in it).

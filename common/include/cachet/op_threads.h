@@ -1,7 +1,8 @@
-// props/harness/src/op_threads.h (internal to the lockstep runner): the OS threads of an op list's
-// threads (cachet/ops.h `t<k>`). The sut's calls of thread k run on an OS thread of their own, one
-// at a time, while the runner waits: gpu/'s use_mem_pool filter compares std::this_thread::get_id()
-// as PyTorch's does (docs/pytorch-allocator.md §14.10.2). Thread 0 is the runner's own thread.
+// cachet/op_threads.h: the OS threads of an op list's threads (cachet/ops.h `t<k>`), for the runners
+// that drive gpu/ (the lockstep harness, `cachet conform`'s impl engine). The calls of thread k run
+// on an OS thread of their own, one at a time, while the runner waits: gpu/'s use_mem_pool filter
+// compares std::this_thread::get_id() as PyTorch's does (docs/pytorch-allocator.md §14.10.2).
+// Thread 0 is the runner's own thread.
 #pragma once
 
 #include <condition_variable>
@@ -13,7 +14,7 @@
 
 #include "cachet/types.h"
 
-namespace cachet::lockstep::detail {
+namespace cachet {
 
 class OpThreads {
  public:
@@ -21,8 +22,8 @@ class OpThreads {
   OpThreads(const OpThreads&) = delete;
   OpThreads& operator=(const OpThreads&) = delete;
 
-  // Runs f on thread t's OS thread and returns when it has; f must not throw (the runner's
-  // capture() turns every exception into an Outcome).
+  // Runs f on thread t's OS thread and returns when it has; f must not throw (a runner catches
+  // inside f and hands the exception back itself).
   void run(ThreadIndex t, const std::function<void()>& f) {
     if (t == 0) {
       f();
@@ -72,4 +73,4 @@ class OpThreads {
   std::map<ThreadIndex, std::unique_ptr<Worker>> workers_;
 };
 
-}  // namespace cachet::lockstep::detail
+}  // namespace cachet

@@ -80,6 +80,7 @@ std::string to_text(const Args& a, const LoadedTrace& lt, const ReplayOptions& o
   out += device_memory_line(lt, o.cap) + "\n";
   if (o.cap) out += fmt::format("memory cap: {} (set_per_process_memory_fraction)\n", human_bytes_exact(o.cap));
   if (auto note = trace_note(lt.trace); !note.empty()) out += note + "\n";
+  if (auto line = failed_request_line(lt); !line.empty()) out += line + "\n";
   out += fmt::format("{} configurations replayed on {} threads: the recorded one and {} candidates\n", n + 1,
                      a.threads, n);
   out += "\nrecorded configuration:\n" + results_table({&tr.baseline});

@@ -2,8 +2,14 @@
 // device's memory (DeviceMemoryFacts). See cachet/replay/replay.h.
 #include <fmt/format.h>
 
+#include <filesystem>
+#include <variant>
+
 #include "cachet/errors.h"
 #include "cachet/io/file.h"
+#include "cachet/io/frames.h"
+#include "cachet/io/recording.h"
+#include "cachet/replay/explain.h"
 #include "cachet/replay/replay.h"
 #include "cachet/replay/report.h"
 
@@ -43,7 +49,106 @@ DeviceMemoryFacts oom_facts(const std::vector<TraceEvent>& ev) {
   return f;
 }
 
+// The size each `oom` event asked for (FailedRequest), then the replay's OomRequest ops set to
+// it. PyTorch's oom entry records round_size(request); its alloc entries record the request
+// itself. Sources, best first: the op list an oracle recording replayed (its k-th "oom" step is
+// the trace's k-th oom event); the latest earlier alloc with the entry's stack whose size rounds
+// to the entry's (a training step repeats its requests); else the rounded size, assumed.
+void size_failed_requests(LoadedTrace& lt, const std::string& path, const io::DeviceTrace& d) {
+  using Source = FailedRequest::Source;
+  const Config& c = lt.run.config;
+  for (std::size_t i = 0; i < d.events.size(); ++i)
+    if (d.events[i].action == TraceAction::Oom) {
+      FailedRequest f;
+      f.event = i;
+      f.recorded = f.size = d.events[i].size;
+      lt.failed_requests.push_back(f);
+    }
+  if (lt.failed_requests.empty()) return;
+  if (lt.file.format == io::TraceFormat::OracleRecording) {
+    try {
+      const std::string ops_path = io::ops_path_for(path);
+      const io::Recording rec = io::read_recording(path);
+      const std::vector<ops::Op> ops = io::read_ops(ops_path);
+      std::size_t k = 0;
+      for (std::size_t i = 0; i < rec.steps.size() && i < ops.size() && k < lt.failed_requests.size(); ++i) {
+        if (!rec.steps[i].oom) continue;
+        FailedRequest& f = lt.failed_requests[k++];
+        const auto* a = std::get_if<ops::Allocate>(&ops[i]);
+        if (a == nullptr || pytorch_round_size(a->size, c) != f.recorded) continue;  // not this request
+        f.size = a->size;
+        f.source = Source::OpList;
+        f.from = i;
+        f.op_list = ops_path;
+      }
+    } catch (const io::ReadError&) {  // no op list beside it, or unreadable: the rounded size stays
+    }
+  } else {
+    std::vector<std::vector<io::Frame>> frames;
+    try {
+      frames = io::read_event_frames(path, lt.device);
+    } catch (const io::ReadError&) {
+    }
+    for (FailedRequest& f : lt.failed_requests) {
+      if (f.event >= frames.size() || frames[f.event].empty()) continue;
+      for (std::size_t k = f.event; k-- > 0;) {
+        const TraceEvent& e = d.events[k];
+        if (e.action != TraceAction::Alloc || k >= frames.size() || pytorch_round_size(e.size, c) != f.recorded ||
+            frames[k] != frames[f.event])
+          continue;
+        f.size = e.size;
+        f.source = Source::SameStack;
+        f.from = k;
+        break;
+      }
+    }
+  }
+  std::size_t k = 0;
+  for (Op& op : lt.trace.ops) {
+    if (op.kind != OpKind::OomRequest) continue;
+    while (k < lt.failed_requests.size() && lt.failed_requests[k].event < op.event) ++k;
+    if (k < lt.failed_requests.size() && lt.failed_requests[k].event == op.event) op.size = lt.failed_requests[k].size;
+  }
+}
+
 }  // namespace
+
+std::string failed_request_source(const FailedRequest& f, const Config& c) {
+  using Source = FailedRequest::Source;
+  switch (f.source) {
+    case Source::OpList:
+      return fmt::format("what the program asked for, from op {} of the op list {}; PyTorch's oom entry records {} "
+                         "bytes, the size after its rounding",
+                         f.from, std::filesystem::path(f.op_list).filename().string(), f.recorded);
+    case Source::SameStack:
+      return fmt::format("the size of trace event {}, an earlier allocation with the same stack whose size rounds to "
+                         "the oom entry's {} bytes (the entry records the size after PyTorch's rounding, not the "
+                         "request)",
+                         f.from, f.recorded);
+    case Source::Rounded:
+      break;
+  }
+  return fmt::format("the size after PyTorch's rounding that its oom entry records: nothing in the trace tells the "
+                     "request (no op list, no earlier allocation with its stack that rounds to it), so the rounded "
+                     "size is assumed; the program asked for {} to {} bytes",
+                     smallest_request_rounding_to(f.recorded, c), f.recorded);
+}
+
+std::string failed_request_line(const LoadedTrace& lt) {
+  if (lt.failed_requests.empty()) return {};
+  const FailedRequest& f = lt.failed_requests.front();
+  std::string s = fmt::format("the request that ran out of memory in the recorded run (trace event {}) is replayed at "
+                              "{} bytes, {}",
+                              f.event, f.size, failed_request_source(f, lt.run.config));
+  if (lt.failed_requests.size() > 1) {
+    std::size_t n[3] = {0, 0, 0};
+    for (const FailedRequest& r : lt.failed_requests) ++n[static_cast<int>(r.source)];
+    s += fmt::format("; of the {} requests that ran out of memory, {} are sized from the op list, {} from an earlier "
+                     "allocation with the same stack, {} at the rounded size (assumed)",
+                     lt.failed_requests.size(), n[0], n[1], n[2]);
+  }
+  return s;
+}
 
 LoadedTrace load_trace(const std::string& path, std::optional<Bytes> device_memory, DeviceIndex device) {
   return load_trace(path, LoadOptions{.device_memory = device_memory, .cap = std::nullopt, .device = device});
@@ -127,6 +232,7 @@ LoadedTrace load_trace(const std::string& path, const LoadOptions& opt) {
   lt.trace = prepare_trace(d ? std::span<const TraceEvent>(d->events) : std::span<const TraceEvent>(none), lt.run,
                            lt.file.name);
   if (d != nullptr) route_to_pools(lt.trace, d->events, d->segments);
+  if (d != nullptr) size_failed_requests(lt, path, *d);
   const io::TraceStats& file_stats = lt.trace.stats;
   if (file_stats.count(TraceAction::Alloc) == 0 && file_stats.count(TraceAction::Oom) == 0) {
     std::size_t segments = 0;

@@ -366,6 +366,10 @@ TEST(WhatIf, TheFailedRequestIsReplayedAtItsRequestedSize) {
                        "request)\n"),
             std::string::npos)
       << e.out;
+  // At the recorded cap, peak requested is PyTorch's requested_bytes.all.peak
+  // (gpt2_train_oom_cap12g.json): the failed request adds nothing.
+  j = run("replay " + kOom + " --cap 12G --json");
+  EXPECT_EQ(json_number(j.out, "peak_requested"), 12565134024LL);
   e = run("explain " + kOom + " --cap 12G --json");
   EXPECT_NE(e.out.find("\"size\": 1646821376, \"rounded\": 1646821376, \"recorded_size\": 1646821376, "
                        "\"size_source\": \"same_stack\""),

@@ -152,7 +152,7 @@ std::vector<std::string> recorded_row(const std::string& page) {
 // at a peak).
 TEST(WhatIf, OnePeakForTheRecordedConfigurationEverywhere) {
   const auto traces = every_repo_trace();
-  EXPECT_EQ(traces.size(), 81u);  // 4 pickles, 4 JSON snapshots, 73 recordings: a new file is compared too
+  EXPECT_EQ(traces.size(), 82u);  // 5 pickles, 4 JSON snapshots, 73 recordings: a new file is compared too
   for (const auto& [trace, opts] : traces) {
     SCOPED_TRACE(trace + opts);
     Out r = run("replay " + trace + opts + " --json");
@@ -332,7 +332,8 @@ TEST(WhatIf, TheFailedRequestIsReplayedAtItsRequestedSize) {
                              "1156508816 bytes, what the program asked for, from op 776 of the op list "
                              "ops_pressure.json.gz; PyTorch's oom entry records 1342177280 bytes, the size after its "
                              "rounding; of the 19 requests that ran out of memory, 19 are sized from the op list, 0 from "
-                             "an earlier allocation with the same stack, 0 at the rounded size (assumed)\n"),
+                             "an earlier allocation with the same stack, 0 from one at the same place in a repeated "
+                             "step, 0 at the rounded size (assumed)\n"),
             std::string::npos)
       << r.out;
   // At a cap where the requests succeed, peak requested counts what the program asked for.
@@ -347,14 +348,15 @@ TEST(WhatIf, TheFailedRequestIsReplayedAtItsRequestedSize) {
   ASSERT_EQ(e.rc, 0) << e.err;
   EXPECT_NE(e.out.find("a request of 1.25 GiB (1342177280 bytes) on stream 1044175696, large pool.\n  the size "
                        "replayed: the size after PyTorch's rounding that its oom entry records: nothing in the trace "
-                       "tells the request (no op list, no earlier allocation with its stack that rounds to it), so "
-                       "the rounded size is assumed; the program asked for 1073741825 to 1342177280 bytes\n"),
+                       "tells the request (no op list, no earlier allocation that rounds to it with its stack or at "
+                       "its place in a repeated step), so the rounded size is assumed; the program asked for 1073741825 to 1342177280 bytes\n"),
             std::string::npos)
       << e.out;
   j = run("replay " + copy + " --cap 20G --json");
   EXPECT_EQ(json_number(j.out, "peak_requested"), 7261474569LL);
   Out t = run("tune " + copy + " --top 1");
-  EXPECT_NE(flat(t.out).find("0 from an earlier allocation with the same stack, 19 at the rounded size (assumed)\n"),
+  EXPECT_NE(flat(t.out).find("0 from an earlier allocation with the same stack, 0 from one at the same place in a "
+                             "repeated step, 19 at the rounded size (assumed)\n"),
             std::string::npos)
       << t.out;
 
@@ -364,6 +366,16 @@ TEST(WhatIf, TheFailedRequestIsReplayedAtItsRequestedSize) {
                        "size of trace event 1154, an earlier allocation with the same stack whose size rounds to the "
                        "oom entry's 1646821376 bytes (the entry records the size after PyTorch's rounding, not the "
                        "request)\n"),
+            std::string::npos)
+      << e.out;
+  // No stacks at all (tests/data/derived/gpt2_oom_no_frames.pickle.gz, as the autograd thread's
+  // requests have none): the same request of step 0, found by the 8 allocations before it.
+  e = run("explain " + std::string(CACHET_TEST_DATA) + "/derived/gpt2_oom_no_frames.pickle.gz --cap 12G");
+  ASSERT_EQ(e.rc, 0) << e.err;
+  EXPECT_NE(e.out.find("  the size replayed: the size of trace event 1154, an earlier allocation at the same place in "
+                       "a repeated step (no stack recorded for either; the 8 allocations before each have the same "
+                       "sizes and streams) whose size rounds to the oom entry's 1646821376 bytes (the entry records "
+                       "the size after PyTorch's rounding, not the request)\n"),
             std::string::npos)
       << e.out;
   // At the recorded cap, peak requested is PyTorch's requested_bytes.all.peak

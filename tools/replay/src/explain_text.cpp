@@ -179,7 +179,7 @@ std::string explain_json(const Explanation& e) {
                    json_quote(e.conf), e.device_memory, e.cap);
   // The recorded configuration over the whole trace, as replay, tune and the others give it.
   o += fmt::format("\"recorded_configuration_peak_reserved\": {}, ", e.baseline.peak_reserved());
-  static constexpr const char* kSources[] = {"op_list", "same_stack", "rounded"};
+  static constexpr const char* kSources[] = {"op_list", "same_stack", "same_context", "rounded"};
   o += fmt::format("\"moment\": {{\"kind\": \"{}\", \"op\": {}, \"event\": {}, \"size\": {}, \"rounded\": {}, "
                    "\"recorded_size\": {}, \"size_source\": {}, "
                    "\"stream\": {}, \"pool\": \"{}\", \"device_free\": {}, \"frames\": {}}}, ",

@@ -2,6 +2,7 @@
 // device's memory (DeviceMemoryFacts). See cachet/replay/replay.h.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <variant>
 
@@ -53,7 +54,9 @@ DeviceMemoryFacts oom_facts(const std::vector<TraceEvent>& ev) {
 // it. PyTorch's oom entry records round_size(request); its alloc entries record the request
 // itself. Sources, best first: the op list an oracle recording replayed (its k-th "oom" step is
 // the trace's k-th oom event); the latest earlier alloc with the entry's stack whose size rounds
-// to the entry's (a training step repeats its requests); else the rounded size, assumed.
+// to the entry's (a training step repeats its requests); for an entry with no stack, the latest
+// earlier one at the same place in the allocation sequence (FailedRequest::SameContext); else the
+// rounded size, assumed.
 void size_failed_requests(LoadedTrace& lt, const std::string& path, const io::DeviceTrace& d) {
   using Source = FailedRequest::Source;
   const Config& c = lt.run.config;
@@ -89,8 +92,38 @@ void size_failed_requests(LoadedTrace& lt, const std::string& path, const io::De
       frames = io::read_event_frames(path, lt.device);
     } catch (const io::ReadError&) {
     }
+    auto frameless = [&](std::size_t i) { return i >= frames.size() || frames[i].empty(); };
+    std::vector<std::size_t> allocs;  // the alloc events, in order
+    for (std::size_t i = 0; i < d.events.size(); ++i)
+      if (d.events[i].action == TraceAction::Alloc) allocs.push_back(i);
+    // The kContextAllocs allocs before event i (their positions in `allocs`): [from, to).
+    auto context_end = [&](std::size_t i) {
+      return static_cast<std::size_t>(std::lower_bound(allocs.begin(), allocs.end(), i) - allocs.begin());
+    };
+    auto same_context = [&](std::size_t a_end, std::size_t b_end) {
+      if (a_end < kContextAllocs || b_end < kContextAllocs) return false;
+      for (std::size_t j = 1; j <= kContextAllocs; ++j) {
+        const TraceEvent& x = d.events[allocs[a_end - j]];
+        const TraceEvent& y = d.events[allocs[b_end - j]];
+        if (x.size != y.size || x.stream != y.stream) return false;
+      }
+      return true;
+    };
     for (FailedRequest& f : lt.failed_requests) {
-      if (f.event >= frames.size() || frames[f.event].empty()) continue;
+      if (frameless(f.event)) {
+        const std::size_t mine = context_end(f.event);
+        for (std::size_t p = mine; p-- > 0;) {
+          const TraceEvent& e = d.events[allocs[p]];
+          if (!frameless(allocs[p]) || e.stream != d.events[f.event].stream ||
+              pytorch_round_size(e.size, c) != f.recorded || !same_context(p, mine))
+            continue;
+          f.size = e.size;
+          f.source = Source::SameContext;
+          f.from = allocs[p];
+          break;
+        }
+        continue;
+      }
       for (std::size_t k = f.event; k-- > 0;) {
         const TraceEvent& e = d.events[k];
         if (e.action != TraceAction::Alloc || k >= frames.size() || pytorch_round_size(e.size, c) != f.recorded ||
@@ -125,11 +158,18 @@ std::string failed_request_source(const FailedRequest& f, const Config& c) {
                          "the oom entry's {} bytes (the entry records the size after PyTorch's rounding, not the "
                          "request)",
                          f.from, f.recorded);
+    case Source::SameContext:
+      return fmt::format("the size of trace event {}, an earlier allocation at the same place in a repeated step (no "
+                         "stack recorded for either; the {} allocations before each have the same sizes and streams) "
+                         "whose size rounds to the oom entry's {} bytes (the entry records the size after PyTorch's "
+                         "rounding, not the request)",
+                         f.from, kContextAllocs, f.recorded);
     case Source::Rounded:
       break;
   }
   return fmt::format("the size after PyTorch's rounding that its oom entry records: nothing in the trace tells the "
-                     "request (no op list, no earlier allocation with its stack that rounds to it), so the rounded "
+                     "request (no op list, no earlier allocation that rounds to it with its stack or at its place in a "
+                     "repeated step), so the rounded "
                      "size is assumed; the program asked for {} to {} bytes",
                      smallest_request_rounding_to(f.recorded, c), f.recorded);
 }
@@ -141,11 +181,12 @@ std::string failed_request_line(const LoadedTrace& lt) {
                               "{} bytes, {}",
                               f.event, f.size, failed_request_source(f, lt.run.config));
   if (lt.failed_requests.size() > 1) {
-    std::size_t n[3] = {0, 0, 0};
+    std::size_t n[4] = {0, 0, 0, 0};
     for (const FailedRequest& r : lt.failed_requests) ++n[static_cast<int>(r.source)];
     s += fmt::format("; of the {} requests that ran out of memory, {} are sized from the op list, {} from an earlier "
-                     "allocation with the same stack, {} at the rounded size (assumed)",
-                     lt.failed_requests.size(), n[0], n[1], n[2]);
+                     "allocation with the same stack, {} from one at the same place in a repeated step, {} at the "
+                     "rounded size (assumed)",
+                     lt.failed_requests.size(), n[0], n[1], n[2], n[3]);
   }
   return s;
 }

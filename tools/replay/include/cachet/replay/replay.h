@@ -216,6 +216,10 @@ struct FailedRequest {
   enum class Source : std::uint8_t {
     OpList,     // the op list an oracle recording replayed: the request itself
     SameStack,  // the latest earlier alloc with the entry's stack whose size rounds to the entry's
+    // The entry has no stack (not recorded, or the autograd thread's): the latest earlier alloc
+    // with none either, on its stream, whose size rounds to the entry's and whose kContextAllocs
+    // allocations before it have the sizes and streams of those before the entry (a repeated step)
+    SameContext,
     Rounded,    // nothing tells: the rounded size is assumed
   };
   std::size_t event = 0;  // the oom event's index in the device's trace
@@ -225,6 +229,8 @@ struct FailedRequest {
   std::size_t from = 0;   // SameStack: that alloc's trace event; OpList: the op's index
   std::string op_list;    // OpList: the op list's path
 };
+
+inline constexpr std::size_t kContextAllocs = 8;
 
 // A trace file read and prepared for device `device` (the first device with events when -1).
 struct LoadedTrace {

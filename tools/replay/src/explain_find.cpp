@@ -142,7 +142,7 @@ Explanation explain(const LoadedTrace& lt, const ReplayOptions& o, const std::ve
   TuneResult tr = tune(t, config, space, x, eo.threads);
   e.candidates = space.size();
   // Under a cap, a change that leaves at least kSafeHeadroom under it comes first: one that fits
-  // by a few MiB in the replay can still fail on the GPU (docs/explain.md, "Which change").
+  // by a few MiB in the replay can still fail on the GPU (docs/explain.md, "The smallest change").
   auto safe = [&](const Change& c) { return is_safe_under_cap(tr.results[c.index].peak_reserved(), o.cap); };
   auto fewer_keys = [&](const Change& c, const std::optional<Change>& than) {
     if (!than) return true;
@@ -152,12 +152,8 @@ Explanation explain(const LoadedTrace& lt, const ReplayOptions& o, const std::ve
     return c.conf.size() < than->conf.size();
   };
   auto better = [&](const Change& c, const std::optional<Change>& than) {
-    if (!than) return true;
-    if (safe(c) != safe(*than)) return safe(c);
-    if (c.keys.size() != than->keys.size()) return c.keys.size() < than->keys.size();
-    const std::int64_t pc = tr.results[c.index].peak_reserved(), pt = tr.results[than->index].peak_reserved();
-    if (pc != pt) return pc < pt;
-    return c.conf.size() < than->conf.size();
+    if (than && safe(c) != safe(*than)) return safe(c);
+    return fewer_keys(c, than);
   };
   for (std::size_t i = 0; i < space.size(); ++i) {
     if (!avoids(tr.results[i])) continue;

@@ -2,8 +2,10 @@
 // report`). The trace is replayed under its recorded configuration up to its first
 // out-of-memory (with none, up to peak reserved), and the allocator's state there is taken
 // apart:
-//   - the request: size, rounded size, stream, pool, the stack frames PyTorch recorded;
-//   - reserved, allocated and requested bytes;
+//   - the request: size (where it came from: LoadedTrace::failed_requests), rounded size,
+//     stream, pool, the stack frames PyTorch recorded;
+//   - reserved, allocated and requested bytes; whether rounding is a cause (at least what the
+//     request lacked);
 //   - reserved - allocated as a partition (docs/pytorch-allocator.md §2.1, §2.2, §2.5; the
 //     rules are spelled out in docs/explain.md): free blocks of the request's stream and pool
 //     too small for it, large enough but refused by the oversize rules, large enough and usable,
@@ -11,7 +13,8 @@
 //     freed but waiting for stream-use events. The parts sum exactly to reserved - allocated;
 //   - allocated - requested (rounding), beside it;
 //   - the allocation sites (innermost frame outside PyTorch's own code) holding the most bytes;
-//   - the smallest change of configuration that avoids the out-of-memory, found by replay.
+//   - the smallest change of configuration that avoids the out-of-memory, found by replay (under
+//     a cap, one leaving kSafeHeadroom first).
 #pragma once
 
 #include <cstdint>

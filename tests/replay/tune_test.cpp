@@ -196,6 +196,10 @@ TEST(Tune, ChangeInPlainWords) {
   EXPECT_TRUE(plugin_clearly_better(fake(0, 9 * GiB, 0), fake(0, 10 * GiB, 0)));   // 10% less
   EXPECT_FALSE(plugin_clearly_better(fake(0, 95 * GiB / 10, 0), fake(0, 10 * GiB, 0)));  // 5% less
   EXPECT_TRUE(plugin_clearly_better(fake(0, 12 * GiB, 0), fake(1, 10 * GiB, 0)));  // fewer OOMs
+  // Under a 10 GiB cap, 5% less is enough when it leaves 256 MiB where the native pick leaves less.
+  EXPECT_TRUE(plugin_clearly_better(fake(0, 95 * GiB / 10, 0), fake(0, 10 * GiB - 100 * MiB, 0), 10 * GiB));
+  EXPECT_FALSE(plugin_clearly_better(fake(0, 95 * GiB / 10, 0), fake(0, 10 * GiB - 300 * MiB, 0), 10 * GiB));
+  EXPECT_FALSE(plugin_clearly_better(fake(0, 10 * GiB - 200 * MiB, 0), fake(0, 10 * GiB - 100 * MiB, 0), 10 * GiB));
 }
 
 }  // namespace

@@ -177,6 +177,7 @@ int run_replay(const Args& a) {
   }
   if (lt.trace.empty_cache_calls) out += fmt::format("empty_cache() calls in the trace: {}\n", lt.trace.empty_cache_calls);
   out += own_releases_line(lt);
+  if (auto line = failed_request_line(lt); !line.empty()) out += line + "\n";
   if (auto note = trace_note(lt.trace); !note.empty()) out += note + "\n";
   out += pool_lines(lt.trace);
   auto pa = lt.file.final_stats.find("allocated_bytes.all.peak");

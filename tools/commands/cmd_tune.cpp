@@ -80,6 +80,7 @@ std::string to_text(const Args& a, const LoadedTrace& lt, const ReplayOptions& o
   out += device_memory_line(lt, o.cap) + "\n";
   if (o.cap) out += fmt::format("memory cap: {} (set_per_process_memory_fraction)\n", human_bytes_exact(o.cap));
   if (auto note = trace_note(lt.trace); !note.empty()) out += note + "\n";
+  if (auto line = failed_request_line(lt); !line.empty()) out += line + "\n";
   out += fmt::format("{} configurations replayed on {} threads: the recorded one and {} candidates\n", n + 1,
                      a.threads, n);
   out += "\nrecorded configuration:\n" + results_table({&tr.baseline});
@@ -142,9 +143,12 @@ std::string to_text(const Args& a, const LoadedTrace& lt, const ReplayOptions& o
       out += wrap_text(
           fmt::format("With cachet's plug-in: not recommended: CACHET_ALLOC_CONF=\"{}\" ranks {} but is not clearly "
                       "better than PyTorch's allocator (it would need fewer OOMs, or as many and at least {:.0f}% less "
-                      "peak reserved: {} against {}).",
-                      p.conf, rank, 100 * kPluginMinSaving, human_bytes(p.peak_reserved()),
-                      human_bytes(native.peak_reserved())),
+                      "peak reserved{}: {} against {}).",
+                      p.conf, rank, 100 * kPluginMinSaving,
+                      o.cap ? fmt::format(", or, with none, {} under the cap where PyTorch's allocator leaves less",
+                                          human_bytes(static_cast<std::int64_t>(kSafeHeadroom)))
+                            : std::string(),
+                      human_bytes(p.peak_reserved()), human_bytes(native.peak_reserved())),
           width, "");
   }
   if (tr.at(tr.best).stats.num_ooms > 0)
@@ -191,7 +195,7 @@ int run_tune(const Args& a) {
               [&](std::size_t done, std::size_t total) { progress.update(done, total); });
     an.plugin = best_plugin(tr);
     an.recommend_plugin = an.plugin != kRecorded && an.plugin == tr.best &&
-                          plugin_clearly_better(tr.results[an.plugin], tr.at(tr.best_native));
+                          plugin_clearly_better(tr.results[an.plugin], tr.at(tr.best_native), o.cap);
     auto needed = [&](std::size_t i) -> std::optional<Bytes> {
       if (tr.at(i).stats.num_ooms == 0) return std::nullopt;
       return memory_needed(lt.trace, tr.at(i).config, o);

@@ -41,6 +41,18 @@ Bytes pytorch_round_size(Bytes size, const Config& c) {
   return (size + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
 }
 
+Bytes smallest_request_rounding_to(Bytes rounded, const Config& c) {
+  Bytes lo = 1, hi = rounded;  // pytorch_round_size is monotone
+  while (lo < hi) {
+    const Bytes mid = lo + (hi - lo) / 2;
+    if (pytorch_round_size(mid, c) >= rounded)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+
 std::vector<std::string> changed_keys(const Config& a, const Config& b) {
   std::vector<std::string> k;
   if (a.policy != b.policy) k.push_back("policy");

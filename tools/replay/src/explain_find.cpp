@@ -50,6 +50,7 @@ Explanation explain(const LoadedTrace& lt, const ReplayOptions& o, const std::ve
   e.device_memory_known = lt.memory.source != DeviceMemoryFacts::Source::Unknown;
   e.cap = o.cap;
   e.frames_recorded = !frames.empty();
+  e.rounding_set = config.roundup_power2_divisions != Config{}.roundup_power2_divisions;
   if (t.ops.empty()) throw std::invalid_argument(lt.file.name + ": the trace has no allocations to explain");
 
   Scan s = scan(t, config, o);
@@ -65,7 +66,7 @@ Explanation explain(const LoadedTrace& lt, const ReplayOptions& o, const std::ve
   if (recorded_oom && !s.first_oom) {
     const TraceEvent* ev = event_of(*recorded_oom);
     std::string why;
-    if (ev && ev->action == TraceAction::Oom)
+    if (ev && ev->action == TraceAction::Oom && lt.file.format != io::TraceFormat::OracleRecording)
       why = fmt::format(" PyTorch's driver reported {} free at that moment, so the process could have had about {} "
                         "more: a cap (set_per_process_memory_fraction) was in force, or the device was shared.",
                         human_bytes(static_cast<std::int64_t>(ev->addr)), human_bytes(static_cast<std::int64_t>(ev->addr)));
@@ -103,15 +104,29 @@ Explanation explain(const LoadedTrace& lt, const ReplayOptions& o, const std::ve
         m.nearest_frames = frames[k];
         break;
       }
-  if (const TraceEvent* ev = event_of(m.op); ev && ev->action == TraceAction::Oom) m.device_free = ev->addr;
+  // An oracle recording writes an oom's free bytes as null (read as 0): not a figure to print.
+  if (const TraceEvent* ev = event_of(m.op);
+      ev && ev->action == TraceAction::Oom && lt.file.format != io::TraceFormat::OracleRecording)
+    m.device_free = ev->addr;
   take_apart(lt, config, o, m);
-  if (op.kind == OpKind::OomRequest && m.size > 0) {
-    Bytes lo = 1, hi = m.size;  // pytorch_round_size is monotone: the least x rounding to m.size
-    while (lo < hi) {
-      const Bytes mid = lo + (hi - lo) / 2;
-      (pytorch_round_size(mid, config) >= m.size ? hi : lo) = mid + (pytorch_round_size(mid, config) >= m.size ? 0 : 1);
-    }
-    m.request_min = lo;
+  if (op.kind == OpKind::OomRequest)
+    for (const FailedRequest& f : lt.failed_requests)
+      if (f.event == m.event) {
+        m.recorded_size = f.recorded;
+        m.size_source = failed_request_source(f, config);
+        m.size_source_kind = f.source;
+      }
+  if (m.oom) {
+    // PyTorch's get_allocation_size: the segment the request needed.
+    const Bytes segment = m.rounded <= kSmallSize       ? kSmallBuffer
+                          : m.rounded < kMinLargeAlloc ? config.large_segment_size
+                                                       : (m.rounded + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+    const Bytes limit = o.cap > 0 ? std::min(o.cap, o.device_memory) : o.device_memory;
+    const auto need = static_cast<Bytes>(std::max<std::int64_t>(m.reserved, 0)) + segment;
+    if (!config.expandable_segments && need > limit) m.lacked = need - limit;
+    m.request_rounding = m.rounded - (m.size + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+    m.rounding_is_a_cause =
+        m.lacked > 0 && static_cast<Bytes>(std::max<std::int64_t>(m.allocated - m.requested, 0)) + m.request_rounding >= m.lacked;
   }
   e.sites = sites_at(t, m.op, frames, eo.top_sites);
   if (std::string note = recorded_peak_note(lt, e.baseline, o.cap); !note.empty()) e.notes.push_back(note);
@@ -126,12 +141,19 @@ Explanation explain(const LoadedTrace& lt, const ReplayOptions& o, const std::ve
   x.addresses = AddressMode::Synthetic;
   TuneResult tr = tune(t, config, space, x, eo.threads);
   e.candidates = space.size();
-  auto better = [&](const Change& c, const std::optional<Change>& than) {
+  // Under a cap, a change that leaves at least kSafeHeadroom under it comes first: one that fits
+  // by a few MiB in the replay can still fail on the GPU (docs/explain.md, "The smallest change").
+  auto safe = [&](const Change& c) { return is_safe_under_cap(tr.results[c.index].peak_reserved(), o.cap); };
+  auto fewer_keys = [&](const Change& c, const std::optional<Change>& than) {
     if (!than) return true;
     if (c.keys.size() != than->keys.size()) return c.keys.size() < than->keys.size();
     const std::int64_t pc = tr.results[c.index].peak_reserved(), pt = tr.results[than->index].peak_reserved();
     if (pc != pt) return pc < pt;
     return c.conf.size() < than->conf.size();
+  };
+  auto better = [&](const Change& c, const std::optional<Change>& than) {
+    if (than && safe(c) != safe(*than)) return safe(c);
+    return fewer_keys(c, than);
   };
   for (std::size_t i = 0; i < space.size(); ++i) {
     if (!avoids(tr.results[i])) continue;
@@ -139,7 +161,13 @@ Explanation explain(const LoadedTrace& lt, const ReplayOptions& o, const std::ve
     Change c{space[i].conf, changed_keys(config, space[i].config), i};
     if (better(c, e.fix)) e.fix = c;
     if (pytorch_accepts(space[i].config) && better(c, e.native_fix)) e.native_fix = c;
+    if (fewer_keys(c, e.smallest_fix)) e.smallest_fix = c;
+    if (pytorch_accepts(space[i].config) && fewer_keys(c, e.smallest_native_fix)) e.smallest_native_fix = c;
   }
+  // Said only when it was passed over for a safer one.
+  if (e.smallest_fix && e.fix && e.smallest_fix->index == e.fix->index) e.smallest_fix.reset();
+  if (e.smallest_native_fix && e.native_fix && e.smallest_native_fix->index == e.native_fix->index)
+    e.smallest_native_fix.reset();
   if (!e.native_fix) {
     ReplayOptions y = x;
     e.cap_needed = memory_needed(t, config, y);

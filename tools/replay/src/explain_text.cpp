@@ -80,10 +80,7 @@ std::string explain_text(const Explanation& e) {
                      "pool.\n",
                      m.event, hb(m.size), m.size, m.stream, m.small_pool ? "small" : "large");
   if (m.rounded != m.size) o += fmt::format("  rounded to {} bytes (docs/pytorch-allocator.md §1.2)\n", m.rounded);
-  if (m.request_min > 0 && m.size - m.request_min >= kMinBlockSize)
-    o += fmt::format("  PyTorch's oom entry records the size after its rounding (roundup_power2_divisions): the program "
-                     "asked for {} to {} bytes, replayed as {}\n",
-                     m.request_min, m.size, m.size);
+  if (!m.size_source.empty()) o += fmt::format("  the size replayed: {}\n", m.size_source);
   if (m.device_free) o += fmt::format("  the driver reported {} free on the device then\n", hb(*m.device_free));
   if (!m.frames.empty()) {
     o += "  stack, innermost first, as PyTorch recorded it:\n" + stack_lines(m.frames);
@@ -100,6 +97,20 @@ std::string explain_text(const Explanation& e) {
   o += fmt::format("  allocated {:>11}  {:>15} bytes (blocks in use)\n", hb(m.allocated), m.allocated);
   o += fmt::format("  requested {:>11}  {:>15} bytes (what the program asked for; rounding: {})\n", hb(m.requested),
                    m.requested, hb(m.allocated - m.requested));
+  if (m.rounding_is_a_cause) {
+    const Bytes live = static_cast<Bytes>(m.allocated - m.requested);
+    o += fmt::format("  rounding is a cause: the live blocks hold {} more than was asked for{}, {} of rounding in all, "
+                     "at least the {} the request lacked under the {}; reserved but not allocated was {}{}\n",
+                     hb(static_cast<std::int64_t>(live)),
+                     m.request_rounding ? fmt::format(" and the request itself was rounded up by {} ({} to {} bytes)",
+                                                      hb(static_cast<std::int64_t>(m.request_rounding)), m.size, m.rounded)
+                                        : std::string(),
+                     hb(static_cast<std::int64_t>(live + m.request_rounding)), hb(static_cast<std::int64_t>(m.lacked)),
+                     e.cap ? "cap" : "device's memory", hb(m.reserved - m.allocated),
+                     e.rounding_set ? "; the recorded configuration sets roundup_power2_divisions, which rounds "
+                                      "requests up beyond 512 bytes"
+                                    : "");
+  }
   o += fmt::format("\nWhere the {} reserved but not allocated was ({} bytes):\n", hb(m.reserved - m.allocated),
                    m.reserved - m.allocated);
   for (const auto& p : m.parts)
@@ -135,10 +146,24 @@ std::string explain_text(const Explanation& e) {
     if (r.config.policy == Policy::Cachet)
       o += "  (policy:cachet needs cachet's plug-in, python/; PyTorch rejects the key in its own variables)\n";
   };
-  if (e.fix) change(*e.fix);
+  // A smaller change passed over for a safer one: named, with its headroom.
+  auto passed_over = [&](const std::optional<Change>& small) {
+    if (!small) return;
+    const ReplayResult& r = e.result(*small);
+    o += fmt::format("  (a change of {} key{} also avoids it, {}=\"{}\", but leaves only {} under the cap, less than "
+                     "{}: the change above is preferred for its headroom)\n",
+                     small->keys.size(), small->keys.size() == 1 ? "" : "s", variable(r.config), small->conf,
+                     hb(static_cast<std::int64_t>(e.cap) - r.peak_reserved()), hb(static_cast<std::int64_t>(kSafeHeadroom)));
+  };
+  if (e.fix) {
+    change(*e.fix);
+    passed_over(e.smallest_fix);
+  }
   if (e.fix && e.native_fix && e.native_fix->index != e.fix->index) {
     o += "With PyTorch's own allocator:\n";
     change(*e.native_fix);
+    if (!e.smallest_fix || !e.smallest_native_fix || e.smallest_fix->index != e.smallest_native_fix->index)
+      passed_over(e.smallest_native_fix);
   }
   if (!e.native_fix && e.fix) o += "With PyTorch's own allocator, none of the configurations tried avoids it.\n";
   if (e.cap_needed)
@@ -152,12 +177,22 @@ std::string explain_json(const Explanation& e) {
   std::string o = "{";
   o += fmt::format("\"trace\": {}, \"conf\": {}, \"device_memory\": {}, \"cap\": {}, ", json_quote(e.trace),
                    json_quote(e.conf), e.device_memory, e.cap);
+  // The recorded configuration over the whole trace, as replay, tune and the others give it.
+  o += fmt::format("\"recorded_configuration_peak_reserved\": {}, ", e.baseline.peak_reserved());
+  static constexpr const char* kSources[] = {"op_list", "same_stack", "same_context", "rounded"};
   o += fmt::format("\"moment\": {{\"kind\": \"{}\", \"op\": {}, \"event\": {}, \"size\": {}, \"rounded\": {}, "
+                   "\"recorded_size\": {}, \"size_source\": {}, "
                    "\"stream\": {}, \"pool\": \"{}\", \"device_free\": {}, \"frames\": {}}}, ",
-                   m.oom ? "oom" : "peak", m.op, m.event, m.size, m.rounded, m.stream, m.small_pool ? "small" : "large",
+                   m.oom ? "oom" : "peak", m.op, m.event, m.size, m.rounded,
+                   m.size_source.empty() ? "null" : std::to_string(m.recorded_size),
+                   m.size_source.empty() ? "null"
+                                         : fmt::format("\"{}\"", kSources[static_cast<int>(m.size_source_kind)]),
+                   m.stream, m.small_pool ? "small" : "large",
                    m.device_free ? std::to_string(*m.device_free) : "null", frames_json(m.frames));
   o += fmt::format("\"reserved\": {}, \"allocated\": {}, \"requested\": {}, \"rounding\": {}, ", m.reserved, m.allocated,
                    m.requested, m.allocated - m.requested);
+  o += fmt::format("\"request_rounding\": {}, \"lacked\": {}, \"rounding_is_a_cause\": {}, ", m.request_rounding,
+                   m.lacked, m.rounding_is_a_cause ? "true" : "false");
   o += "\"partition\": [";
   for (std::size_t i = 0; i < m.parts.size(); ++i)
     o += fmt::format("{}{{\"key\": \"{}\", \"bytes\": {}, \"blocks\": {}, \"what\": {}}}", i ? ", " : "",
@@ -182,6 +217,8 @@ std::string explain_json(const Explanation& e) {
                        b.stats.num_device_alloc + b.stats.num_device_free);
   };
   o += "], \"fix\": " + change(e.fix) + ", \"native_fix\": " + change(e.native_fix);
+  o += ", \"smaller_fix_passed_over\": " + change(e.smallest_fix) +
+       ", \"smaller_native_fix_passed_over\": " + change(e.smallest_native_fix);
   o += fmt::format(", \"candidates\": {}, \"candidates_without_oom\": {}, \"cap_needed\": {}, \"notes\": [", e.candidates,
                    e.candidates_without_oom, e.cap_needed ? std::to_string(*e.cap_needed) : "null");
   for (std::size_t i = 0; i < e.notes.size(); ++i) o += (i ? ", " : "") + json_quote(e.notes[i]);

@@ -2,8 +2,15 @@
 // device's memory (DeviceMemoryFacts). See cachet/replay/replay.h.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <variant>
+
 #include "cachet/errors.h"
 #include "cachet/io/file.h"
+#include "cachet/io/frames.h"
+#include "cachet/io/recording.h"
+#include "cachet/replay/explain.h"
 #include "cachet/replay/replay.h"
 #include "cachet/replay/report.h"
 
@@ -43,7 +50,146 @@ DeviceMemoryFacts oom_facts(const std::vector<TraceEvent>& ev) {
   return f;
 }
 
+// The size each `oom` event asked for (FailedRequest), then the replay's OomRequest ops set to
+// it. PyTorch's oom entry records round_size(request); its alloc entries record the request
+// itself. Sources, best first: the op list an oracle recording replayed (its k-th "oom" step is
+// the trace's k-th oom event); the latest earlier alloc with the entry's stack whose size rounds
+// to the entry's (a training step repeats its requests); for an entry with no stack, the latest
+// earlier one at the same place in the allocation sequence (FailedRequest::SameContext); else the
+// rounded size, assumed.
+void size_failed_requests(LoadedTrace& lt, const std::string& path, const io::DeviceTrace& d) {
+  using Source = FailedRequest::Source;
+  const Config& c = lt.run.config;
+  for (std::size_t i = 0; i < d.events.size(); ++i)
+    if (d.events[i].action == TraceAction::Oom) {
+      FailedRequest f;
+      f.event = i;
+      f.recorded = f.size = d.events[i].size;
+      lt.failed_requests.push_back(f);
+    }
+  if (lt.failed_requests.empty()) return;
+  if (lt.file.format == io::TraceFormat::OracleRecording) {
+    try {
+      const std::string ops_path = io::ops_path_for(path);
+      const io::Recording rec = io::read_recording(path);
+      const std::vector<ops::Op> ops = io::read_ops(ops_path);
+      std::size_t k = 0;
+      for (std::size_t i = 0; i < rec.steps.size() && i < ops.size() && k < lt.failed_requests.size(); ++i) {
+        if (!rec.steps[i].oom) continue;
+        FailedRequest& f = lt.failed_requests[k++];
+        const auto* a = std::get_if<ops::Allocate>(&ops[i]);
+        if (a == nullptr || pytorch_round_size(a->size, c) != f.recorded) continue;  // not this request
+        f.size = a->size;
+        f.source = Source::OpList;
+        f.from = i;
+        f.op_list = ops_path;
+      }
+    } catch (const io::ReadError&) {  // no op list beside it, or unreadable: the rounded size stays
+    }
+  } else {
+    std::vector<std::vector<io::Frame>> frames;
+    try {
+      frames = io::read_event_frames(path, lt.device);
+    } catch (const io::ReadError&) {
+    }
+    auto frameless = [&](std::size_t i) { return i >= frames.size() || frames[i].empty(); };
+    std::vector<std::size_t> allocs;  // the alloc events, in order
+    for (std::size_t i = 0; i < d.events.size(); ++i)
+      if (d.events[i].action == TraceAction::Alloc) allocs.push_back(i);
+    // The kContextAllocs allocs before event i (their positions in `allocs`): [from, to).
+    auto context_end = [&](std::size_t i) {
+      return static_cast<std::size_t>(std::lower_bound(allocs.begin(), allocs.end(), i) - allocs.begin());
+    };
+    auto same_context = [&](std::size_t a_end, std::size_t b_end) {
+      if (a_end < kContextAllocs || b_end < kContextAllocs) return false;
+      for (std::size_t j = 1; j <= kContextAllocs; ++j) {
+        const TraceEvent& x = d.events[allocs[a_end - j]];
+        const TraceEvent& y = d.events[allocs[b_end - j]];
+        if (x.size != y.size || x.stream != y.stream) return false;
+      }
+      return true;
+    };
+    for (FailedRequest& f : lt.failed_requests) {
+      if (frameless(f.event)) {
+        const std::size_t mine = context_end(f.event);
+        for (std::size_t p = mine; p-- > 0;) {
+          const TraceEvent& e = d.events[allocs[p]];
+          if (!frameless(allocs[p]) || e.stream != d.events[f.event].stream ||
+              pytorch_round_size(e.size, c) != f.recorded || !same_context(p, mine))
+            continue;
+          f.size = e.size;
+          f.source = Source::SameContext;
+          f.from = allocs[p];
+          break;
+        }
+        continue;
+      }
+      for (std::size_t k = f.event; k-- > 0;) {
+        const TraceEvent& e = d.events[k];
+        if (e.action != TraceAction::Alloc || k >= frames.size() || pytorch_round_size(e.size, c) != f.recorded ||
+            frames[k] != frames[f.event])
+          continue;
+        f.size = e.size;
+        f.source = Source::SameStack;
+        f.from = k;
+        break;
+      }
+    }
+  }
+  std::size_t k = 0;
+  for (Op& op : lt.trace.ops) {
+    if (op.kind != OpKind::OomRequest) continue;
+    while (k < lt.failed_requests.size() && lt.failed_requests[k].event < op.event) ++k;
+    if (k < lt.failed_requests.size() && lt.failed_requests[k].event == op.event) op.size = lt.failed_requests[k].size;
+  }
+}
+
 }  // namespace
+
+std::string failed_request_source(const FailedRequest& f, const Config& c) {
+  using Source = FailedRequest::Source;
+  switch (f.source) {
+    case Source::OpList:
+      return fmt::format("what the program asked for, from op {} of the op list {}; PyTorch's oom entry records {} "
+                         "bytes, the size after its rounding",
+                         f.from, std::filesystem::path(f.op_list).filename().string(), f.recorded);
+    case Source::SameStack:
+      return fmt::format("the size of trace event {}, an earlier allocation with the same stack whose size rounds to "
+                         "the oom entry's {} bytes (the entry records the size after PyTorch's rounding, not the "
+                         "request)",
+                         f.from, f.recorded);
+    case Source::SameContext:
+      return fmt::format("the size of trace event {}, an earlier allocation at the same place in a repeated step (no "
+                         "stack recorded for either; the {} allocations before each have the same sizes and streams) "
+                         "whose size rounds to the oom entry's {} bytes (the entry records the size after PyTorch's "
+                         "rounding, not the request)",
+                         f.from, kContextAllocs, f.recorded);
+    case Source::Rounded:
+      break;
+  }
+  return fmt::format("the size after PyTorch's rounding that its oom entry records: nothing in the trace tells the "
+                     "request (no op list, no earlier allocation that rounds to it with its stack or at its place in a "
+                     "repeated step), so the rounded "
+                     "size is assumed; the program asked for {} to {} bytes",
+                     smallest_request_rounding_to(f.recorded, c), f.recorded);
+}
+
+std::string failed_request_line(const LoadedTrace& lt) {
+  if (lt.failed_requests.empty()) return {};
+  const FailedRequest& f = lt.failed_requests.front();
+  std::string s = fmt::format("the request that ran out of memory in the recorded run (trace event {}) is replayed at "
+                              "{} bytes, {}",
+                              f.event, f.size, failed_request_source(f, lt.run.config));
+  if (lt.failed_requests.size() > 1) {
+    std::size_t n[4] = {0, 0, 0, 0};
+    for (const FailedRequest& r : lt.failed_requests) ++n[static_cast<int>(r.source)];
+    s += fmt::format("; of the {} requests that ran out of memory, {} are sized from the op list, {} from an earlier "
+                     "allocation with the same stack, {} from one at the same place in a repeated step, {} at the "
+                     "rounded size (assumed)",
+                     lt.failed_requests.size(), n[0], n[1], n[2], n[3]);
+  }
+  return s;
+}
 
 LoadedTrace load_trace(const std::string& path, std::optional<Bytes> device_memory, DeviceIndex device) {
   return load_trace(path, LoadOptions{.device_memory = device_memory, .cap = std::nullopt, .device = device});
@@ -127,6 +273,7 @@ LoadedTrace load_trace(const std::string& path, const LoadOptions& opt) {
   lt.trace = prepare_trace(d ? std::span<const TraceEvent>(d->events) : std::span<const TraceEvent>(none), lt.run,
                            lt.file.name);
   if (d != nullptr) route_to_pools(lt.trace, d->events, d->segments);
+  if (d != nullptr) size_failed_requests(lt, path, *d);
   const io::TraceStats& file_stats = lt.trace.stats;
   if (file_stats.count(TraceAction::Alloc) == 0 && file_stats.count(TraceAction::Oom) == 0) {
     std::size_t segments = 0;

@@ -21,8 +21,11 @@ std::vector<std::string> keys_policy_cachet_ignores(const Config& c) {
   return keys;
 }
 
-bool plugin_clearly_better(const ReplayResult& plugin, const ReplayResult& native) {
+bool plugin_clearly_better(const ReplayResult& plugin, const ReplayResult& native, Bytes cap) {
   if (plugin.stats.num_ooms != native.stats.num_ooms) return plugin.stats.num_ooms < native.stats.num_ooms;
+  if (cap > 0 && plugin.stats.num_ooms == 0 && is_safe_under_cap(plugin.peak_reserved(), cap) &&
+      !is_safe_under_cap(native.peak_reserved(), cap))
+    return true;
   return static_cast<double>(plugin.peak_reserved()) <=
          (1.0 - kPluginMinSaving) * static_cast<double>(native.peak_reserved());
 }

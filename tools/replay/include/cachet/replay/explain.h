@@ -2,8 +2,10 @@
 // report`). The trace is replayed under its recorded configuration up to its first
 // out-of-memory (with none, up to peak reserved), and the allocator's state there is taken
 // apart:
-//   - the request: size, rounded size, stream, pool, the stack frames PyTorch recorded;
-//   - reserved, allocated and requested bytes;
+//   - the request: size (where it came from: LoadedTrace::failed_requests), rounded size,
+//     stream, pool, the stack frames PyTorch recorded;
+//   - reserved, allocated and requested bytes; whether rounding is a cause (at least what the
+//     request lacked);
 //   - reserved - allocated as a partition (docs/pytorch-allocator.md §2.1, §2.2, §2.5; the
 //     rules are spelled out in docs/explain.md): free blocks of the request's stream and pool
 //     too small for it, large enough but refused by the oversize rules, large enough and usable,
@@ -11,7 +13,8 @@
 //     freed but waiting for stream-use events. The parts sum exactly to reserved - allocated;
 //   - allocated - requested (rounding), beside it;
 //   - the allocation sites (innermost frame outside PyTorch's own code) holding the most bytes;
-//   - the smallest change of configuration that avoids the out-of-memory, found by replay.
+//   - the smallest change of configuration that avoids the out-of-memory, found by replay (under
+//     a cap, one leaving kSafeHeadroom first).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +36,8 @@ std::string clip_line(std::string s, std::size_t width);
 
 // PyTorch's round_size (docs/pytorch-allocator.md §1.2) under `c`.
 Bytes pytorch_round_size(Bytes size, const Config& c);
+// The smallest request that pytorch_round_size rounds to `rounded` (or above) under `c`.
+Bytes smallest_request_rounding_to(Bytes rounded, const Config& c);
 
 // One part of reserved - allocated.
 struct FreePart {
@@ -54,11 +59,13 @@ struct Moment {
   bool oom = false;         // true: the first out-of-memory; false: peak reserved
   std::size_t op = 0;       // index into Trace::ops
   std::uint64_t event = 0;  // index of the trace event
-  Bytes size = 0;           // requested bytes (an `oom` event records the rounded size)
+  Bytes size = 0;           // requested bytes (an `oom` event: LoadedTrace::failed_requests' size)
   Bytes rounded = 0;        // pytorch_round_size
-  // An `oom` event records the size after PyTorch's rounding: the smallest request that rounds
-  // to it under the recorded configuration (the program asked for request_min..size bytes).
-  Bytes request_min = 0;
+  // An `oom` event records the size after PyTorch's rounding: the size it records, and where the
+  // size replayed came from (failed_request_source; "" for an allocation).
+  Bytes recorded_size = 0;
+  std::string size_source;
+  FailedRequest::Source size_source_kind = FailedRequest::Source::Rounded;
   StreamId stream = 0;
   bool small_pool = false;  // rounded <= 1 MiB
   std::vector<io::Frame> frames;
@@ -69,6 +76,13 @@ struct Moment {
   std::optional<Bytes> device_free;  // the `oom` event's driver figure
   std::int64_t reserved = 0, allocated = 0, requested = 0;
   std::vector<FreePart> parts;       // sums to reserved - allocated
+  // An out-of-memory: the bytes the request lacked (reserved + its segment - the limit, the cap
+  // or the device memory; 0 when not known: expandable segments, or nothing lacked), the
+  // rounding of the request itself (rounded - size to 512 B) and whether the rounding (of the
+  // live blocks, allocated - requested, and of the request) is at least what it lacked.
+  Bytes lacked = 0;
+  Bytes request_rounding = 0;
+  bool rounding_is_a_cause = false;
   Snapshot segments;                 // memory_snapshot() at that moment
 };
 
@@ -87,9 +101,16 @@ struct Explanation {
   Moment at;
   std::vector<Site> sites;            // most bytes first
   bool frames_recorded = false;
+  bool rounding_set = false;          // the recorded configuration sets roundup_power2_divisions
   ReplayResult baseline;              // the recorded configuration, whole trace
-  std::optional<Change> fix;          // fewest keys changed, then lowest peak reserved
+  // Under a cap, a change that leaves at least kSafeHeadroom first (is_safe_under_cap); then fewest
+  // keys changed, then lowest peak reserved.
+  std::optional<Change> fix;
   std::optional<Change> native_fix;   // the same among the candidates PyTorch's allocator accepts
+  // The change of fewest keys (then lowest peak) when it is not `fix` / `native_fix`: it fits
+  // with less than kSafeHeadroom under the cap, and was passed over for a safer one.
+  std::optional<Change> smallest_fix;
+  std::optional<Change> smallest_native_fix;
   std::size_t candidates = 0;         // configurations tried for the fix
   std::size_t candidates_without_oom = 0;
   // With no native fix: the smallest memory cap (to 2 MiB, by replay) under which the recorded

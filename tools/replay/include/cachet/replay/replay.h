@@ -209,6 +209,29 @@ inline constexpr Bytes kCapEvidence = 64 * MiB;
 // The simulated device when nothing tells its size: larger than any GPU, so only a cap limits.
 inline constexpr Bytes kNoDeviceLimit = 1024 * GiB;
 
+// A request that ran out of memory in the recorded run (an `oom` trace event). PyTorch's entry
+// records the size after its rounding (round_size, docs/pytorch-allocator.md §1.2), not what the
+// program asked for; the replay asks for `size`, from the best source load_trace found.
+struct FailedRequest {
+  enum class Source : std::uint8_t {
+    OpList,     // the op list an oracle recording replayed: the request itself
+    SameStack,  // the latest earlier alloc with the entry's stack whose size rounds to the entry's
+    // The entry has no stack (not recorded, or the autograd thread's): the latest earlier alloc
+    // with none either, on its stream, whose size rounds to the entry's and whose kContextAllocs
+    // allocations before it have the sizes and streams of those before the entry (a repeated step)
+    SameContext,
+    Rounded,    // nothing tells: the rounded size is assumed
+  };
+  std::size_t event = 0;  // the oom event's index in the device's trace
+  Bytes recorded = 0;     // the entry's size (after PyTorch's rounding)
+  Bytes size = 0;         // what the replay asks for
+  Source source = Source::Rounded;
+  std::size_t from = 0;   // SameStack: that alloc's trace event; OpList: the op's index
+  std::string op_list;    // OpList: the op list's path
+};
+
+inline constexpr std::size_t kContextAllocs = 8;
+
 // A trace file read and prepared for device `device` (the first device with events when -1).
 struct LoadedTrace {
   io::TraceFile file;
@@ -224,6 +247,8 @@ struct LoadedTrace {
   // of the recorded configuration should end in the same state.
   std::optional<Bytes> end_reserved;
   std::optional<Bytes> end_allocated;
+  // Each `oom` event's request, in trace order; the replay's OomRequest ops ask for their `size`.
+  std::vector<FailedRequest> failed_requests;
 };
 
 struct LoadOptions {
@@ -263,6 +288,13 @@ std::optional<Bytes> recorded_peak_reserved(const LoadedTrace& lt, std::string* 
 // mid-run).
 std::string recorded_peak_note(const LoadedTrace& lt, const ReplayResult& r, Bytes cap);
 
+// Where the size replayed for the recorded run's first failed request comes from, in one line
+// (and how the others were sized, when there are more): "" when the trace has no `oom` event.
+std::string failed_request_line(const LoadedTrace& lt);
+// Where `f`'s replayed size comes from, as a clause ("what the program asked for, from op 776 of
+// the op list ..."); `c` is the recorded configuration (the rounding of an assumed size).
+std::string failed_request_source(const FailedRequest& f, const Config& c);
+
 // When the trace ends at its first out-of-memory error (no allocation after it): one sentence
 // saying that what the program did next is unseen, so a configuration that avoids the error is
 // judged on the steps before it only. "" otherwise.
@@ -275,6 +307,10 @@ std::string headroom_text(std::int64_t peak, Bytes cap);
 // configuration with its addresses, and other libraries (cuBLAS workspaces, NCCL) take memory
 // outside the allocator.
 inline constexpr Bytes kSafeHeadroom = 256 * MiB;
+// Peak reserved `peak` leaves at least kSafeHeadroom under `cap` (always true without a cap).
+inline bool is_safe_under_cap(std::int64_t peak, Bytes cap) {
+  return cap == 0 || (peak >= 0 && static_cast<Bytes>(peak) + kSafeHeadroom <= cap);
+}
 
 // The options that replay `lt` as it was recorded (capacity, cap; addresses as given).
 ReplayOptions recorded_options(const LoadedTrace& lt, AddressMode addresses);

@@ -84,9 +84,11 @@ std::vector<std::string> keys_policy_cachet_ignores(const Config& c);
 // --- what tune says ---
 
 // cachet's plug-in is recommended over PyTorch's allocator only when it is clearly better: fewer
-// requests that run out of memory, or, with as many, peak reserved lower by at least this share.
+// requests that run out of memory, or, with as many, peak reserved lower by at least this share,
+// or, under a cap (`cap` > 0) and with none, at least kSafeHeadroom under it where PyTorch's
+// allocator's pick leaves less (is_safe_under_cap): the safer pick within the margin.
 inline constexpr double kPluginMinSaving = 0.10;
-bool plugin_clearly_better(const ReplayResult& plugin, const ReplayResult& native);
+bool plugin_clearly_better(const ReplayResult& plugin, const ReplayResult& native, Bytes cap = 0);
 
 // What `to` changes against `from` in one or two plain sentences: requests that no longer fail
 // (or still do), peak reserved, retries, device calls.

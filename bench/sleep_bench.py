@@ -11,7 +11,7 @@ at most 2 ms per GiB. The script prints one row per (configuration, size, backup
 median of REPEATS runs, the copy baselines, the ratios and PASS/FAIL against the targets, and
 exits 1 when any 8 GiB target fails.
 
-usage: bench/sleep_bench.py [--sizes 1,8,32] [--json FILE]
+usage: bench/sleep_bench.py [--sizes 1,8,32] [--configs pytorch,cachet-expandable,...] [--json FILE]
 Environment: CACHET_TORCH_LIB / CACHET_C10_LIB as for cachet_torch.install(); PYTHONPATH holding
 python/ (cachet_torch). 32 GiB needs 32 GiB free on the device and 64 GiB of host memory.
 """
@@ -86,8 +86,16 @@ def main():
         sizes = args[args.index("--sizes") + 1]
     if "--json" in args:
         out_json = args[args.index("--json") + 1]
+    names = list(CONFIGS)
+    if "--configs" in args:
+        names = args[args.index("--configs") + 1].split(",")
+        unknown = [n for n in names if n not in CONFIGS]
+        if unknown:
+            print(f"--configs: unknown {', '.join(unknown)} (known: {', '.join(CONFIGS)})", file=sys.stderr)
+            return 2
     results, failed = {}, False
-    for name, conf in CONFIGS.items():
+    for name in names:
+        conf = CONFIGS[name]
         env = dict(os.environ, CACHET_ALLOC_CONF=conf)
         r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", sizes], env=env,
                            capture_output=True, text=True, timeout=3000)

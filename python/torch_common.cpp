@@ -238,7 +238,7 @@ CACHET_TORCH_API char* cachet_torch_stats_json(int device) {
           append_json_string(out, k);
           out += ": " + std::to_string(v);
         }
-        // With cachet_sleep:True, cachet's 21 sleep keys follow PyTorch's 122 (docs/sleep-wake.md, §5).
+        // With cachet_sleep:True, cachet's 21 sleep keys follow PyTorch's 122 (docs/sleep-wake.md, section 5).
         if (a->config().sleep)
           for (const auto& [k, v] : cachet::flatten(a->sleep_stats())) {
             out += ", ";

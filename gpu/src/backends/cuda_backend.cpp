@@ -312,6 +312,8 @@ Status CudaVmmBackend::unreserve(DevicePtr p, Bytes n) {
 
 CudaVmmBackend::~CudaVmmBackend() {
   if (copy_stream_ != nullptr) (void)cudaStreamDestroy(static_cast<cudaStream_t>(copy_stream_));
+  DeviceGuard g(device_);
+  for (auto& [h, n] : pinned_size_) (void)cudaFreeHost(h);  // kept ones and any still lent
 }
 
 Status CudaVmmBackend::map_handle(DevicePtr at, Bytes size, unsigned long long handle, Bytes offset) {
@@ -439,15 +441,37 @@ Status CudaVmmBackend::unmap(DevicePtr p, Bytes n) {
 // ------------------------------------------------------------------ sleep calls
 
 Result<void*> CudaVmmBackend::host_alloc(Bytes n) {
+  if (auto it = pinned_kept_.lower_bound(n); it != pinned_kept_.end()) {
+    void* h = it->second;
+    pinned_kept_.erase(it);
+    return {Status::ok(), h};
+  }
   DeviceGuard g(device_);
   void* h = nullptr;
   Status st = status_of("cudaHostAlloc", cudaHostAlloc(&h, n, cudaHostAllocDefault));
-  return {st, st.is_ok() ? h : nullptr};
+  if (!st.is_ok() && !pinned_kept_.empty()) {  // the kept buffers may be what host memory lacks
+    (void)cudaGetLastError();
+    host_trim();
+    st = status_of("cudaHostAlloc", cudaHostAlloc(&h, n, cudaHostAllocDefault));
+  }
+  if (!st.is_ok()) return {st, nullptr};
+  pinned_size_[h] = n;
+  return {st, h};
 }
 
 void CudaVmmBackend::host_free(void* h) {
+  auto it = pinned_size_.find(h);
+  if (it == pinned_size_.end()) return;
+  pinned_kept_.emplace(it->second, h);
+}
+
+void CudaVmmBackend::host_trim() {
   DeviceGuard g(device_);
-  (void)cudaFreeHost(h);
+  for (auto& [n, h] : pinned_kept_) {
+    (void)cudaFreeHost(h);
+    pinned_size_.erase(h);
+  }
+  pinned_kept_.clear();
 }
 
 Status CudaVmmBackend::copy_prepare() {

@@ -22,6 +22,7 @@ void PytorchPolicy::empty_cache() {
   if (config_.no_caching) return;
   release_cached_blocks();
   if (!sleeping_.empty()) release_sleeping_ranges();  // docs/sleep-wake.md section 4
+  mem_->host_trim();  // the pinned buffers kept between sleeps (docs/sleep-wake.md section 6)
 }
 
 void PytorchPolicy::release_cached_blocks(PoolId id) {

@@ -120,8 +120,13 @@ class CudaVmmBackend : public CudaRuntimeBackend {
   Status map(DevicePtr p, Bytes n);    // n a multiple of the granularity; one handle per granule
   Status unmap(DevicePtr p, Bytes n);  // synchronizes the device first (work may still use it)
   // The sleep calls (backend.h SleepCalls).
+  // Pinned host buffers for backups. A buffer given back is kept for the next sleep (the smallest
+  // kept one that is large enough is taken): cudaHostAlloc pins page by page, about 0.35 s per GiB
+  // on an H100 host, and cudaFreeHost takes about 0.1 s per GiB, 18x and 5x the copies themselves
+  // (bench/RESULTS.md, "Sleep and wake"). host_trim (empty_cache) and the destructor free them.
   Result<void*> host_alloc(Bytes n);
   void host_free(void* h);
+  void host_trim();
   Status copy_to_host(void* h, DevicePtr p, Bytes n);
   Status copy_to_device(DevicePtr p, const void* h, Bytes n);
   Status copy_synchronize();
@@ -142,6 +147,8 @@ class CudaVmmBackend : public CudaRuntimeBackend {
   Bytes granularity_ = 2 * MiB;
   std::map<DevicePtr, Mapping> mappings_;          // by address
   std::map<unsigned long long, int> handle_uses_;  // handle -> its mappings
+  std::map<void*, Bytes> pinned_size_;             // every pinned buffer held, in use or kept
+  std::multimap<Bytes, void*> pinned_kept_;        // the kept ones, by size
   void* copy_stream_ = nullptr;                    // cudaStream_t
   bool copies_pending_ = false;
 };

@@ -577,6 +577,38 @@ TEST(CachetSleep, OtherTagsKeepWorkingWhileAsleep) {
   EXPECT_TRUE(r.a->invariants().empty());
 }
 
+TEST(CachetSleep, EmptyCacheGivesBackSleepingPagesWithNoLiveBlock) {
+  Rig r = cachet_rig();
+  void* a = r.alloc(4 * MiB, "weights");       // pages 0-1
+  void* keep = r.alloc(30 * MiB, "kv_cache");  // pages 2-16
+  EXPECT_EQ(r.a->sleep({}, {"weights"}), 34 * MiB);
+  r.a->free(a);
+  EXPECT_EQ(r.a->sleep_stats().backup_bytes.current, 0);
+  EXPECT_EQ(r.sim->pinned_bytes(), 4 * MiB);  // the weights' buffer, until nothing lies in it
+  const DeviceStats before = r.a->stats();
+  EXPECT_EQ(before.reserved_bytes[0].current, 34 * 1048576);
+  r.a->empty_cache();
+  // a's 2 pages go (no device call: their memory went at the sleep); kv_cache's stay asleep.
+  EXPECT_EQ(r.a->stats().reserved_bytes[0].current, 30 * 1048576);
+  EXPECT_EQ(r.a->stats().num_device_free, before.num_device_free + 1);
+  EXPECT_EQ(r.a->stats().segment[0].current, 1);
+  EXPECT_EQ(r.a->sleep_stats().sleeping_segments.current, 1);
+  EXPECT_EQ(r.a->sleep_stats().sleeping_bytes.current, 30 * 1048576);
+  EXPECT_EQ(r.a->sleeping(), TagList{"kv_cache"});
+  EXPECT_EQ(r.sim->pinned_bytes(), 0u);
+  // The pages are unmapped ones again: a new allocation maps them.
+  void* b = r.alloc(2 * MiB);
+  EXPECT_EQ(dev(b), kVa);
+  EXPECT_EQ(r.sim->used(), 2 * MiB);
+  r.a->wake({});
+  EXPECT_EQ(r.sim->used(), 32 * MiB);
+  r.a->free(b);
+  r.a->free(keep);
+  r.a->empty_cache();
+  EXPECT_EQ(r.a->stats().reserved_bytes[0].current, 0);
+  EXPECT_EQ(r.sim->used(), 0u);
+}
+
 TEST(CachetSleep, ListsMustNameEveryTagForNow) {
   Rig r = cachet_rig();
   void* w = r.alloc(MiB, "weights");

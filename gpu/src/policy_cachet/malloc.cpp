@@ -175,6 +175,7 @@ CBlock* CachetPolicy::alloc_slow(StreamId stream, PoolId pool, Bytes size) {
     if (!mutant(kMutantCachetRetrySkipsBestFit))
       if (CBlock* b = take_best_fit(stream, pool, size)) return b;
     unmap_free_pages(static_cast<Bytes>(-1) / kPage, 0, 0);
+    release_sleeping_free_pages();  // docs/sleep-wake.md section 4: as empty_cache
   }
 }
 

@@ -147,6 +147,7 @@ class CachetPolicy : public Shell {
     unsigned char* host;
   };
   void free_while_asleep(CBlock* b);
+  void release_sleeping_free_pages();  // R9 for sleeping pages with no live block (empty_cache)
   Bytes sleeping_bytes_ = 0;                // bytes of sleeping pages (mapped_ excludes them)
   std::vector<BackupCopy> backups_;         // every backup copy of the sleeping blocks
   std::map<void*, Bytes> backup_buffers_;   // pinned buffers (one per backed-up tag per sleep)

@@ -215,6 +215,51 @@ void CachetPolicy::free_while_asleep(CBlock* b) {
   set_current(sleep_stats_.sleeping_segments, sleeping_runs());
 }
 
+// R9 for sleeping pages (section 4): every whole page of a sleeping free block of the default pool
+// (a private pool's pages are its users', R10) becomes unmapped: its memory went at the sleep, so
+// only the bookkeeping changes (no device call); one segment_unmap and one num_device_free per
+// block's run of pages, as R6's unmapping counts them. Pinned buffers no copy lies in any more go.
+void CachetPolicy::release_sleeping_free_pages() {
+  if (sleeping_bytes_ == 0 || pool_active()) return;
+  std::vector<CBlock*> frees;
+  for (CBlock* b = head_; b != nullptr; b = b->next)
+    if (b->asleep && b->is_mapped_free() && b->pool.is_default() && page_floor(b->end()) > page_ceil(b->ptr))
+      frees.push_back(b);
+  if (frees.empty()) return;
+  for (CBlock* b : frees) {
+    const DevicePtr lo = page_ceil(b->ptr), hi = page_floor(b->end());
+    accounting_.pages_unmapped(StatType::LargePool, hi - lo,
+                               run_delta(lo > b->ptr || mapped_block(b->prev), hi < b->end() || mapped_block(b->next), false));
+    record(TraceAction::SegmentUnmap, lo, hi - lo, b->stream);
+    CBlock* mid = b;
+    if (lo > b->ptr) mid = split_at(b, lo);  // b keeps [ptr, lo), asleep
+    if (mid->end() > hi) split_at(mid, hi);  // [hi, end) stays asleep
+    mid->set_state(BlockState::Unmapped);
+    mid->asleep = false;
+    mid->stream = 0;
+    mid->pool = PoolId{};
+    merge_free(mid);
+    sleeping_bytes_ -= hi - lo;
+    sleep_stats_.sleeping_bytes.decrease(static_cast<std::int64_t>(hi - lo));
+  }
+  set_current(sleep_stats_.sleeping_segments, sleeping_runs());
+  std::set<std::uint32_t> tags;
+  for (const CBlock* b = head_; b != nullptr; b = b->next)
+    if (b->asleep && b->is_allocated()) tags.insert(b->tag);
+  asleep_tags_.assign(tags.begin(), tags.end());
+  for (auto it = backup_buffers_.begin(); it != backup_buffers_.end();) {
+    auto* h = static_cast<unsigned char*>(it->first);
+    const bool held = std::any_of(backups_.begin(), backups_.end(),
+                                  [&](const BackupCopy& c) { return c.host >= h && c.host < h + it->second; });
+    if (held) {
+      ++it;
+      continue;
+    }
+    mem_->host_free(h);
+    it = backup_buffers_.erase(it);
+  }
+}
+
 // ===================================================================== wake (section 4)
 
 void CachetPolicy::wake(const TagList& tags) {

@@ -609,6 +609,46 @@ TEST(CachetSleep, EmptyCacheGivesBackSleepingPagesWithNoLiveBlock) {
   EXPECT_EQ(r.sim->used(), 0u);
 }
 
+TEST(CachetSleep, AGraphPoolSleepsAndWakesWhole) {
+  Rig r = cachet_rig();
+  const PoolId pool{1, 7};
+  r.a->create_or_incref_pool(pool);
+  r.a->begin_allocate_to_pool(pool, [](StreamId) { return true; }, true);
+  void* g = r.alloc(6 * MiB, "graph");  // pages 0-2
+  void* h = r.alloc(3 * MiB, "graph");  // pages 3-4, the pool's free [9, 10) MiB after it
+  r.a->end_allocate_to_pool(pool);
+  EXPECT_EQ(dev(h), kVa + 6 * MiB);
+  r.fill(g, 0x61, 6 * MiB);
+  r.fill(h, 0x62, 3 * MiB);
+  void* outside = r.alloc(2 * MiB, "graph");  // the default pool: page 5
+  EXPECT_EQ(dev(outside), kVa + 10 * MiB);
+  const Snapshot before = r.a->snapshot();
+  EXPECT_EQ(r.a->sleep({"graph"}, {"graph"}), 12 * MiB);
+  EXPECT_EQ(r.sim->pinned_bytes(), 11 * MiB);  // one buffer, copies of g+h and of outside
+  EXPECT_EQ(r.a->pool_use_count(pool), 2);     // create_or_incref_pool and begin_allocate_to_pool: unchanged
+  r.a->wake({"graph"});
+  EXPECT_TRUE(r.holds(g, 0x61, 6 * MiB));
+  EXPECT_TRUE(r.holds(h, 0x62, 3 * MiB));
+  EXPECT_EQ(r.a->snapshot(), before);
+  // The pool's free room is the pool's again after the wake.
+  r.a->begin_allocate_to_pool(pool, [](StreamId) { return true; }, true);
+  void* i = r.alloc(MiB, "graph");
+  EXPECT_EQ(dev(i), kVa + 9 * MiB);
+  r.a->end_allocate_to_pool(pool);
+  r.a->free(i);
+  // Released while asleep (R11): its sleeping free block joins the default pool, asleep.
+  EXPECT_EQ(r.a->sleep({}, {}), 12 * MiB);
+  EXPECT_EQ(r.a->pool_use_count(pool), 3);  // each begin_allocate_to_pool took a use
+  for (int k = 0; k < 3; ++k) r.a->release_pool(pool);
+  EXPECT_TRUE(r.a->invariants().empty());
+  r.a->wake({});
+  r.a->free(g);
+  r.a->free(h);
+  r.a->free(outside);
+  r.a->empty_cache();
+  EXPECT_EQ(r.a->stats().reserved_bytes[0].current, 0);
+}
+
 TEST(CachetSleep, ListsMustNameEveryTagForNow) {
   Rig r = cachet_rig();
   void* w = r.alloc(MiB, "weights");

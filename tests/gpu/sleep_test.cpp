@@ -6,6 +6,7 @@
 // out by hand in the comments.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -647,6 +648,85 @@ TEST(CachetSleep, AGraphPoolSleepsAndWakesWhole) {
   r.a->free(outside);
   r.a->empty_cache();
   EXPECT_EQ(r.a->stats().reserved_bytes[0].current, 0);
+}
+
+// Random allocations, frees (awake and asleep), stream uses, empty_cache, sleeps and wakes, with
+// the invariants checked after every op (validate mode) and every backed-up block's contents
+// checked after each wake.
+TEST(CachetSleep, RandomSequencesKeepEveryRuleAndTheBackups) {
+  for (std::uint32_t seed = 1; seed <= 4; ++seed) {
+    Rig r = cachet_rig(256 * MiB);
+    std::mt19937 rng(seed);
+    struct Live {
+      void* p;
+      Bytes n;
+      unsigned char byte;
+      bool weights;
+    };
+    std::vector<Live> live;
+    bool asleep = false;
+    for (int op = 0; op < 400; ++op) {
+      const int k = static_cast<int>(rng() % 10);
+      if (k < 4 && !asleep) {
+        const Bytes n = (1 + rng() % 64) * (rng() % 2 ? 512 * 1024 : 8192);
+        const bool w = rng() % 2;
+        void* p = nullptr;
+        try {
+          p = r.alloc(n, w ? "weights" : "kv_cache", rng() % 3 == 0 ? 3 : 0);
+        } catch (const OutOfMemory&) {
+          continue;
+        }
+        const auto byte = static_cast<unsigned char>(rng());
+        r.fill(p, byte, n);
+        live.push_back({p, n, byte, w});
+      } else if (k < 4 && asleep) {  // other work while asleep, never on a sleeping page
+        try {
+          void* p = r.alloc((1 + rng() % 8) * MiB, "default");
+          r.a->free(p);
+        } catch (const OutOfMemory&) {
+        }
+      } else if (k < 7 && !live.empty()) {
+        const std::size_t i = rng() % live.size();
+        if (rng() % 4 == 0) r.a->record_stream(live[i].p, 5);
+        r.a->free(live[i].p);
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+      } else if (k == 7) {
+        r.a->empty_cache();
+      } else if (k == 8 && !asleep) {
+        r.a->sleep({}, {"weights"});
+        asleep = true;
+      } else if (k == 9 && asleep) {
+        try {
+          r.a->wake({});
+        } catch (const OutOfMemory&) {
+          continue;  // stays asleep; a later wake succeeds once memory is free
+        }
+        asleep = false;
+        for (const Live& l : live)
+          if (l.weights) ASSERT_TRUE(r.holds(l.p, l.byte, l.n)) << "seed " << seed << " op " << op;
+        for (Live& l : live)
+          if (!l.weights) {  // undefined after the wake: write them again
+            l.byte = static_cast<unsigned char>(rng());
+            r.fill(l.p, l.byte, l.n);
+          }
+      }
+    }
+    if (asleep) r.a->wake({});
+    std::printf("seed %u: %lld sleeps, %lld wakes, %lld wake OOMs, %lld frees while asleep\n", seed,
+                static_cast<long long>(r.a->sleep_stats().num_sleeps), static_cast<long long>(r.a->sleep_stats().num_wakes),
+                static_cast<long long>(r.a->sleep_stats().num_wake_ooms),
+                static_cast<long long>(r.a->sleep_stats().num_frees_while_asleep));
+    EXPECT_GE(r.a->sleep_stats().num_wakes, 10);
+    EXPECT_GE(r.a->sleep_stats().num_frees_while_asleep, 10);
+    for (const Live& l : live) {
+      ASSERT_TRUE(r.holds(l.p, l.byte, l.n)) << "seed " << seed;
+      r.a->free(l.p);
+    }
+    r.a->empty_cache();
+    EXPECT_EQ(r.a->stats().reserved_bytes[0].current, 0);
+    EXPECT_EQ(r.sim->used(), 0u);
+    EXPECT_EQ(r.sim->pinned_bytes(), 0u);
+  }
 }
 
 TEST(CachetSleep, ListsMustNameEveryTagForNow) {

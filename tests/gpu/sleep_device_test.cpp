@@ -1,6 +1,7 @@
 // Sleep and wake on a real GPU through the CUDA VMM backend (docs/sleep-wake.md; the host-backend
 // rules are tests/gpu/sleep_test.cpp). Skips (GTEST_SKIP) without a CUDA device or driver. Under
-// policy:pytorch, expandable segments off and on:
+// policy:pytorch, expandable segments off and on, and policy:cachet (whose sleep takes every tag at
+// once; each case's lists name every tag with live blocks):
 //   - the memory a sleep reports comes back to the driver (cudaMemGetInfo's free memory rises by at
 //     least 99% of it), pointers are unchanged after wake, backed-up bytes are bitwise equal;
 //   - a segment over 512 MiB wakes in two pieces and keeps its contents;
@@ -43,7 +44,8 @@ bool holds(const void* p, unsigned char byte, Bytes n) {
   return true;
 }
 
-class SleepDevice : public ::testing::TestWithParam<bool> {
+// 0: policy:pytorch, expandable segments off; 1: on; 2: policy:cachet.
+class SleepDevice : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
     if (!have_device()) GTEST_SKIP() << "no CUDA device or driver";
@@ -51,7 +53,8 @@ class SleepDevice : public ::testing::TestWithParam<bool> {
   std::unique_ptr<CachingAllocator> make() const {
     Config c;
     c.sleep = true;
-    c.expandable_segments = GetParam();
+    c.expandable_segments = GetParam() == 1;
+    c.policy = GetParam() == 2 ? Policy::Cachet : Policy::PyTorch;
     c.validate = true;
     return CachingAllocator::for_cuda_device(0, c);
   }
@@ -137,8 +140,9 @@ TEST_P(SleepDevice, CyclesLeakNothing) {
   a->free(w);
 }
 
-INSTANTIATE_TEST_SUITE_P(Expandable, SleepDevice, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? std::string("on") : std::string("off"); });
+INSTANTIATE_TEST_SUITE_P(Policies, SleepDevice, ::testing::Values(0, 1, 2), [](const auto& info) {
+  return info.param == 2 ? std::string("cachet") : info.param == 1 ? std::string("pytorch_on") : std::string("pytorch_off");
+});
 
 }  // namespace
 }  // namespace cachet::test

@@ -51,7 +51,10 @@ std::vector<std::string> CachetPolicy::invariants() const {
     if (v.size() < 20) v.push_back(std::move(s));
   };
   DeviceStats re;
-  Bytes mapped = 0;
+  Bytes mapped = 0;  // mapped pages, sleeping ones included (reserved_bytes, `segment` runs)
+  Bytes awake = 0;   // mapped pages with memory behind them (mapped_; R4's budget, R7's cap)
+  Bytes asleep = 0, asleep_allocated = 0;
+  std::int64_t asleep_runs = 0;
   std::size_t n_free = 0, n_unmapped = 0, n_active = 0, n_events = 0;
   std::int64_t runs = 0;
   // [INV-POOL-2] the trees are in their order (blocks grow and shrink in place when the order
@@ -86,7 +89,25 @@ std::vector<std::string> CachetPolicy::invariants() const {
       fail("[INV-SIZE-1] size/alignment" + at);
     if (b->is_mapped()) {
       mapped += b->size;
+      if (!b->asleep) awake += b->size;
       if (prev == nullptr || !prev->is_mapped()) ++runs;
+    }
+    // [INV-SLEEP-1] a sleeping block is mapped (its pages reserved), shares no page with an awake
+    // block, and (free) is in no free set: no search can find it.
+    if (b->asleep) {
+      asleep += b->size;
+      if (b->is_allocated()) asleep_allocated += b->size;
+      if (prev == nullptr || !prev->asleep) ++asleep_runs;
+      if (b->is_unmapped()) fail("[INV-SLEEP-1] unmapped block marked asleep" + at);
+      if ((b->ptr % kPage != 0 && (prev == nullptr || !prev->asleep)) ||
+          (b->end() % kPage != 0 && (b->next == nullptr || !b->next->asleep)))
+        fail("[INV-SLEEP-1] sleeping block shares a page with an awake block" + at);
+      if (b->is_mapped_free()) {
+        const CFreeSet& fs = b->pool.is_default() ? free_ : pools_.count(b->pool) ? pools_.at(b->pool).free : free_;
+        auto it = fs.find(SizeKey{b->stream, b->size, b->ptr}, SizeOrder{});
+        if (it != fs.end() && &*it == b) fail("[INV-SLEEP-1] sleeping free block in a free set" + at);
+      }
+      if (b->is_live() && !b->is_allocated()) fail("[INV-SLEEP-1] sleeping block waits for events" + at);
     }
     // The state against the other fields (shell/block_state.h).
     if (!b->is_allocated() && b->state() != BlockState::Deferred && !b->stream_uses.empty())
@@ -114,9 +135,13 @@ std::vector<std::string> CachetPolicy::invariants() const {
         if (auto u = unmapped_.find(b->ptr, CAddrOrder{}); u == unmapped_.end() || &*u != b)
           fail("[INV-POOL-1] unmapped block not in unmapped_" + at);
         if (active_.find(b->ptr) == b) fail("[INV-MAP-1] unmapped block in active_" + at);
+      } else if (b->asleep) {
+        if (b->next != nullptr && b->next->is_mapped_free() && b->next->asleep && b->next->stream == b->stream &&
+            b->next->pool == b->pool)
+          fail("[INV-MERGE-1] adjacent sleeping free blocks of one stream and pool" + at);
       } else {
         ++n_free;
-        if (b->next != nullptr && b->next->is_mapped_free() && b->next->stream == b->stream &&
+        if (b->next != nullptr && b->next->is_awake_free() && b->next->stream == b->stream &&
             b->next->pool == b->pool)
           fail("[INV-MERGE-1] adjacent free blocks of one stream and pool" + at);
         auto p = b->pool.is_default() ? pools_.end() : pools_.find(b->pool);
@@ -168,8 +193,23 @@ std::vector<std::string> CachetPolicy::invariants() const {
   if (n_unmapped != unmapped_.size()) fail("[INV-POOL-1] unmapped_ size mismatch");
   if (n_active != active_.size()) fail("[INV-POOL-1] active_ size mismatch");
   if (n_events != events_.size()) fail("[INV-EVENT-2] event count mismatch");
-  if (mapped != mapped_)
-    fail("[INV-STATS-1] mapped bytes " + std::to_string(mapped) + " != " + std::to_string(mapped_));
+  if (awake != mapped_)
+    fail("[INV-STATS-1] awake mapped bytes " + std::to_string(awake) + " != " + std::to_string(mapped_));
+  {
+    // [INV-SLEEP-2] the sleep stats against a recount.
+    const SleepStats& ss = sleep_stats_;
+    Bytes backed = 0;
+    for (const BackupCopy& c : backups_) backed += c.size;
+    if (asleep != sleeping_bytes_ || ss.sleeping_bytes.current != static_cast<std::int64_t>(asleep) ||
+        ss.sleeping_segments.current != asleep_runs ||
+        ss.sleeping_allocated_bytes.current != static_cast<std::int64_t>(asleep_allocated) ||
+        ss.backup_bytes.current != static_cast<std::int64_t>(backed))
+      fail("[INV-SLEEP-2] sleep stats (" + std::to_string(ss.sleeping_segments.current) + " runs, " +
+           std::to_string(ss.sleeping_bytes.current) + " bytes, " + std::to_string(ss.sleeping_allocated_bytes.current) +
+           " allocated, " + std::to_string(ss.backup_bytes.current) + " backed up) != recount (" +
+           std::to_string(asleep_runs) + ", " + std::to_string(asleep) + ", " + std::to_string(asleep_allocated) + ", " +
+           std::to_string(backed) + ")");
+  }
   auto cmp = [&](const char* name, const StatArray& got, const StatArray& want) {
     for (int i = 0; i < kNumStatTypes; ++i)
       if (got[i].current != want[i].current)
@@ -208,19 +248,29 @@ std::vector<std::string> CachetPolicy::invariants() const {
   if (!pool_active()) {
     // [INV-BUDGET-1]; free pages split between free blocks of different streams, or held by a
     // private pool with a user, cannot be unmapped (R6, R10). Not while a pool is active (R12).
-    const Bytes idle = mapped / kPage - touched_pages_;
+    // Pages touched by live blocks on awake pages (sleeping pages are whole: no page is shared).
+    Bytes awake_touched = 0;
+    DevicePtr last = 0;
+    for (const CBlock* b = head_; b != nullptr; b = b->next) {
+      if (b->is_reusable() || b->asleep) continue;
+      const DevicePtr lo = std::max(page_floor(b->ptr), last), hi = page_ceil(b->end());
+      if (hi > lo) awake_touched += (hi - lo) / kPage;
+      last = std::max(last, hi);
+    }
+    const Bytes idle = awake / kPage > awake_touched ? awake / kPage - awake_touched : 0;
     const Bytes whole = whole_free_pages(0, 0);
     const Bytes split = idle > whole ? idle - whole : 0;
-    if (mapped / kPage > budget_pages(peak_touched_pages_) + split)
-      fail("[INV-BUDGET-1] " + std::to_string(mapped / kPage) + " pages mapped, budget " +
+    if (awake / kPage > budget_pages(peak_touched_pages_) + split)
+      fail("[INV-BUDGET-1] " + std::to_string(awake / kPage) + " pages mapped, budget " +
            std::to_string(budget_pages(peak_touched_pages_)) + " (touched high-water mark " +
            std::to_string(peak_touched_pages_) + ") + " + std::to_string(split) +
            " split free pages");
   }
   // [INV-CAP-1]: reserved <= the cap, or (the cap was lowered below the live blocks' pages) no
   // whole free page left to unmap.
-  if (cap_.allowed() && !pool_active() && mapped > *cap_.allowed() && whole_free_pages(0, 0) > 0)
-    fail("[INV-CAP-1] reserved " + std::to_string(mapped) + " > cap " +
+  // Sleeping pages are left out (docs/sleep-wake.md, SLEEP-R5).
+  if (cap_.allowed() && !pool_active() && awake > *cap_.allowed() && whole_free_pages(0, 0) > 0)
+    fail("[INV-CAP-1] reserved minus sleeping " + std::to_string(awake) + " > cap " +
          std::to_string(*cap_.allowed()) + " with " + std::to_string(whole_free_pages(0, 0)) +
          " whole free pages still mapped");
   return v;

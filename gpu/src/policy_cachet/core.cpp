@@ -34,11 +34,14 @@ CachetPolicy::~CachetPolicy() {
   // Unmap every run of mapped pages, then give the reservation back; errors cannot be reported.
   DevicePtr run = 0;
   bool in_run = false;
+  for (auto& [h, n] : backup_buffers_) mem_->host_free(h);
+  // A sleeping page has no memory behind it: it ends a run as an unmapped one does.
   for (CBlock* b = head_; b != nullptr; b = b->next) {
-    if (b->is_mapped() && !in_run) {
+    const bool mapped = b->is_mapped() && !b->asleep;
+    if (mapped && !in_run) {
       run = b->ptr;
       in_run = true;
-    } else if (!b->is_mapped() && in_run) {
+    } else if (!mapped && in_run) {
       (void)mem_->unmap(run, b->ptr - run);
       in_run = false;
     }
@@ -69,6 +72,8 @@ CBlock* CachetPolicy::make_block(BlockState born) {
   b->prev = nullptr;
   b->next = nullptr;
   b->event_count = 0;
+  b->tag = 0;
+  b->asleep = false;
   b->born(born);
   b->stream_uses.clear();
   return b;

@@ -23,6 +23,10 @@ void CachetPolicy::free(DevicePtr ptr) {
   if (!b->is_allocated())
     throw UsageError("free(" + hex(ptr) +
                      "): double free: the block is already freed and waits for its stream uses");
+  if (b->asleep) {  // docs/sleep-wake.md section 4: allowed, takes effect for placement at wake
+    free_while_asleep(b);
+    return;
+  }
   // Stream uses: create and record one event per using stream before changing anything, so a
   // failing event call reaches the caller with the block still allocated (its stream uses kept)
   // and the stats and trace untouched, as policy:pytorch does (policy_pytorch/free.cpp, free()).
@@ -124,6 +128,7 @@ void CachetPolicy::trim_to_cap() {
 void CachetPolicy::empty_cache() {
   if (active_pools_.empty() && (!events_.empty() || !deferred_.empty())) synchronize_events();
   if (base_ != 0) unmap_free_pages(static_cast<Bytes>(-1) / kPage, 0, 0);
+  release_sleeping_free_pages();  // docs/sleep-wake.md section 4
 }
 
 // ===================================================================== settings, snapshot
@@ -154,17 +159,24 @@ Snapshot CachetPolicy::block_table() const {
   for (CBlock* b = head_; b != nullptr; b = b->next) {
     if (!b->is_mapped()) continue;
     // A segment: a run of mapped blocks of one pool (R10), with the pool's id.
-    if (b->prev == nullptr || !b->prev->is_mapped() || b->prev->pool != b->pool) {
+    // Cut where awake pages meet sleeping ones (docs/sleep-wake.md section 5).
+    if (b->prev == nullptr || !b->prev->is_mapped() || b->prev->pool != b->pool || b->prev->asleep != b->asleep) {
       SegmentSnapshot s;
       s.address = b->ptr;
       s.stream = b->stream;
       s.pool_id = b->pool;
       s.is_large = true;
       s.is_expandable = true;
+      s.is_sleeping = b->asleep;
       out.push_back(std::move(s));
     }
     SegmentSnapshot& s = out.back();
     s.total_size += b->size;
+    if (b->asleep)
+      for (const BackupCopy& c : backups_) {
+        const DevicePtr lo = std::max(c.ptr, b->ptr), hi = std::min(c.ptr + c.size, b->end());
+        if (lo < hi) s.backup_size += hi - lo;
+      }
     BlockSnapshot bs;
     bs.address = b->ptr;
     bs.size = b->size;

@@ -32,6 +32,7 @@ DevicePtr CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
   b->pool = to;  // already its pool: R2 and R3 take only the pool's blocks ([INV-PRIV-4] checks)
   b->requested = orig_size;
   b->stream = stream;
+  b->tag = current_tag_id();
   active_.insert(b->ptr, b);
   touch(b, true);
   peak_touched_pages_ = std::max(peak_touched_pages_, touched_pages_);
@@ -93,6 +94,7 @@ CBlock* CachetPolicy::split_at(CBlock* f, DevicePtr at) {
   m->size = f->end() - at;
   m->stream = f->stream;
   m->pool = f->pool;
+  m->asleep = f->asleep;
   m->prev = f;
   m->next = f->next;
   if (f->next) f->next->prev = m;
@@ -173,6 +175,7 @@ CBlock* CachetPolicy::alloc_slow(StreamId stream, PoolId pool, Bytes size) {
     if (!mutant(kMutantCachetRetrySkipsBestFit))
       if (CBlock* b = take_best_fit(stream, pool, size)) return b;
     unmap_free_pages(static_cast<Bytes>(-1) / kPage, 0, 0);
+    release_sleeping_free_pages();  // docs/sleep-wake.md section 4: as empty_cache
   }
 }
 

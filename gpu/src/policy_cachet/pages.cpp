@@ -19,7 +19,7 @@ CachetPolicy::Placement CachetPolicy::find_placement(StreamId stream, PoolId poo
   Placement best;
   // R3's neighbours: mapped free blocks of the request's stream and pool (R10).
   auto ours = [stream, pool](const CBlock* n) {
-    return n != nullptr && n->is_mapped_free() && n->stream == stream && n->pool == pool;
+    return n != nullptr && n->is_awake_free() && n->stream == stream && n->pool == pool;
   };
   for (const CBlock& u : unmapped_) {
     const CBlock* l = ours(u.prev) ? u.prev : nullptr;
@@ -154,10 +154,12 @@ Status CachetPolicy::map_range(CBlock* u, DevicePtr lo, DevicePtr hi, StreamId s
 CBlock* CachetPolicy::merge_free(CBlock* b) {
   auto joinable = [b](const CBlock* o) {
     return o != nullptr && o->state() == b->state() &&
+           (b->is_unmapped() || o->asleep == b->asleep) &&
            (b->is_unmapped() ||
             ((mutant(kMutantCachetMergeAcrossStreams) || o->stream == b->stream) && o->pool == b->pool));
   };
   auto erase = [this](CBlock* o) {
+    if (o->asleep) return;  // a sleeping free block is in no set
     if (o->is_mapped())
       free_set_of(o).erase(free_set_of(o).iterator_to(*o));
     else
@@ -177,7 +179,7 @@ CBlock* CachetPolicy::merge_free(CBlock* b) {
     p->next = b->next;
     if (b->next) b->next->prev = p;
     release_block(b);
-    if (p->is_mapped()) {
+    if (p->is_mapped() && !p->asleep) {
       CFreeSet& fs = free_set_of(p);
       auto it = fs.iterator_to(*p);
       if (auto nx = std::next(it); nx != fs.end() && !SizeOrder{}(*p, *nx)) {
@@ -187,6 +189,7 @@ CBlock* CachetPolicy::merge_free(CBlock* b) {
     }
     return p;
   }
+  if (b->asleep) return b;  // waits in its sleeping pages for the wake
   if (b->is_mapped())
     free_set_of(b).insert(*b);
   else

@@ -56,6 +56,10 @@ struct alignas(64) CBlock : cbi::set_base_hook<cbi::link_mode<cbi::normal_link>>
   CBlock* prev = nullptr;
   CBlock* next = nullptr;
   std::int32_t event_count = 0;  // outstanding stream-use events: AwaitingEvents only
+  std::uint32_t tag = 0;  // the tag id (Shell::tag_name) it was allocated under; meaningful while live
+  // Its pages sleep (docs/sleep-wake.md; policy_cachet/sleep.cpp): mapped state kept, no memory
+  // behind it, in no free set; a block is wholly awake or wholly asleep.
+  bool asleep = false;
 
  private:
   BlockState state_ = BlockState::Free;  // shell/block_state.h
@@ -78,6 +82,7 @@ struct alignas(64) CBlock : cbi::set_base_hook<cbi::link_mode<cbi::normal_link>>
   bool is_allocated() const { return state_ == BlockState::Allocated; }
   bool is_mapped() const { return state_ != BlockState::Unmapped; }
   bool is_mapped_free() const { return state_ == BlockState::Free; }
+  bool is_awake_free() const { return state_ == BlockState::Free && !asleep; }
   bool is_unmapped() const { return state_ == BlockState::Unmapped; }
   // Free or Unmapped: may merge with a neighbour in the same state, or be removed.
   bool is_reusable() const { return state_ == BlockState::Free || state_ == BlockState::Unmapped; }
@@ -135,6 +140,19 @@ class CachetPolicy : public Shell {
   TagList sleeping() const;
 
  private:
+  // sleep.cpp: a backup copy of a run of adjacent live blocks, and the sleep's own state.
+  struct BackupCopy {
+    DevicePtr ptr;
+    Bytes size;
+    unsigned char* host;
+  };
+  void free_while_asleep(CBlock* b);
+  void release_sleeping_free_pages();  // R9 for sleeping pages with no live block (empty_cache)
+  Bytes sleeping_bytes_ = 0;                // bytes of sleeping pages (mapped_ excludes them)
+  std::vector<BackupCopy> backups_;         // every backup copy of the sleeping blocks
+  std::map<void*, Bytes> backup_buffers_;   // pinned buffers (one per backed-up tag per sleep)
+  std::vector<std::uint32_t> asleep_tags_;  // tags of the live blocks when they went to sleep
+  int sleeping_runs() const;                // runs of adjacent sleeping blocks (recount)
   struct CPool {
     int use_count = 1;  // users (§14.4); 0: released, kept while it has live blocks (R11)
     Bytes bytes = 0;    // the sizes of the blocks carrying its id ([INV-PRIV-4])

@@ -73,6 +73,10 @@ void CachetPolicy::release_pool(PoolId id) {
   blocks.reserve(fs.size());
   for (CBlock& b : fs) blocks.push_back(&b);
   fs.clear();
+  // Its sleeping free blocks too (in no set; docs/sleep-wake.md): they join the default pool asleep.
+  if (sleeping_bytes_ > 0)
+    for (CBlock* b = head_; b != nullptr; b = b->next)
+      if (b->asleep && b->is_mapped_free() && b->pool == id) blocks.push_back(b);
   for (CBlock* b : blocks) leave_released_pool(b);  // may forget the pool with the last one
   // No two of them can join each other (the pool merged its blocks of one stream already), so
   // each is still itself when its turn comes: merge_free may only join it to default blocks or

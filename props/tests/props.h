@@ -116,11 +116,28 @@ struct Coverage {
   // Private pools (cases that generate pool ops): a block handed out from a private pool's
   // segment; a capture begun; a PyTorch failure (docs/pytorch-allocator.md §14.8) that ended the case.
   bool pool_alloc = false, capture = false, pytorch_failure = false;
+  // Sleep and wake (cases under cachet_sleep:True, docs/sleep-wake.md): sleeps and wakes that
+  // returned, frees of sleeping blocks, wakes that ran out of memory (the sleep.* counts).
+  std::size_t sleeps = 0, wakes = 0, frees_while_asleep = 0, wake_ooms = 0;
 };
 struct CoverageTotals {
   std::size_t cases = 0, oversize = 0, gc = 0, retry = 0, oom = 0, deferred_free = 0, exp_map = 0, exp_unmap = 0;
   std::size_t pool_cases = 0, pool_alloc = 0, capture = 0, pytorch_failure = 0;
-  void add(const Coverage& c, bool pools) {
+  // Over the cases that drew sleep ops: the cases with at least one of each, and the totals.
+  std::size_t sleep_cases = 0, slept = 0, woke = 0, freed_asleep = 0, wake_oomed = 0;
+  std::size_t sleeps = 0, wakes = 0, frees_while_asleep = 0, wake_ooms = 0;
+  void add(const Coverage& c, bool pools, bool sleep = false) {
+    if (sleep) {
+      ++sleep_cases;
+      slept += c.sleeps > 0;
+      woke += c.wakes > 0;
+      freed_asleep += c.frees_while_asleep > 0;
+      wake_oomed += c.wake_ooms > 0;
+      sleeps += c.sleeps;
+      wakes += c.wakes;
+      frees_while_asleep += c.frees_while_asleep;
+      wake_ooms += c.wake_ooms;
+    }
     if (pools) {
       ++pool_cases;
       pool_alloc += c.pool_alloc;
@@ -165,8 +182,17 @@ struct PoolsModel {
 
 // RapidCheck's model: what the commands may name. A slot is one Allocate command; the
 // allocation it made (if any) is the lockstep handle the Sut keeps for it.
+// The sleep ops' view (cases under cachet_sleep:True where the pair runs them): the tag the
+// next allocations get (SetTag; the names of kTagNames).
+struct SleepModel {
+  bool enabled = false;
+  std::string tag{kDefaultTag};
+};
+inline const std::vector<std::string> kTagNames{"default", "weights", "kv_cache"};
+
 struct PModel {
   Config config;
+  SleepModel sleep;
   std::vector<Slot> slots;
   PoolsModel pools;
   bool has_live() const {
@@ -175,6 +201,12 @@ struct PModel {
 };
 
 constexpr int kStreams = 4;
+
+// Whether the lockstep runs tag, sleep and wake for `c` (props/harness/src/lockstep.cpp: both
+// sides have them there; elsewhere it answers Unsupported).
+inline bool sleep_supported(const Config& c) {
+  return c.policy == Policy::PyTorch && c.sleep && !c.expandable_segments;
+}
 
 // Whether the pair of `policy` has private pools (both its model and gpu/ side).
 inline bool pools_supported(Policy policy) {
@@ -318,6 +350,7 @@ class PSut {
 
  private:
   void structural_checks(const Snapshot& snap, const DeviceStats& st);
+  void sleep_checks(const lockstep::Outcome& out, const SleepStats& ss, const DeviceStats& st);
   void alloc_checks(const lockstep::Allocate& a, std::uint64_t ptr, const Snapshot& snap, bool new_device_memory,
                     bool synced);
 
@@ -355,6 +388,9 @@ inline bool g_events_when_recorded = false;
 // props_commands.cpp: a valid configuration; the next command for a model state.
 rc::Gen<Config> gen_config();
 rc::Gen<std::shared_ptr<const Cmd>> gen_command(const PModel& m);
+// props_commands.cpp: a tag, sleep or wake command (m.sleep.enabled); run inside gen_command's
+// rc::gen::exec.
+std::shared_ptr<const Cmd> gen_sleep_command(const PModel& m);
 // props_pools.cpp: a pool or capture command, valid for the model or (now and then) one both
 // sides must refuse; run inside gen_command's rc::gen::exec.
 std::shared_ptr<const Cmd> gen_pool_command(const PModel& m);

@@ -20,6 +20,8 @@ const std::vector<std::string> kChecks{
     "pending-event",   // a block waiting for an event on another stream is never handed out
     "stream",          // a block is handed out only on its own segment's stream
     "replay",          // replaying the same commands after free-all + empty_cache: reserved does not grow
+    "sleeping-range",  // docs/sleep-wake.md: no allocation is placed in a sleeping segment; the
+                       // sleep.* stats equal a recount of the sleeping segments of the block table
 };
 
 std::set<std::string> split_list(const char* env) {
@@ -52,6 +54,7 @@ void PSut::step(const Op& op, std::optional<std::size_t> new_slot) {
   if (ls_->ended()) return;
   applied_.push_back(op);
   const DeviceStats before = ls_->sut().stats();
+  const SleepStats sleep_before = ls_->sut().sleep_stats();
   const lockstep::DeviceCounters dev_before = ls_->device_counters();
   const std::uint32_t handles_before = ls_->handle_count();
   // A capture or use_mem_pool under way (the op does not change it unless it is a pool op).
@@ -117,6 +120,11 @@ void PSut::step(const Op& op, std::optional<std::size_t> new_slot) {
   if (std::holds_alternative<ops::CaptureBegin>(op) && out.kind == lockstep::Outcome::Kind::Ok)
     cov_.capture = true;
   if (ls_->ended()) cov_.pytorch_failure = true;
+  const SleepStats sleep_st = ls_->sut().sleep_stats();
+  cov_.sleeps += static_cast<std::size_t>(sleep_st.num_sleeps - sleep_before.num_sleeps);
+  cov_.wakes += static_cast<std::size_t>(sleep_st.num_wakes - sleep_before.num_wakes);
+  cov_.frees_while_asleep += static_cast<std::size_t>(sleep_st.num_frees_while_asleep - sleep_before.num_frees_while_asleep);
+  cov_.wake_ooms += static_cast<std::size_t>(sleep_st.num_wake_ooms - sleep_before.num_wake_ooms);
 
   const Snapshot snap = ls_->sut().snapshot();
   if (out.kind == lockstep::Outcome::Kind::Pointer && out.ptr != 0)
@@ -124,6 +132,7 @@ void PSut::step(const Op& op, std::optional<std::size_t> new_slot) {
       if (!seg.pool_id.is_default() && out.ptr >= seg.address && out.ptr < seg.address + seg.total_size)
         cov_.pool_alloc = true;
   structural_checks(snap, st);
+  sleep_checks(out, sleep_st, st);
   if (const auto* a = std::get_if<lockstep::Allocate>(&op);
       a && out.kind == lockstep::Outcome::Kind::Pointer && out.ptr != 0)
     alloc_checks(*a, out.ptr, snap, dev.mallocs + dev.maps > dev_before.mallocs + dev_before.maps, synced);
@@ -230,13 +239,47 @@ void PSut::structural_checks(const Snapshot& snap, const DeviceStats& st) {
   // lowered below what was reserved; then reserved must not grow.
   if (applies("memory-cap")) {
     const auto cap = ls_->cap();
-    const Bytes reserved = static_cast<Bytes>(st.reserved_bytes[0].current);
+    // Sleeping bytes stay reserved but do not count against the cap (docs/sleep-wake.md §4).
+    const Bytes reserved = static_cast<Bytes>(st.reserved_bytes[0].current) -
+                           static_cast<Bytes>(ls_->sut().sleep_stats().sleeping_bytes.current);
     if (!cap || reserved <= *cap) ceiling_ = 0;
     const Bytes slack = config_.expandable_segments ? config_.large_segment_size - 1 : 0;
     if (cap && reserved > *cap + slack && reserved > ceiling_)
       fail("memory-cap", "reserved " + std::to_string(reserved) + " B exceeds the cap of " + std::to_string(*cap) +
                              " B" + (slack ? " by a page or more" : ""));
   }
+}
+
+// sleeping-range (docs/sleep-wake.md §4, §5, §7 SLEEP-R2/R3): a pointer returned lies in no
+// sleeping segment; the sleep stats' current values equal a recount from the block table.
+void PSut::sleep_checks(const lockstep::Outcome& out, const SleepStats& ss, const DeviceStats& st) {
+  if (!applies("sleeping-range") || !config_.sleep) return;
+  std::int64_t segments = 0, bytes = 0, allocated = 0, backup = 0;
+  for (const auto& s : ls_->sut().block_table()) {
+    if (out.kind == lockstep::Outcome::Kind::Pointer && out.ptr != 0 && s.is_sleeping && out.ptr >= s.address &&
+        out.ptr < s.address + s.total_size)
+      fail("sleeping-range", "allocate -> " + hex(out.ptr) + ", inside the sleeping segment " + hex(s.address) +
+                                 " (" + std::to_string(s.total_size) + " B)");
+    if (!s.is_sleeping) continue;
+    ++segments;
+    bytes += static_cast<std::int64_t>(s.total_size);
+    backup += static_cast<std::int64_t>(s.backup_size);
+    for (const auto& b : s.blocks)
+      if (b.state == BlockState::ActiveAllocated) allocated += static_cast<std::int64_t>(b.size);
+  }
+  const std::pair<const char*, std::pair<std::int64_t, std::int64_t>> rows[] = {
+      {"sleep.sleeping_segments", {ss.sleeping_segments.current, segments}},
+      {"sleep.sleeping_bytes", {ss.sleeping_bytes.current, bytes}},
+      {"sleep.sleeping_allocated_bytes", {ss.sleeping_allocated_bytes.current, allocated}},
+      {"sleep.backup_bytes", {ss.backup_bytes.current, backup}},
+  };
+  for (const auto& [name, v] : rows)
+    if (v.first != v.second)
+      fail("sleeping-range", std::string(name) + ".current is " + std::to_string(v.first) +
+                                 ", the block table's sleeping segments say " + std::to_string(v.second));
+  if (bytes > st.reserved_bytes[0].current)
+    fail("sleeping-range", "sleeping bytes " + std::to_string(bytes) + " exceed reserved_bytes " +
+                               std::to_string(st.reserved_bytes[0].current));
 }
 
 void PSut::alloc_checks(const lockstep::Allocate& a, std::uint64_t ptr, const Snapshot& snap,

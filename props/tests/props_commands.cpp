@@ -69,6 +69,48 @@ struct FractionCmd : Cmd {
   void show(std::ostream& os) const override { os << "fraction " << fraction; }
 };
 
+// tag, sleep, wake (docs/sleep-wake.md): the tag the runner's allocations get from here on;
+// sleep(tags, backup_tags) and wake(tags), an empty list naming every tag (tags) or none (backup).
+std::string show_tags(const TagList& l, const char* empty) {
+  std::string r;
+  for (const auto& t : l) r += (r.empty() ? "" : ",") + t;
+  return r.empty() ? empty : r;
+}
+
+struct TagCmd : Cmd {
+  std::string tag;
+  explicit TagCmd(std::string t) : tag(std::move(t)) {}
+  void apply(PModel& m) const override { m.sleep.tag = tag; }
+  void run(const PModel&, PSut& sut) const override { sut.step(ops::SetTag{tag}); }
+  void show(std::ostream& os) const override { os << "tag " << tag; }
+};
+
+struct SleepCmd : Cmd {
+  TagList tags, backup;
+  SleepCmd(TagList t, TagList b) : tags(std::move(t)), backup(std::move(b)) {}
+  void run(const PModel&, PSut& sut) const override { sut.step(ops::Sleep{tags, backup}); }
+  void show(std::ostream& os) const override {
+    os << "sleep tags " << show_tags(tags, "all") << " backup " << show_tags(backup, "none");
+  }
+};
+
+struct WakeCmd : Cmd {
+  TagList tags;
+  explicit WakeCmd(TagList t) : tags(std::move(t)) {}
+  void run(const PModel&, PSut& sut) const override { sut.step(ops::Wake{tags}); }
+  void show(std::ostream& os) const override { os << "wake tags " << show_tags(tags, "all"); }
+};
+
+// A subset of kTagNames in their order; `empty` in 1 of 4 (every tag / none).
+TagList gen_tags() {
+  if (*rc::gen::inRange(0, 4) == 0) return {};
+  TagList r;
+  for (const auto& t : kTagNames)
+    if (*rc::gen::inRange(0, 2) == 0) r.push_back(t);
+  if (r.empty()) r.push_back(*rc::gen::elementOf(kTagNames));
+  return r;
+}
+
 // ------------------------------------------------------------------------------- generators
 
 rc::Gen<Bytes> near(Bytes x) {
@@ -103,6 +145,13 @@ rc::Gen<double> gen_fraction() {
 
 }  // namespace
 
+std::shared_ptr<const Cmd> gen_sleep_command(const PModel&) {
+  const int k = *rc::gen::inRange(0, 10);
+  if (k < 4) return std::make_shared<TagCmd>(*rc::gen::elementOf(kTagNames));
+  if (k < 7) return std::make_shared<SleepCmd>(gen_tags(), gen_tags());
+  return std::make_shared<WakeCmd>(gen_tags());
+}
+
 rc::Gen<std::shared_ptr<const Cmd>> gen_command(const PModel& m) {
   return rc::gen::exec([m]() -> std::shared_ptr<const Cmd> {
     std::vector<std::size_t> live;
@@ -110,6 +159,7 @@ rc::Gen<std::shared_ptr<const Cmd>> gen_command(const PModel& m) {
       if (!m.slots[i].freed) live.push_back(i);
     const int k = *rc::gen::inRange(0, 100);
     if (m.pools.enabled && *rc::gen::inRange(0, 100) < 12) return gen_pool_command(m);
+    if (m.sleep.enabled && *rc::gen::inRange(0, 100) < 15) return gen_sleep_command(m);
     const auto stream = rc::gen::weightedOneOf<int>({{4, rc::gen::just(0)}, {3, rc::gen::inRange(1, kStreams)}});
     if (k < 45 || (live.empty() && k < 85)) {
       // With pools, one allocation in six is made by thread 1 or 2 (the thread filter). Not in
@@ -158,7 +208,11 @@ rc::Gen<Config> gen_config() {
     }
     if (*rc::gen::inRange(0, 2) == 0)
       parts.push_back("garbage_collection_threshold:0." + std::to_string(*rc::gen::inRange(3, 10)));
-    if (*rc::gen::inRange(0, 3) == 0) parts.push_back("expandable_segments:True");
+    const bool expandable = *rc::gen::inRange(0, 3) == 0;
+    if (expandable) parts.push_back("expandable_segments:True");
+    // Sleep and wake (docs/sleep-wake.md) in 1 of 3 cases the lockstep runs them in (props.h
+    // sleep_supported): cachet_sleep maps cudaMalloc segments through the VMM calls.
+    if (!expandable && *rc::gen::inRange(0, 3) == 0) parts.push_back("cachet_sleep:True");
     if (*rc::gen::inRange(0, 4) == 0)
       parts.push_back("max_non_split_rounding_mb:" +
                       std::to_string(large_seg_mb + *rc::gen::element<std::uint64_t>(0, 2, 44, 492)));

@@ -45,9 +45,14 @@ bool machine_property() {
     // Half the cases also enter MemPools and capture graphs, where the pair has private pools.
     m0.pools.enabled = pools_supported(config.policy) && *rc::gen::inRange(0, 2) == 0;
     RC_TAG(m0.pools.enabled ? "pools" : "no pools");
-    PSut sut(config, 8 * GiB, g_events_when_recorded, g_device_total);
+    // Every case the lockstep runs tag, sleep and wake in draws them (props.h sleep_supported).
+    m0.sleep.enabled = sleep_supported(config);
+    if (m0.sleep.enabled) RC_TAG("sleep");
+    // A sleep case runs on 64 MiB: the host backend keeps every byte a backup copies and a wake
+    // restores (the larger requests then run out of memory, as wakes do more often).
+    PSut sut(config, m0.sleep.enabled ? 64 * MiB : 8 * GiB, g_events_when_recorded, g_device_total);
     rc::state::check(m0, sut, gen_command);
-    g_totals.add(sut.coverage(), m0.pools.enabled);
+    g_totals.add(sut.coverage(), m0.pools.enabled, m0.sleep.enabled);
   });
 }
 
@@ -105,6 +110,22 @@ bool coverage_property() {
       const double pct = 100.0 * static_cast<double>(k) / np;
       const bool low = required && pct < 1.0;
       std::printf("  %-22s %6.2f%%%s\n", name, pct, low ? "  < 1%: FAIL" : "");
+      if (low) ok = false;
+    }
+  }
+  // Over the cases that drew tag, sleep and wake ops: the cases with at least one of each (the
+  // sleep.* counts of gpu/, compared with the model's by the lockstep), and the totals. A wake
+  // that ran out of memory is reported, not required.
+  if (t.sleep_cases > 0) {
+    const double ns = static_cast<double>(t.sleep_cases);
+    std::printf("over the %zu cases with sleep ops (cases with one or more; total):\n", t.sleep_cases);
+    for (const auto& [name, k, total, required] :
+         {std::tuple{"sleep", t.slept, t.sleeps, true}, std::tuple{"wake", t.woke, t.wakes, true},
+          std::tuple{"free while asleep", t.freed_asleep, t.frees_while_asleep, true},
+          std::tuple{"wake out of memory", t.wake_oomed, t.wake_ooms, false}}) {
+      const double pct = 100.0 * static_cast<double>(k) / ns;
+      const bool low = required && pct < 1.0;
+      std::printf("  %-22s %6.2f%%  (%zu)%s\n", name, pct, total, low ? "  < 1%: FAIL" : "");
       if (low) ok = false;
     }
   }

@@ -386,7 +386,7 @@ class PytorchPolicy : public Shell {
   const SleepingRange* sleeping_range_of(const Block* b) const { return sleeping_range_at(b->ptr); }
   bool asleep(const Block* b) const { return b->segment->sleeping_runs != 0 && sleeping_range_of(b) != nullptr; }
   void free_while_asleep(Block* b);
-  void release_sleeping_ranges();  // empty_cache: the sleeping ranges with no live block
+  void release_sleeping_ranges(BlockPool& pool);  // release_blocks: its sleeping ranges with no live block
   Block* run_head(Block* b) const;
   void check_sleep(std::vector<std::string>& out) const;  // invariants.cpp
   std::map<DevicePtr, SleepingRange> sleeping_;  // by base address

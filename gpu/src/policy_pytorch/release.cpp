@@ -21,7 +21,6 @@ namespace cachet::gpu::detail {
 void PytorchPolicy::empty_cache() {
   if (config_.no_caching) return;
   release_cached_blocks();
-  if (!sleeping_.empty()) release_sleeping_ranges();  // docs/sleep-wake.md section 4
   mem_->host_trim();  // the pinned buffers kept between sleeps (docs/sleep-wake.md section 6)
 }
 
@@ -62,6 +61,9 @@ void PytorchPolicy::release_blocks(BlockPool& pool) {
     unmap_block(b);
     if (!b->is_mapped() && !b->is_split()) release_expandable_segment(b);
   }
+  // Then the pool's sleeping ranges with no live block (docs/sleep-wake.md section 4): wherever
+  // the pool's free segments go back, empty_cache and the last retry of a malloc alike.
+  if (!sleeping_.empty()) release_sleeping_ranges(pool);
 }
 
 void PytorchPolicy::release_block(Block* b) {

@@ -244,14 +244,13 @@ void PytorchPolicy::free_while_asleep(Block* b) {
   if (!mutant(kMutantSleepingBlockFound) && in_free_set(pool, x)) pool.blocks.erase(pool.blocks.iterator_to(*x));
 }
 
-void PytorchPolicy::release_sleeping_ranges() {
-  // Every sleeping range with no live block goes back entirely, addresses and all, where
-  // empty_cache gives back free segments: the default pools when no capture or use_mem_pool is under
-  // way, and the freeable private pools.
+void PytorchPolicy::release_sleeping_ranges(BlockPool& from) {
+  // Every sleeping range of `from` with no live block goes back entirely, addresses and all, after
+  // the pool's awake free segments (release_blocks: wherever empty_cache or the last retry of a
+  // malloc gives back the pool's free segments), in address order.
   std::vector<DevicePtr> gone;
   for (const auto& [base, r] : sleeping_) {
-    const PrivatePool* owner = r.segment->pool->owner;
-    if (owner == nullptr ? capture_underway() : owner->use_count != 0) continue;
+    if (r.segment->pool != &from) continue;
     bool live = false;
     for (const Block* b = r.segment->head; b != nullptr; b = b->next)
       if (b->ptr >= base && b->ptr < base + r.size && b->is_active()) live = true;

@@ -381,15 +381,17 @@ struct Lockstep<Model, Impl>::State {
   }
 
   // The sut's invariants() violations. Lowering the fraction below what is reserved leaves
-  // reserved over the cap (PyTorch frees nothing then); [INV-CAP-1] is then tolerated while
-  // reserved does not grow.
+  // reserved over the cap (PyTorch frees nothing then); [INV-CAP-1] (and [INV-SLEEP-5]) is then
+  // tolerated while reserved does not grow.
   std::vector<std::string> sut_violations() {
     auto bad = sut->invariants();
     const Bytes reserved = static_cast<Bytes>(sut->stats().reserved_bytes[0].current);
     const auto c = cap();
     if (!c || reserved <= *c) over_cap_ceiling = 0;
+    // [INV-SLEEP-5] is INV-CAP-1 with sleeping bytes left out (docs/sleep-wake.md section 7): the same.
     std::erase_if(bad, [&](const std::string& v) {
-      return v.find("[INV-CAP-1]") != std::string::npos && reserved <= over_cap_ceiling;
+      return (v.find("[INV-CAP-1]") != std::string::npos || v.find("[INV-SLEEP-5]") != std::string::npos) &&
+             reserved <= over_cap_ceiling;
     });
     return bad;
   }
@@ -482,6 +484,21 @@ struct Lockstep<Model, Impl>::State {
           if (ms[i] != ss[i])
             r << "  " << ms[i].first << ": " << ms[i].second << " vs " << ss[i].first << ": " << ss[i].second << "\n";
         return r.str();
+      }
+      // The 21 sleep.* keys beside them (docs/sleep-wake.md section 5), where both sides sleep.
+      if constexpr (HasSleep<Model> && HasSleep<Impl>) {
+        if (opts.config.sleep) {
+          const auto msl = flatten(model->sleep_stats());
+          const auto ssl = flatten(sut->sleep_stats());
+          if (msl != ssl) {
+            r << "sleep stats differ (key: model vs sut)\n";
+            for (std::size_t i = 0; i < msl.size() && i < ssl.size(); ++i)
+              if (msl[i] != ssl[i])
+                r << "  " << msl[i].first << ": " << msl[i].second << " vs " << ssl[i].first << ": " << ssl[i].second
+                  << "\n";
+            return r.str();
+          }
+        }
       }
     }
     if (opts.check_invariants) {

@@ -82,21 +82,7 @@ Bytes CachetPolicy::sleep(const TagList& tags, const TagList& backup_tags) {
   }
 
   // 2. The host memory, all of it before anything changes: one pinned buffer per backed-up tag.
-  std::map<std::uint32_t, unsigned char*> buffers;
-  for (const auto& [tag, bytes] : need) {
-    auto r = mem_->host_alloc(bytes);
-    if (!r.is_ok()) {
-      for (auto& [t, h] : buffers) mem_->host_free(h);
-      ++sleep_stats_.num_backup_failures;
-      Bytes total = 0;
-      for (const auto& [t, n] : need) total += n;
-      throw OutOfMemory("sleep(): out of pinned host memory: the backups of this sleep need " + std::to_string(total) +
-                        " bytes (" + format_size(total) + "), and " + std::to_string(bytes) + " bytes for the tag '" +
-                        tag_name(tag) + "' could not be had (" + r.status.message +
-                        "); nothing was put to sleep. Free host memory, or back up fewer tags");
-    }
-    buffers[tag] = static_cast<unsigned char*>(r.value);
-  }
+  std::map<std::uint32_t, unsigned char*> buffers = obtain_backup_buffers(need);
   auto free_buffers = [&] {
     for (auto& [t, h] : buffers) mem_->host_free(h);
     buffers.clear();

@@ -12,8 +12,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "cachet/config.h"
@@ -119,6 +121,28 @@ class Shell {
     };
     check_list(tags, "tags");
     if (backup_tags != nullptr) check_list(*backup_tags, "backup_tags");
+  }
+
+  // sleep()'s host memory, all of it before anything changes (docs/sleep-wake.md section 3 step 4):
+  // one pinned buffer of need[tag] bytes per backed-up tag. If any cannot be had, the buffers got
+  // so far are given back, sleep.num_backup_failures counts one, and OutOfMemory names the bytes.
+  std::map<std::uint32_t, unsigned char*> obtain_backup_buffers(const std::map<std::uint32_t, Bytes>& need) {
+    std::map<std::uint32_t, unsigned char*> buffers;
+    for (const auto& [tag, bytes] : need) {
+      auto r = mem_->host_alloc(bytes);
+      if (!r.is_ok()) {
+        for (auto& [t, h] : buffers) mem_->host_free(h);
+        ++sleep_stats_.num_backup_failures;
+        Bytes total = 0;
+        for (const auto& [t, n] : need) total += n;
+        throw OutOfMemory("sleep(): out of pinned host memory: the backups of this sleep need " + std::to_string(total) +
+                          " bytes (" + format_size(total) + "), and " + std::to_string(bytes) + " bytes for the tag '" +
+                          tag_name(tag) + "' could not be had (" + r.status.message +
+                          "); nothing was put to sleep. Free host memory, or back up fewer tags");
+      }
+      buffers[tag] = static_cast<unsigned char*>(r.value);
+    }
+    return buffers;
   }
 
   // cudaMemGetInfo's total into total_memory_; DeviceError when the device cannot say.

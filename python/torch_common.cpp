@@ -217,6 +217,16 @@ CACHET_TORCH_API int cachet_torch_device_count(void) {
   return cachet::torch_common::device_count_hint();
 }
 
+// `"key": value` for each pair, after a ", " unless `first` (which it clears).
+static void append_json_fields(std::string& out, const std::vector<std::pair<std::string, std::int64_t>>& kv, bool& first) {
+  for (const auto& [k, v] : kv) {
+    if (!first) out += ", ";
+    first = false;
+    append_json_string(out, k);
+    out += ": " + std::to_string(v);
+  }
+}
+
 // Returns 0 with 0 elsewhere than a created allocator (nothing is created to answer).
 CACHET_TORCH_API int cachet_torch_has_device(int device) {
   return device >= 0 && device < kMaxDevices &&
@@ -232,19 +242,9 @@ CACHET_TORCH_API char* cachet_torch_stats_json(int device) {
   if (!guarded([&] {
         out = "{";
         bool first = true;
-        for (const auto& [k, v] : cachet::flatten(a->stats())) {
-          if (!first) out += ", ";
-          first = false;
-          append_json_string(out, k);
-          out += ": " + std::to_string(v);
-        }
+        append_json_fields(out, cachet::flatten(a->stats()), first);
         // With cachet_sleep:True, cachet's 21 sleep keys follow PyTorch's 122 (docs/sleep-wake.md, section 5).
-        if (a->config().sleep)
-          for (const auto& [k, v] : cachet::flatten(a->sleep_stats())) {
-            out += ", ";
-            append_json_string(out, k);
-            out += ": " + std::to_string(v);
-          }
+        if (a->config().sleep) append_json_fields(out, cachet::flatten(a->sleep_stats()), first);
         out += "}";
       },
                false))
@@ -503,12 +503,7 @@ CACHET_TORCH_API char* cachet_torch_sleep_stats_json(int device) {
   if (!guarded([&] {
         out = "{";
         bool first = true;
-        for (const auto& [k, v] : cachet::flatten(a->sleep_stats())) {
-          if (!first) out += ", ";
-          first = false;
-          append_json_string(out, k);
-          out += ": " + std::to_string(v);
-        }
+        append_json_fields(out, cachet::flatten(a->sleep_stats()), first);
         out += "}";
       },
                false))

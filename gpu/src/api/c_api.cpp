@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cachet/errors.h"
 #include "cachet/gpu/allocator.h"
@@ -64,10 +66,11 @@ void append_json_string(std::string& out, std::string_view s) {
   out += '"';
 }
 
-std::string stats_json(const cachet::DeviceStats& s) {
+// {"key": value, ...} of flatten()'s pairs.
+std::string flat_json(const std::vector<std::pair<std::string, std::int64_t>>& kv) {
   std::string out = "{";
   bool first = true;
-  for (const auto& [k, v] : cachet::flatten(s)) {
+  for (const auto& [k, v] : kv) {
     if (!first) out += ", ";
     first = false;
     append_json_string(out, k);
@@ -76,17 +79,8 @@ std::string stats_json(const cachet::DeviceStats& s) {
   return out + "}";
 }
 
-std::string sleep_stats_json(const cachet::SleepStats& s) {
-  std::string out = "{";
-  bool first = true;
-  for (const auto& [k, v] : cachet::flatten(s)) {
-    if (!first) out += ", ";
-    first = false;
-    append_json_string(out, k);
-    out += ": " + std::to_string(v);
-  }
-  return out + "}";
-}
+std::string stats_json(const cachet::DeviceStats& s) { return flat_json(cachet::flatten(s)); }
+std::string sleep_stats_json(const cachet::SleepStats& s) { return flat_json(cachet::flatten(s)); }
 
 cachet::TagList tag_list(const char* const* tags, std::size_t n) {
   cachet::TagList out;

@@ -16,7 +16,8 @@
 //              hook (follow_allocator_settings below).
 //
 // Device calls cachet makes inside allocate, emptyCache and releasePool follow the capture
-// status of PyTorch's current stream (cachet::gpu::CurrentStream), as native's do.
+// status of PyTorch's current stream (cachet::gpu::CurrentStream, whose provider asks PyTorch
+// only when a device call is made), as native's do.
 //
 // Errors: out of memory is c10::OutOfMemoryError (torch.OutOfMemoryError) with PyTorch's own
 // text (cachet::OutOfMemory carries it); any other refusal of cachet's (a freed pointer, a bad
@@ -273,6 +274,16 @@ CtxGetCurrentFn ctx_get_current() {
 }
 
 c10::DeviceIndex current_device() {
+  // A process that sees one device (CUDA_VISIBLE_DEVICES=N, a one-GPU machine) is always on
+  // device 0: nothing to ask. c10 counts the devices once per process.
+  static const bool single = [] {
+    try {
+      return c10::cuda::device_count() == 1;
+    } catch (...) {
+      return false;
+    }
+  }();
+  if (single) return 0;
   struct Seen {
     void* ctx = nullptr;
     c10::DeviceIndex device = 0;
@@ -291,6 +302,13 @@ c10::DeviceIndex current_device() {
   c10::DeviceIndex device = 0;
   C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
   return device;
+}
+
+// PyTorch's current stream on the calling thread's device, for the device calls cachet makes
+// with no CurrentStream scope set (cachet/gpu/cuda_backend.h): the stream whose capture status
+// native's cudaMallocMaybeCapturing follows.
+cachet::StreamId current_stream_for_device_calls() {
+  return reinterpret_cast<cachet::StreamId>(c10::cuda::getCurrentCUDAStream(current_device()).stream());
 }
 
 void raw_delete_fn(void* ptr);      // the deleter of every DataPtr cachet hands out
@@ -807,7 +825,9 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
     const auto s = reinterpret_cast<cachet::StreamId>(stream);
     void* p = nullptr;
     try {
-      cachet::gpu::CurrentStream current(s);  // device calls follow the stream's capture status
+      // Device calls follow the capture status of PyTorch's current stream, asked only when one
+      // is made (current_stream_for_device_calls, registered at install), as native's
+      // cudaMallocMaybeCapturing asks it.
       p = a->allocate(size, s);
     } catch (const cachet::OutOfMemory& e) {
       out_of_memory(device, size, std::move(ctx), tracing, e.what());
@@ -1155,6 +1175,7 @@ CACHET_TORCH_API int cachet_c10_install(const char* running_torch_version) {
                     false);
       return 1;
     }
+    cachet::gpu::CurrentStream::set_provider(&current_stream_for_device_calls);
     c10::cuda::CUDACachingAllocator::allocator.store(ours);
     c10::SetAllocator(c10::DeviceType::CUDA, ours);
     (void)follow_allocator_settings();

@@ -77,8 +77,13 @@ Capture capture_of(StreamId s) {
   return c;
 }
 
-// The thread's current stream (CurrentStream); none set: treated as not capturing.
-Capture current_capture() { return CurrentStream::is_set() ? capture_of(CurrentStream::get()) : Capture{}; }  // device calls only
+// The thread's current stream (CurrentStream, else its provider's); neither: treated as not
+// capturing. Device calls only.
+Capture current_capture() {
+  if (CurrentStream::is_set()) return capture_of(CurrentStream::get());
+  if (CurrentStream::Provider p = CurrentStream::provider()) return capture_of(p());
+  return Capture{};
+}
 
 // Why `call` is refused for capture `c`, or "" when it may go ahead. `what` says what PyTorch
 // does instead.

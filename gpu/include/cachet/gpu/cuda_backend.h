@@ -34,6 +34,7 @@
 // before changing any state (gpu/README.md, "The backend interface").
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 
@@ -63,6 +64,14 @@ class CurrentStream {
   static bool is_set() noexcept { return tls().set; }
   static StreamId get() noexcept { return tls().stream; }  // meaningful when is_set()
 
+  // Where no scope is set, the current stream asked of a provider instead: a host that knows its
+  // own current stream (the c10 backend: PyTorch's getCurrentCUDAStream) registers one, so its
+  // hot path sets no scope and the stream is asked only when a device call needs it. Null (the
+  // default): not capturing. Set once, before allocations; read with relaxed order.
+  using Provider = StreamId (*)();
+  static void set_provider(Provider p) noexcept { provider_slot().store(p, std::memory_order_relaxed); }
+  static Provider provider() noexcept { return provider_slot().load(std::memory_order_relaxed); }
+
  private:
   struct State {
     StreamId stream = 0;
@@ -71,6 +80,10 @@ class CurrentStream {
   static State& tls() noexcept {
     static thread_local State t;
     return t;
+  }
+  static std::atomic<Provider>& provider_slot() noexcept {
+    static std::atomic<Provider> p{nullptr};
+    return p;
   }
   // Hides where the pointer came from, so that the destructor uses it rather than computing the
   // thread-local address again (a second __tls_get_addr call).

@@ -75,6 +75,28 @@ Bytes decode_size(FuzzedDataProvider& p, unsigned size_class, Bytes capacity) {
 constexpr std::uint8_t kPoolMode = 0x80;
 constexpr std::uint8_t kPoolSelectors = 96;
 
+// The tags sleep mode draws from, and a tag list from a byte's low bits (bit i: kFuzzTags[i]);
+// no bit: the empty list (every tag for sleep and wake, no backup).
+constexpr std::array<std::string_view, 3> kFuzzTags = {"default", "weights", "kv_cache"};
+
+TagList decode_tags(std::uint8_t bits) {
+  TagList r;
+  for (std::size_t i = 0; i < kFuzzTags.size(); ++i)
+    if ((bits >> i) & 1u) r.emplace_back(kFuzzTags[i]);
+  return r;
+}
+
+// Selectors [242,244) tag (byte: kFuzzTags[b % 3]), [244,246) sleep (tags byte, backup byte),
+// [246,248) wake (tags byte).
+Op decode_sleep_op(FuzzedDataProvider& p, std::uint8_t sel) {
+  if (sel < 244) return ops::SetTag{Tag(kFuzzTags[p.ConsumeIntegral<std::uint8_t>() % kFuzzTags.size()])};
+  if (sel < 246) {
+    TagList tags = decode_tags(p.ConsumeIntegral<std::uint8_t>());
+    return ops::Sleep{std::move(tags), decode_tags(p.ConsumeIntegral<std::uint8_t>())};
+  }
+  return ops::Wake{decode_tags(p.ConsumeIntegral<std::uint8_t>())};
+}
+
 template <class LS>
 std::optional<Op> decode_op(FuzzedDataProvider& p, const LS& ls, Bytes capacity, bool pool_mode) {
   const auto sel = p.ConsumeIntegral<std::uint8_t>();
@@ -105,6 +127,9 @@ std::optional<Op> decode_op(FuzzedDataProvider& p, const LS& ls, Bytes capacity,
     return lockstep::RecordStream{live[k % live.size()], stream};
   }
   if (sel < 240) return lockstep::CompleteEvents{p.ConsumeIntegralInRange<StreamId>(0, kStreams - 1)};
+  // Sleep mode (the pair runs tag, sleep and wake: cachet_sleep:True, docs/sleep-wake.md section 8):
+  // [242,248) are those ops instead of empty_cache.
+  if (sel >= 242 && sel < 248 && ls.runs_sleep_ops()) return decode_sleep_op(p, sel);
   if (sel < 248) return lockstep::EmptyCache{};
   return lockstep::SetMemoryFraction{kFractions[p.ConsumeIntegral<std::uint8_t>() % kFractions.size()]};
 }
@@ -121,6 +146,13 @@ void count(const Op& op, const lockstep::Outcome& o) {
   ++g_mix.ops;
   if (ops::is_pool_op(op)) {
     ++(o.kind == K::Ok ? g_mix.pool_ops : g_mix.pool_refused);
+    return;
+  }
+  if (ops::is_sleep_op(op)) {
+    if (o.kind != K::Ok) ++g_mix.sleep_refused;
+    else if (std::holds_alternative<ops::SetTag>(op)) ++g_mix.tags;
+    else if (std::holds_alternative<ops::Sleep>(op)) ++g_mix.sleeps;
+    else ++g_mix.wakes;
     return;
   }
   if (o.kind == K::Skipped) {
@@ -263,12 +295,13 @@ const Mix& mix() { return g_mix; }
 
 std::string show_mix() {
   const Mix& m = g_mix;
-  char buf[768];
+  char buf[1024];
   std::snprintf(buf, sizeof buf,
                 "fuzz_ops mix: %llu cases (%llu skipped), %llu ops: %llu allocs returned memory, "
                 "%llu size-0 allocs, %llu OOMs, %llu frees, %llu usage errors, %llu record_stream, "
                 "%llu complete, %llu empty_cache, %llu fraction, %llu no-ops, %llu pool ops "
-                "(%llu refused or failed), %llu cases ended at a PyTorch failure (§14.8)",
+                "(%llu refused or failed), %llu cases ended at a PyTorch failure (§14.8), %llu tag, "
+                "%llu sleep, %llu wake (%llu refused or out of memory)",
                 static_cast<unsigned long long>(m.cases), static_cast<unsigned long long>(m.skipped_cases),
                 static_cast<unsigned long long>(m.ops), static_cast<unsigned long long>(m.alloc_ptr),
                 static_cast<unsigned long long>(m.alloc_zero), static_cast<unsigned long long>(m.alloc_oom),
@@ -276,7 +309,9 @@ std::string show_mix() {
                 static_cast<unsigned long long>(m.records), static_cast<unsigned long long>(m.completes),
                 static_cast<unsigned long long>(m.empty_caches), static_cast<unsigned long long>(m.fractions),
                 static_cast<unsigned long long>(m.noops), static_cast<unsigned long long>(m.pool_ops),
-                static_cast<unsigned long long>(m.pool_refused), static_cast<unsigned long long>(m.ended_cases));
+                static_cast<unsigned long long>(m.pool_refused), static_cast<unsigned long long>(m.ended_cases),
+                static_cast<unsigned long long>(m.tags), static_cast<unsigned long long>(m.sleeps),
+                static_cast<unsigned long long>(m.wakes), static_cast<unsigned long long>(m.sleep_refused));
   return buf;
 }
 

@@ -174,9 +174,7 @@ struct Lockstep<Model, Impl>::State {
       }
     }
     if (ops::is_sleep_op(op)) {  // issue 24: where both sides have them (docs/sleep-wake.md section 8)
-      if constexpr (HasSleep<Model> && HasSleep<Impl>) {
-        if (opts.config.sleep && !opts.config.expandable_segments) return apply_sleep_op(op);
-      }
+      if (sleep_runs()) return apply_sleep_op(op);
       last_sut = last_model = {Outcome::Kind::Unsupported, 0, show(op)};
       return "not supported by this pair: " + show(op) + "\n  the lockstep runs tag, sleep and wake only under "
              "policy:pytorch with cachet_sleep:True and expandable_segments:False, where the model has them "
@@ -249,6 +247,15 @@ struct Lockstep<Model, Impl>::State {
     last_model = m;
     if (m.kind == Outcome::Kind::PyTorchFailure) return end_case(sut_before);
     return compare();
+  }
+
+  // Where tag, sleep and wake ops run: both sides sleep, under cachet_sleep:True, expandable
+  // segments off (docs/sleep-wake.md section 9).
+  bool sleep_runs() const {
+    if constexpr (HasSleep<Model> && HasSleep<Impl>)
+      return opts.config.sleep && !opts.config.expandable_segments;
+    else
+      return false;
   }
 
   // tag, sleep, wake (docs/sleep-wake.md): the tag is every op thread's current tag (the model
@@ -585,6 +592,10 @@ const Outcome& Lockstep<Model, Impl>::last_sut() const {
 template <class Model, class Impl>
 bool Lockstep<Model, Impl>::ended() const {
   return s_->ended;
+}
+template <class Model, class Impl>
+bool Lockstep<Model, Impl>::runs_sleep_ops() const {
+  return s_->sleep_runs();
 }
 template <class Model, class Impl>
 const front_end::PoolFrontEnd& Lockstep<Model, Impl>::pools() const {

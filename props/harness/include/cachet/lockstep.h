@@ -200,6 +200,10 @@ class Lockstep {
   const Outcome& last_sut() const;
   // The case ended at a PyTorch failure (§14.8) both sides reported; later ops are not applied.
   bool ended() const;
+  // Whether tag, sleep and wake ops are applied (else apply() reports them as not supported by
+  // this pair): both sides sleep and the configuration is one the lockstep runs them under
+  // (docs/sleep-wake.md section 8).
+  bool runs_sleep_ops() const;
   // The front end of the pool and capture ops (what is entered, capturing, alive).
   const front_end::PoolFrontEnd& pools() const;
 

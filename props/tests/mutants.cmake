@@ -8,7 +8,9 @@
 # ("trace events differ": cachet/lockstep.h compares each op's trace events in order).
 # Mutants 17-23 (policy:cachet) run `props_mutant_<n> --policy cachet`: the same properties
 # against model::CachetPolicy. Mutants 25-26 are policy:pytorch's private pools: killed in the
-# machine's cases that generate pool and capture ops (props/README.md).
+# machine's cases that generate pool and capture ops (props/README.md). Mutants 29-30 are
+# sleep's (an allocation placed in a sleeping range; a backup not restored): killed in the
+# cases under cachet_sleep:True, which draw tag, sleep and wake ops.
 # props_mutant_<n>_regressions (CACHET_PROPS_MUTANT_REGRESSIONS "<n>:<file>") replays a case of
 # props/regressions with the mutant: it must fail the lockstep check (the case catches the bug),
 # with the given first line of the report.
@@ -36,7 +38,8 @@ set(CACHET_PROPS_MUTANT_KILLS
   "24:lockstep:trace"
   "17:lockstep" "18:lockstep" "19:lockstep:trace" "20:lockstep" "20:stats-recount" "20:memory-cap"
   "21:lockstep" "21:memory-cap" "22:lockstep" "22:pending-event" "23:lockstep"
-  "25:lockstep" "26:lockstep")
+  "25:lockstep" "26:lockstep"
+  "29:sleeping-range" "29:lockstep" "30:lockstep")
 set(CACHET_PROPS_MUTANT_REGRESSIONS "24:gc_largest_first.ops:trace events differ"
   "23:cachet_retry_skips_best_fit.ops:device calls differ"
   "25:private_block_to_default.ops:result differs" "26:release_frees_live_block.ops:trace events differ")

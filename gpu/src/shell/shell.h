@@ -89,9 +89,12 @@ class Shell {
   // --- tags (docs/sleep-wake.md section 1-2) ---
   // The calling thread's current tag as a small id (0 = "default"), interned on first use. While
   // no thread ever used another tag, tags_seen() is false and the block search looks at no tag.
-  std::uint32_t current_tag_id() {
+  [[gnu::always_inline]] std::uint32_t current_tag_id() {
     if (!tags_seen_ && !tag_ever_set()) [[likely]]
       return 0;
+    return intern_current_tag();
+  }
+  [[gnu::noinline]] std::uint32_t intern_current_tag() {
     const Tag& t = current_tag();
     if (!tags_seen_) {
       if (t == kDefaultTag) [[likely]]

@@ -561,6 +561,81 @@ TEST(WhatIf, TheAddressFallbackIsAHarmlessNote) {
   EXPECT_NE(g.out.find("\"addresses\": \"recorded\", "), std::string::npos) << g.out.substr(0, 1000);
 }
 
+// Issue 25: an out-of-memory inside use_mem_pool is replayed where PyTorch had it and explained,
+// its pool named (oracle-h100 res_flip_pool_retry, a 60 MiB cap, ops a0 f0 pb0 a1 pe0 a2 f2 pr0 e:
+// a0's 30 MiB segment is cached in the default pool when a1, 40 MiB inside the pool, fails, for
+// inside a pool PyTorch does no free-and-retry of the default pools, docs/pytorch-allocator.md
+// §14.6; a2, the same size after the pool is left, succeeds by it). Before the replay entered the
+// pool from the op list (no segment is left at the end to name it), explain exited 2: "the replay
+// ... did not" run out of memory.
+TEST(WhatIf, ExplainsAnOutOfMemoryInsideAPrivatePool) {
+  const std::string f = std::string(CACHET_TEST_DATA) + "/oracle-h100/results/res_flip_pool_retry.json.gz";
+  Out e = run("explain " + f);
+  ASSERT_EQ(e.rc, 0) << e.err;
+  EXPECT_EQ(e.err, "");
+  for (const char* line :
+       {"\nThe first out-of-memory, at trace event 4: a request of 40.00 MiB (41943040 bytes) on stream 0, large pool, "
+        "in the private pool (0, 1) (use_mem_pool).\n",
+        "\n  in a private pool PyTorch does not free the default pools' cached segments and retry, as it does outside "
+        "one (no free-and-retry while use_mem_pool or a capture is under way, docs/pytorch-allocator.md §14.6): the "
+        "default pools' 1 segment with no block in use, 30.00 MiB (31457280 bytes), stayed reserved; releasing it "
+        "(torch.cuda.empty_cache() before entering the pool) would have made room for the request, which lacked "
+        "10.00 MiB\n",
+        "\n  reserved    30.00 MiB         31457280 bytes (segments from the device)\n",
+        "\n  allocated         0 B                0 bytes (blocks in use)\n",
+        "\n  private pools   30.00 MiB      1 blocks  in pools other than the private pool (0, 1) the request went to\n",
+        "\nSmallest change that avoids it (by replay: 63 configurations tried, 0 without out-of-memory):\n  none of "
+        "them avoids it.\n",
+        // a1 and a2 both fit only when the cap holds the pool's cached 40 MiB and a2's 40 MiB
+        "\n  The recorded configuration needs a cap of at least 80.00 MiB (83886080 bytes, found by replay to 2 "
+        "MiB).\n"})
+    EXPECT_NE(e.out.find(line), std::string::npos) << line << "\n" << e.out;
+
+  Out j = run("explain " + f + " --json");
+  ASSERT_EQ(j.rc, 0) << j.err;
+  EXPECT_NE(j.out.find("\"moment\": {\"kind\": \"oom\", \"op\": 3, \"event\": 4, \"size\": 41943040, "),
+            std::string::npos)
+      << j.out;
+  EXPECT_NE(j.out.find("\"stream\": 0, \"pool\": \"large\", \"private_pool\": [0, 1], \"pool_entry\": "
+                       "\"use_mem_pool\", \"default_idle_segments\": 1, \"default_idle_bytes\": 31457280, "),
+            std::string::npos)
+      << j.out;
+  EXPECT_EQ(json_number(j.out, "reserved"), 31457280);
+  EXPECT_EQ(json_number(j.out, "lacked"), 10485760);
+  EXPECT_EQ(json_number(j.out, "cap_needed"), 83886080);
+  EXPECT_EQ(json_number(j.out, "recorded_configuration_peak_reserved"), 41943040);  // PyTorch's peak
+
+  // replay: one out-of-memory and one retry, as PyTorch had them; every final key PyTorch's.
+  Out r = run("replay " + f + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(json_number(r.out, "num_ooms"), 1);
+  EXPECT_EQ(json_number(r.out, "num_alloc_retries"), 1);
+  EXPECT_EQ(json_number(r.out, "oom_requests_ok"), 0);
+  EXPECT_EQ(json_number(r.out, "peak_reserved"), 41943040);
+  Out t = run("replay " + f);
+  ASSERT_EQ(t.rc, 0) << t.err;
+  EXPECT_NE(flat(t.out).find("\nfinal stats: all 122 memory_stats() keys equal PyTorch's recorded ones\n"),
+            std::string::npos)
+      << t.out;
+  std::string words;  // the text with every run of spaces and newlines as one space
+  for (char ch : t.out)
+    if (ch != ' ' && ch != '\n') words += ch;
+    else if (!words.empty() && words.back() != ' ') words += ' ';
+  EXPECT_NE(words.find(" private pools: the op list ops_flip_pool_retry.json.gz enters 1 private pool (its "
+                       "use_mem_pool and capture ops, as PyTorch's front end calls the allocator for them); the "
+                       "replay enters and leaves them where it does pool (0, 1): no allocation went to it; "
+                       "use_mem_pool 1 time; at the end 0 segments, 0 B reserved, 0 B allocated pools released (a "
+                       "MemPool dropped, a graph reset): 1; the user's empty_cache() calls are the op list's "),
+            std::string::npos)
+      << t.out;
+  // report: its explain block names the pool.
+  const fs::path html = tmp_dir() / "pool.html";
+  Out h = run("report " + f + " -o " + html.string());
+  ASSERT_EQ(h.rc, 0) << h.err;
+  EXPECT_NE(slurp(html).find("on stream 0, large pool, in the private pool (0, 1) (use_mem_pool).\n"),
+            std::string::npos);
+}
+
 // 7: trace-info shows each out-of-memory entry: where it is, the failed request, the free memory
 // it records (an oracle recording writes none).
 TEST(WhatIf, TraceInfoShowsTheOutOfMemoryEntry) {

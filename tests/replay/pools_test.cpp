@@ -248,6 +248,70 @@ TEST(ReplayPools, WherePyTorchWouldFailIsCounted) {
   EXPECT_NE(gc.pytorch_failure.find("14.8"), std::string::npos) << gc.pytorch_failure;
 }
 
+// An oracle recording's op list says where each pool was entered and left, even where no segment
+// is left at the end to name the pool: res_flip_pool_retry (a 60 MiB cap; ops a0 f0 pb0 a1 pe0
+// a2 f2 pr0 e). Its trace events: 0 segment_alloc (30 MiB), 1 alloc, 2-3 free, 4 oom (a1, 40 MiB,
+// inside use_mem_pool: no free-and-retry there, docs/pytorch-allocator.md §14.6), 5 segment_free
+// (a2's free-and-retry), 6 segment_alloc (40 MiB), 7 alloc (a2), 8-9 free, 10 segment_free (e).
+TEST(ReplayPools, RecordingOpListEntersItsPools) {
+  const LoadedTrace lt =
+      load_trace(std::string(CACHET_TEST_DATA) + "/oracle-h100/results/res_flip_pool_retry.json.gz");
+  const PoolInference& inf = lt.trace.pools;
+  EXPECT_EQ(inf.op_list, "ops_flip_pool_retry.json.gz");
+  ASSERT_EQ(inf.pools.size(), 1u);
+  EXPECT_EQ(inf.pools[0].id, (PoolId{0, 1}));  // torch.cuda.MemPool(): {0, 1}
+  EXPECT_EQ(inf.pools[0].allocations, 0u);
+  ASSERT_EQ(inf.windows.size(), 1u);
+  EXPECT_EQ(inf.windows[0].entry, PoolEntry::UseMemPool);
+  EXPECT_TRUE(inf.windows[0].create);
+  EXPECT_TRUE(inf.windows[0].release_at_end);
+  EXPECT_EQ(inf.releases, 1u);  // pr0
+  using P = std::pair<OpKind, std::uint32_t>;
+  std::vector<P> ops;
+  for (const Op& o : lt.trace.ops) ops.emplace_back(o.kind, o.event);
+  // pr0 is releasePool + emptyCache((0, 1)); e is the op list's empty_cache(), which released
+  // the 40 MiB default segment (event 10).
+  EXPECT_EQ(ops, (std::vector<P>{{OpKind::Alloc, 1}, {OpKind::Free, 2}, {OpKind::BeginPool, 4},
+                                 {OpKind::OomRequest, 4}, {OpKind::EndPool, 7}, {OpKind::Alloc, 7},
+                                 {OpKind::Free, 8}, {OpKind::ReleasePool, 10}, {OpKind::EmptyCache, 10}}));
+  EXPECT_EQ(lt.trace.empty_cache_calls, 1u);
+  const std::size_t oom = 3;
+  ASSERT_EQ(lt.trace.ops[oom].kind, OpKind::OomRequest);
+  EXPECT_EQ(request_pool(lt.trace, oom, 0), (PoolId{0, 1}));
+  EXPECT_EQ(request_pool(lt.trace, 5, 0), (PoolId{0, 0}));  // a2, after pe0
+  // Replayed with its cap, it fails where PyTorch did and ends as PyTorch did.
+  const ReplayResult r = cachet::replay::replay(lt.trace, lt.run.config, recorded_options(lt, AddressMode::Recorded));
+  EXPECT_TRUE(r.recorded_addresses) << r.note;
+  EXPECT_EQ(r.oom_requests, 1u);
+  EXPECT_EQ(r.oom_requests_ok, 0u);
+  EXPECT_EQ(r.stats.num_ooms, 1);
+  EXPECT_EQ(r.stats.num_alloc_retries, 1);
+  EXPECT_EQ(r.peak_reserved(), 41943040);
+  EXPECT_EQ(final_stats_line(r, lt.file.final_stats),
+            "final stats: all 122 memory_stats() keys equal PyTorch's recorded ones\n");
+}
+
+// Every recording with pool or capture ops replays from its op list's windows and ends with all
+// 122 of PyTorch's final memory_stats() keys (the snapshot's segments alone left many pools'
+// allocations in the default pools: 39 to 110 keys).
+TEST(ReplayPools, RecordingsWithPoolOpsEndAsPyTorchDid) {
+  const std::string h100 = std::string(CACHET_TEST_DATA) + "/oracle-h100/results/";
+  for (const char* name : {"res_pools_default", "res_pools_defaultcap", "res_pools_gc", "res_pools_gccap",
+                           "res_pools_msplit128", "res_graphs_default", "res_graphs_defaultcap",
+                           "res_graphs_expandable", "res_graphs_gc", "res_graphs_msplit128", "res_nested_default",
+                           "res_nested_gc", "res_nested_msplit40", "res_flip_pool_empty_cache",
+                           "res_flip_pool_retry"}) {
+    SCOPED_TRACE(name);
+    const LoadedTrace lt = load_trace(h100 + name + ".json.gz");
+    EXPECT_FALSE(lt.trace.pools.op_list.empty());
+    const ReplayResult r =
+        cachet::replay::replay(lt.trace, lt.run.config, recorded_options(lt, AddressMode::Recorded));
+    EXPECT_EQ(r.pytorch_failures, 0u) << r.pytorch_failure;
+    EXPECT_EQ(final_stats_line(r, lt.file.final_stats),
+              "final stats: all 122 memory_stats() keys equal PyTorch's recorded ones\n");
+  }
+}
+
 // A snapshot without private pools replays exactly as before: no pool op, nothing said.
 TEST(ReplayPools, NoPrivatePoolNoChange) {
   const LoadedTrace lt = load_trace(std::string(CACHET_TEST_DATA) + "/oracle/snapshots/mlp_train.pickle.gz");

@@ -103,7 +103,20 @@ void take_apart(const LoadedTrace& lt, const Config& config, const ReplayOptions
                          0, 0};
   // The pool the request went to (a private one while the replay is inside a window of one,
   // cachet/replay/pools.h); free blocks of any other pool are out of its reach (§14.2).
-  const PoolId request_pool_id = request_pool(lt.trace, m.op, m.stream);
+  const std::optional<std::uint32_t> window = request_window(lt.trace, m.op, m.stream);
+  const PoolId request_pool_id = window ? lt.trace.pools.pools[lt.trace.pools.windows[*window].pool].id : PoolId{};
+  m.pool = request_pool_id;
+  if (window) m.pool_entry = lt.trace.pools.windows[*window].entry;
+  m.default_idle_segments = 0;
+  m.default_idle_bytes = 0;
+  if (!request_pool_id.is_default())
+    for (const SegmentSnapshot& seg : m.segments)
+      if (seg.pool_id.is_default() && std::all_of(seg.blocks.begin(), seg.blocks.end(), [](const BlockSnapshot& b) {
+            return b.state == BlockState::Inactive;
+          })) {
+        ++m.default_idle_segments;
+        m.default_idle_bytes += seg.total_size;
+      }
   FreePart private_pools{"private_pools",
                          request_pool_id.is_default()
                              ? "in private pools (CUDA graphs, MemPool): a request outside them does not use them"

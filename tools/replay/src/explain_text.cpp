@@ -62,6 +62,58 @@ std::string frames_json(const std::vector<io::Frame>& fr) {
   return s + "]";
 }
 
+std::string pool_text(PoolId id) { return fmt::format("({}, {})", id.first, id.second); }
+
+const char* entry_text(PoolEntry e) {
+  switch (e) {
+    case PoolEntry::Capture:
+      return "a CUDA graph capture";
+    case PoolEntry::UseMemPool:
+      return "use_mem_pool";
+    case PoolEntry::Unknown:
+      break;
+  }
+  return "use_mem_pool or a capture: the trace cannot tell";
+}
+
+const char* entry_key(PoolEntry e) {
+  switch (e) {
+    case PoolEntry::Capture:
+      return "capture";
+    case PoolEntry::UseMemPool:
+      return "use_mem_pool";
+    case PoolEntry::Unknown:
+      break;
+  }
+  return "unknown";
+}
+
+// ", large pool." or ", large pool, in the private pool (0, 1) (use_mem_pool)."
+std::string where_text(const Moment& m) {
+  std::string s = fmt::format(", {} pool", m.small_pool ? "small" : "large");
+  if (!m.pool.is_default()) s += fmt::format(", in the private pool {} ({})", pool_text(m.pool), entry_text(m.pool_entry));
+  return s + ".\n";
+}
+
+// An out-of-memory in a private pool: PyTorch released nothing of the default pools for it.
+std::string private_pool_oom_text(const Moment& m) {
+  std::string o = fmt::format(
+      "  in a private pool PyTorch does not free the default pools' cached segments and retry, as it does outside one "
+      "(no free-and-retry while use_mem_pool or a capture is under way, docs/pytorch-allocator.md §14.6): ");
+  if (m.default_idle_segments == 0)
+    return o + "the default pools held no segment without a block in use, so here that changed nothing\n";
+  o += fmt::format("the default pools' {} segment{} with no block in use, {} ({} bytes), stayed reserved", m.default_idle_segments,
+                   m.default_idle_segments == 1 ? "" : "s", hb(m.default_idle_bytes), m.default_idle_bytes);
+  if (m.lacked > 0 && m.default_idle_bytes >= m.lacked)
+    o += fmt::format("; releasing {} (torch.cuda.empty_cache() before entering the pool) would have made room for the "
+                     "request, which lacked {}",
+                     m.default_idle_segments == 1 ? "it" : "them", hb(m.lacked));
+  else if (m.lacked > 0)
+    o += fmt::format("; releasing {} would not have been enough: the request lacked {}",
+                     m.default_idle_segments == 1 ? "it" : "them", hb(m.lacked));
+  return o + "\n";
+}
+
 }  // namespace
 
 std::string explain_text(const Explanation& e) {
@@ -73,14 +125,14 @@ std::string explain_text(const Explanation& e) {
   for (const auto& n : e.notes) o += "note: " + n + "\n";
   o += "\n";
   if (m.oom)
-    o += fmt::format("The first out-of-memory, at trace event {}: a request of {} ({} bytes) on stream {}, {} pool.\n",
-                     m.event, hb(m.size), m.size, m.stream, m.small_pool ? "small" : "large");
+    o += fmt::format("The first out-of-memory, at trace event {}: a request of {} ({} bytes) on stream {}{}", m.event,
+                     hb(m.size), m.size, m.stream, where_text(m));
   else
-    o += fmt::format("No out-of-memory; peak reserved, at trace event {}: a request of {} ({} bytes) on stream {}, {} "
-                     "pool.\n",
-                     m.event, hb(m.size), m.size, m.stream, m.small_pool ? "small" : "large");
+    o += fmt::format("No out-of-memory; peak reserved, at trace event {}: a request of {} ({} bytes) on stream {}{}",
+                     m.event, hb(m.size), m.size, m.stream, where_text(m));
   if (m.rounded != m.size) o += fmt::format("  rounded to {} bytes (docs/pytorch-allocator.md §1.2)\n", m.rounded);
   if (!m.size_source.empty()) o += fmt::format("  the size replayed: {}\n", m.size_source);
+  if (m.oom && !m.pool.is_default()) o += private_pool_oom_text(m);
   if (m.device_free) o += fmt::format("  the driver reported {} free on the device then\n", hb(*m.device_free));
   if (!m.frames.empty()) {
     o += "  stack, innermost first, as PyTorch recorded it:\n" + stack_lines(m.frames);
@@ -182,12 +234,17 @@ std::string explain_json(const Explanation& e) {
   static constexpr const char* kSources[] = {"op_list", "same_stack", "same_context", "rounded"};
   o += fmt::format("\"moment\": {{\"kind\": \"{}\", \"op\": {}, \"event\": {}, \"size\": {}, \"rounded\": {}, "
                    "\"recorded_size\": {}, \"size_source\": {}, "
-                   "\"stream\": {}, \"pool\": \"{}\", \"device_free\": {}, \"frames\": {}}}, ",
+                   "\"stream\": {}, \"pool\": \"{}\", \"private_pool\": {}, \"pool_entry\": {}, "
+                   "\"default_idle_segments\": {}, \"default_idle_bytes\": {}, \"device_free\": {}, \"frames\": {}}}, ",
                    m.oom ? "oom" : "peak", m.op, m.event, m.size, m.rounded,
                    m.size_source.empty() ? "null" : std::to_string(m.recorded_size),
                    m.size_source.empty() ? "null"
                                          : fmt::format("\"{}\"", kSources[static_cast<int>(m.size_source_kind)]),
                    m.stream, m.small_pool ? "small" : "large",
+                   m.pool.is_default() ? "null" : fmt::format("[{}, {}]", m.pool.first, m.pool.second),
+                   m.pool.is_default() ? "null" : fmt::format("\"{}\"", entry_key(m.pool_entry)),
+                   m.oom && !m.pool.is_default() ? std::to_string(m.default_idle_segments) : "null",
+                   m.oom && !m.pool.is_default() ? std::to_string(m.default_idle_bytes) : "null",
                    m.device_free ? std::to_string(*m.device_free) : "null", frames_json(m.frames));
   o += fmt::format("\"reserved\": {}, \"allocated\": {}, \"requested\": {}, \"rounding\": {}, ", m.reserved, m.allocated,
                    m.requested, m.allocated - m.requested);

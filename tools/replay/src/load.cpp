@@ -50,6 +50,33 @@ DeviceMemoryFacts oom_facts(const std::vector<TraceEvent>& ev) {
   return f;
 }
 
+// An oracle recording and the op list it replayed, when needed: the recording has an `oom` event
+// (size_failed_requests) or its op list has pool or capture ops (route_recording_pools).
+// nullopt: not a recording, not needed, or no op list readable beside it.
+struct RecordingOps {
+  io::Recording rec;
+  std::vector<ops::Op> ops;
+  std::string ops_path;
+};
+
+std::optional<RecordingOps> read_recording_ops(const LoadedTrace& lt, const std::string& path,
+                                               const io::DeviceTrace& d) {
+  if (lt.file.format != io::TraceFormat::OracleRecording) return std::nullopt;
+  try {
+    RecordingOps r;
+    r.ops_path = io::ops_path_for(path);
+    r.ops = io::read_ops(r.ops_path);
+    const bool oom = std::any_of(d.events.begin(), d.events.end(),
+                                 [](const TraceEvent& e) { return e.action == TraceAction::Oom; });
+    if (!oom && std::none_of(r.ops.begin(), r.ops.end(), [](const ops::Op& o) { return ops::is_pool_op(o); }))
+      return std::nullopt;
+    r.rec = io::read_recording(path);
+    return r;
+  } catch (const io::ReadError&) {  // no op list beside it, or unreadable
+    return std::nullopt;
+  }
+}
+
 // The size each `oom` event asked for (FailedRequest), then the replay's OomRequest ops set to
 // it. PyTorch's oom entry records round_size(request); its alloc entries record the request
 // itself. Sources, best first: the op list an oracle recording replayed (its k-th "oom" step is
@@ -57,7 +84,8 @@ DeviceMemoryFacts oom_facts(const std::vector<TraceEvent>& ev) {
 // to the entry's (a training step repeats its requests); for an entry with no stack, the latest
 // earlier one at the same place in the allocation sequence (FailedRequest::SameContext); else the
 // rounded size, assumed.
-void size_failed_requests(LoadedTrace& lt, const std::string& path, const io::DeviceTrace& d) {
+void size_failed_requests(LoadedTrace& lt, const std::string& path, const io::DeviceTrace& d,
+                          const std::optional<RecordingOps>& ro) {
   using Source = FailedRequest::Source;
   const Config& c = lt.run.config;
   for (std::size_t i = 0; i < d.events.size(); ++i)
@@ -69,10 +97,9 @@ void size_failed_requests(LoadedTrace& lt, const std::string& path, const io::De
     }
   if (lt.failed_requests.empty()) return;
   if (lt.file.format == io::TraceFormat::OracleRecording) {
-    try {
-      const std::string ops_path = io::ops_path_for(path);
-      const io::Recording rec = io::read_recording(path);
-      const std::vector<ops::Op> ops = io::read_ops(ops_path);
+    if (ro) {  // else no op list beside it, or unreadable: the rounded size stays
+      const io::Recording& rec = ro->rec;
+      const std::vector<ops::Op>& ops = ro->ops;
       std::size_t k = 0;
       for (std::size_t i = 0; i < rec.steps.size() && i < ops.size() && k < lt.failed_requests.size(); ++i) {
         if (!rec.steps[i].oom) continue;
@@ -82,9 +109,8 @@ void size_failed_requests(LoadedTrace& lt, const std::string& path, const io::De
         f.size = a->size;
         f.source = Source::OpList;
         f.from = i;
-        f.op_list = ops_path;
+        f.op_list = ro->ops_path;
       }
-    } catch (const io::ReadError&) {  // no op list beside it, or unreadable: the rounded size stays
     }
   } else {
     std::vector<std::vector<io::Frame>> frames;
@@ -272,8 +298,12 @@ LoadedTrace load_trace(const std::string& path, const LoadOptions& opt) {
   static const std::vector<TraceEvent> none;
   lt.trace = prepare_trace(d ? std::span<const TraceEvent>(d->events) : std::span<const TraceEvent>(none), lt.run,
                            lt.file.name);
-  if (d != nullptr) route_to_pools(lt.trace, d->events, d->segments);
-  if (d != nullptr) size_failed_requests(lt, path, *d);
+  const std::optional<RecordingOps> ro = d != nullptr ? read_recording_ops(lt, path, *d) : std::nullopt;
+  // Private pools: where an oracle recording's op list entered and left them, else inferred
+  // from the snapshot's segments (cachet/replay/pools.h).
+  if (d != nullptr && !(ro && route_recording_pools(lt.trace, d->events, d->segments, ro->rec, ro->ops, ro->ops_path)))
+    route_to_pools(lt.trace, d->events, d->segments);
+  if (d != nullptr) size_failed_requests(lt, path, *d, ro);
   const io::TraceStats& file_stats = lt.trace.stats;
   if (file_stats.count(TraceAction::Alloc) == 0 && file_stats.count(TraceAction::Oom) == 0) {
     std::size_t segments = 0;

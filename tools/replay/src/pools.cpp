@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "cachet/replay/replay.h"
 #include "cachet/replay/report.h"
@@ -268,9 +269,14 @@ void route_to_pools(Trace& t, std::span<const TraceEvent> ev, const Snapshot& se
         }
     }
   }
+  std::vector<bool> made(inf.pools.size(), false);  // a pool's first window makes it: one user to the end
   for (const Window& w : windows) {
     ReplayPool& p = inf.pools[static_cast<std::size_t>(w.pool)];
-    PoolWindow pw{.pool = static_cast<std::uint32_t>(w.pool), .route = w.route, .entry = PoolEntry::UseMemPool};
+    PoolWindow pw{.pool = static_cast<std::uint32_t>(w.pool),
+                  .route = w.route,
+                  .entry = PoolEntry::UseMemPool,
+                  .create = !made[static_cast<std::size_t>(w.pool)]};
+    made[static_cast<std::size_t>(w.pool)] = true;
     if (w.route.kind == PoolRoute::Kind::CaptureStream) {
       pw.entry = p.capture_evidence.empty() ? PoolEntry::Unknown : PoolEntry::Capture;
       if (pw.entry == PoolEntry::Unknown) pw.route = PoolRoute{.kind = PoolRoute::Kind::CurrentThread, .stream = 0};
@@ -301,7 +307,7 @@ void route_to_pools(Trace& t, std::span<const TraceEvent> ev, const Snapshot& se
   t.pools = std::move(inf);
 }
 
-PoolId request_pool(const Trace& t, std::size_t op, StreamId stream) {
+std::optional<std::uint32_t> request_window(const Trace& t, std::size_t op, StreamId stream) {
   std::vector<std::uint32_t> active;  // windows
   for (std::size_t k = 0; k < op && k < t.ops.size(); ++k) {
     const Op& o = t.ops[k];
@@ -309,13 +315,48 @@ PoolId request_pool(const Trace& t, std::size_t op, StreamId stream) {
     if (o.kind == OpKind::EndPool) std::erase(active, o.aux);
   }
   for (auto it = active.rbegin(); it != active.rend(); ++it)
-    if (t.pools.windows[*it].route.takes(stream)) return t.pools.pools[t.pools.windows[*it].pool].id;
-  return PoolId{};
+    if (t.pools.windows[*it].route.takes(stream)) return *it;
+  return std::nullopt;
+}
+
+PoolId request_pool(const Trace& t, std::size_t op, StreamId stream) {
+  const auto w = request_window(t, op, stream);
+  return w ? t.pools.pools[t.pools.windows[*w].pool].id : PoolId{};
+}
+
+// pool_lines of a recording whose op list named the pools (route_recording_pools).
+std::string op_list_pool_lines(const PoolInference& inf) {
+  std::string o = fmt::format(
+      "private pools: the op list {} enters {} private pool{} (its use_mem_pool and capture ops, as PyTorch's front "
+      "end calls the allocator for them); the replay enters and leaves them where it does\n",
+      inf.op_list, inf.pools.size(), inf.pools.size() == 1 ? "" : "s");
+  for (const ReplayPool& p : inf.pools) {
+    std::string streams;
+    for (StreamId s : p.streams) streams += fmt::format("{}{}", streams.empty() ? "" : ", ", s);
+    const std::uint64_t cap = p.windows[static_cast<int>(PoolEntry::Capture)];
+    const std::uint64_t mem = p.windows[static_cast<int>(PoolEntry::UseMemPool)];
+    std::string entered;
+    if (mem) entered += fmt::format("use_mem_pool {} time{}", mem, mem == 1 ? "" : "s");
+    if (cap) entered += fmt::format("{}captured {} time{}", entered.empty() ? "" : ", ", cap, cap == 1 ? "" : "s");
+    o += fmt::format("  pool {}: {}; {}; at the end {} segment{}, {} reserved, {} allocated\n", id_text(p.id),
+                     p.allocations == 0
+                         ? std::string("no allocation went to it")
+                         : fmt::format("{} allocation{} (trace events {}..{}) on stream{} {}", p.allocations,
+                                       p.allocations == 1 ? "" : "s", p.first_event, p.last_event,
+                                       p.streams.size() == 1 ? "" : "s", streams),
+                     entered, p.end_segments, p.end_segments == 1 ? "" : "s", human_bytes_exact(p.end_reserved),
+                     human_bytes_exact(p.end_allocated));
+  }
+  o += fmt::format("  pools released (a MemPool dropped, a graph reset): {}; the user's empty_cache() calls are the op "
+                   "list's\n",
+                   inf.releases);
+  return o;
 }
 
 std::string pool_lines(const Trace& t) {
   const PoolInference& inf = t.pools;
   if (!inf.any()) return {};
+  if (!inf.op_list.empty()) return op_list_pool_lines(inf);
   std::string o = fmt::format(
       "private pools: the snapshot's segments name {} private pool{}; the allocations in their segments are replayed "
       "into them\n",

@@ -277,7 +277,6 @@ struct Runner {
     if (o.cap > 0 && o.cap < o.device_memory)
       alloc->set_memory_fraction(static_cast<double>(o.cap) / static_cast<double>(o.device_memory));
     std::vector<void*> slots(t.slots, nullptr);
-    std::vector<bool> made(t.pools.pools.size(), false);  // private pools created
     r.failed_allocs = r.oom_requests = r.oom_requests_ok = r.pytorch_failures = 0;
     r.pytorch_failure.clear();
     const std::size_t n = std::min(o.stop_after, t.ops.size());
@@ -328,15 +327,25 @@ struct Runner {
           case OpKind::BeginPool: {
             const PoolWindow& w = t.pools.windows[op.aux];
             const PoolId id = t.pools.pools[w.pool].id;
-            if (!made[w.pool]) alloc->create_or_incref_pool(id);  // its owner: one user to the end
-            made[w.pool] = true;
+            if (w.create) alloc->create_or_incref_pool(id);  // its owner (MemPool, or one user to the end)
             alloc->begin_allocate_to_pool(id, w.route);
             break;
           }
           case OpKind::EndPool: {
-            const PoolId id = t.pools.pools[t.pools.windows[op.aux].pool].id;
+            const PoolWindow& w = t.pools.windows[op.aux];
+            const PoolId id = t.pools.pools[w.pool].id;
             alloc->end_allocate_to_pool(id);
-            alloc->release_pool(id);  // the window's user, as use_mem_pool's exit
+            if (w.release_at_end) alloc->release_pool(id);  // the window's user, as use_mem_pool's exit
+            break;
+          }
+          case OpKind::ReleasePool: {
+            const PoolId id = t.pools.pools[op.aux].id;
+            try {
+              alloc->release_pool(id);
+              if (op.slot != 0) alloc->empty_cache(id);  // ~MemPool: emptyCache(id)
+            } catch (const PyTorchFailsHere& e) {
+              pytorch_fails(e);
+            }
             break;
           }
           case OpKind::OomRequest:

@@ -3,7 +3,10 @@
 // out-of-memory (with none, up to peak reserved), and the allocator's state there is taken
 // apart:
 //   - the request: size (where it came from: LoadedTrace::failed_requests), rounded size,
-//     stream, pool, the stack frames PyTorch recorded;
+//     stream, pool, the private pool it went to (use_mem_pool or a capture) and, at an
+//     out-of-memory there, the default pools' idle segments PyTorch did not release for it
+//     (no free-and-retry inside a private pool, docs/pytorch-allocator.md §14.6), the stack
+//     frames PyTorch recorded;
 //   - reserved, allocated and requested bytes; whether rounding is a cause (at least what the
 //     request lacked);
 //   - reserved - allocated as a partition (docs/pytorch-allocator.md §2.1, §2.2, §2.5; the
@@ -68,6 +71,15 @@ struct Moment {
   FailedRequest::Source size_source_kind = FailedRequest::Source::Rounded;
   StreamId stream = 0;
   bool small_pool = false;  // rounded <= 1 MiB
+  // The private pool the request went to (a window of it was open for the request: use_mem_pool
+  // or a CUDA graph capture, cachet/replay/pools.h); {0, 0}: the default pools.
+  PoolId pool;
+  PoolEntry pool_entry = PoolEntry::Unknown;  // how that window was entered (private pools only)
+  // An out-of-memory in a private pool: the default pools' segments with no block in use and
+  // their bytes. Outside a private pool PyTorch's last retry releases them (free-and-retry);
+  // inside one it does not (docs/pytorch-allocator.md §14.6), so they stayed reserved.
+  std::uint64_t default_idle_segments = 0;
+  Bytes default_idle_bytes = 0;
   std::vector<io::Frame> frames;
   // When the request has no frames but others do: the nearest earlier event with frames.
   std::uint64_t nearest_event = 0;

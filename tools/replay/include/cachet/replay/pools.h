@@ -23,6 +23,16 @@
 //   - use counts: each pool has one user from its first allocation to the end (never released);
 //     each window adds one for its duration, as use_mem_pool does.
 // With the routes so chosen, every allocation of the trace goes to the pool its segment says.
+//
+// An oracle recording needs none of this: its op list says when each pool was entered and left
+// (route_recording_pools). Its pool and capture ops go through PyTorch's front end
+// (cachet/front_end/pool_front_end.h) as `cachet conform` replays them, and become BeginPool
+// (createOrIncrefPool first for a new MemPool), EndPool (use_mem_pool's exit also drops the
+// window's user; capture_end keeps it) and ReleasePool (a MemPool dropped: releasePool, then
+// emptyCache(id); a graph reset: releasePool) where the op list has them; the user's
+// empty_cache() calls are the op list's. This also holds where no segment is left at the end to
+// name a pool (docs/pytorch-allocator.md §14.6: an out-of-memory inside use_mem_pool, which frees
+// nothing of the default pools).
 #pragma once
 
 #include <cstdint>
@@ -45,6 +55,12 @@ struct PoolWindow {
   std::uint32_t pool = 0;  // PoolInference::pools index
   PoolRoute route;
   PoolEntry entry = PoolEntry::Unknown;
+  // BeginPool first makes the pool (createOrIncrefPool: torch.cuda.MemPool(); inferred windows:
+  // the first window of each pool, whose one user stays to the end).
+  bool create = false;
+  // EndPool also drops the window's user (releasePool: use_mem_pool's exit; inferred windows
+  // too); a capture's capture_end keeps it until the graph's reset (ReleasePool).
+  bool release_at_end = true;
 };
 
 // One private pool the snapshot names, as the replay enters it.
@@ -75,6 +91,10 @@ struct PoolInference {
   // Pools left before an empty_cache() (§14.6) and entered again after it: a run of a pool's
   // allocations split in two windows by an empty_cache().
   std::uint64_t split_by_empty_cache = 0;
+  // An oracle recording's op list named its pools (route_recording_pools): its file name, and
+  // the pool releases replayed (a MemPool dropped, a graph reset). Nothing above is inferred then.
+  std::string op_list;
+  std::uint64_t releases = 0;
   bool any() const { return !pools.empty(); }
 };
 

@@ -24,7 +24,8 @@
 //
 // Private pools (CUDA graphs, MemPool): when the snapshot's segments name them, load_trace also
 // adds BeginPool/EndPool actions around the allocations that went to them (route_to_pools,
-// cachet/replay/pools.h: what is inferred and what the trace cannot tell).
+// cachet/replay/pools.h: what is inferred and what the trace cannot tell). For an oracle
+// recording whose op list has pool or capture ops, the op list says where (route_recording_pools).
 #pragma once
 
 #include <cstdint>
@@ -37,6 +38,7 @@
 
 #include "cachet/config.h"
 #include "cachet/gpu/allocator.h"
+#include "cachet/io/recording.h"
 #include "cachet/io/trace_reader.h"
 #include "cachet/io/trace_stats.h"
 #include "cachet/replay/pools.h"
@@ -57,7 +59,10 @@ enum class OpKind : std::uint8_t {
                 // and free at once if it succeeds here (the program never got the block)
   BeginPool,    // begin_allocate_to_pool of window `aux` (Trace::pools.windows): its pool (made
                 // with one user the first time) and route
-  EndPool,      // end_allocate_to_pool, release_pool (the window's user) of window `aux`
+  EndPool,      // end_allocate_to_pool of window `aux`; release_pool (the window's user) when
+                // its release_at_end
+  ReleasePool,  // release_pool of pool `aux` (Trace::pools.pools); slot 1: then empty_cache(its id)
+                // (a MemPool dropped), slot 0: no more (a graph reset)
 };
 
 struct Op {
@@ -111,8 +116,18 @@ Trace prepare_trace(std::span<const TraceEvent> events, const RecordedRun& run, 
 // adds BeginPool/EndPool ops so that each allocation is replayed into its segment's pool
 // (cachet/replay/pools.h says how, and what is assumed). Otherwise leaves `t` as it is.
 void route_to_pools(Trace& t, std::span<const TraceEvent> events, const Snapshot& segments);
+// An oracle recording (`rec`, read from the trace's file) whose op list `ops` (read from the
+// file `op_list`) has pool or capture ops: fills t.pools and puts BeginPool/EndPool/ReleasePool
+// and EmptyCache ops where the op list has them (cachet/replay/pools.h), matching its ops to the
+// trace's events by the recorded results. False, leaving `t` as it is, when the list has no pool
+// or capture op, or cannot be matched (PyTorch refused ops; an op on another thread; an event
+// missing): then route_to_pools infers them from the snapshot.
+bool route_recording_pools(Trace& t, std::span<const TraceEvent> events, const Snapshot& segments,
+                           const io::Recording& rec, const std::vector<ops::Op>& ops, const std::string& op_list);
 // The pool a request on `stream` goes to at op `op` (before it), by the trace's BeginPool/EndPool.
 PoolId request_pool(const Trace& t, std::size_t op, StreamId stream);
+// The window (Trace::pools.windows) whose pool that request goes to; nullopt: the default pools.
+std::optional<std::uint32_t> request_window(const Trace& t, std::size_t op, StreamId stream);
 // What route_to_pools inferred and assumed, and what the trace cannot tell, as lines ("" when no
 // private pool).
 std::string pool_lines(const Trace& t);

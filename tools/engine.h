@@ -12,7 +12,8 @@
 // Events complete as soon as they are recorded, as on the device the recordings were made on (no
 // kernels queued: cudaEventQuery reports them complete, even within the call that recorded them;
 // docs/pytorch-allocator.md §14.7). An op list's threads (`["a", id, size, s, t]`, `["pb", k, t]`,
-// §14.10.2) reach the engine as the thread of malloc and of a use_mem_pool's PoolRoute.
+// §14.10.2) reach the engine as the thread of malloc and of a use_mem_pool's PoolRoute. The order
+// of a batch of deferred frees is taken from the recording too (§14.10.3; deferred_frees below).
 #pragma once
 
 #include <cstdint>
@@ -67,6 +68,17 @@ class ReplayEngine {
   virtual int pool_use_count(PoolId) const {
     no_pools();
     return 0;
+  }
+
+  // The frees a capture deferred (docs/pytorch-allocator.md §14.7), not yet processed: their
+  // addresses in the order the engine's next batch takes them. PyTorch takes a batch in its hash
+  // map's order, no function of the ops (§14.10.3): `cachet conform` reads it from the recording
+  // (the order of the batch's free_completed rows) and gives it with set_deferred_free_order,
+  // which reorders the pending batch (those named first, in that order, the rest as they were).
+  // An engine that cannot be told lists none.
+  virtual std::vector<std::uint64_t> deferred_frees() const { return {}; }
+  virtual void set_deferred_free_order(const std::vector<std::uint64_t>&) {
+    throw UsageError("this engine cannot take the order of deferred frees from a recording");
   }
 
  private:

@@ -73,6 +73,17 @@ class GpuEngine final : public ReplayEngine {
     });
   }
   int pool_use_count(PoolId id) const override { return alloc_->pool_use_count(id); }
+  // §14.10.3: the order of a batch of deferred frees, from the recording.
+  std::vector<std::uint64_t> deferred_frees() const override {
+    std::vector<std::uint64_t> out;
+    for (void* p : alloc_->deferred_frees()) out.push_back(static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)));
+    return out;
+  }
+  void set_deferred_free_order(const std::vector<std::uint64_t>& order) override {
+    std::vector<void*> ptrs;
+    for (std::uint64_t p : order) ptrs.push_back(reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)));
+    alloc_->set_deferred_free_order(ptrs);
+  }
   DeviceStats stats() const override { return alloc_->stats(); }
   Snapshot snapshot() const override { return alloc_->snapshot(); }
   // The snapshot events our own snapshot() calls add are not part of the replayed run.

@@ -1,6 +1,7 @@
 // Private pools (docs/pytorch-allocator.md §14): creation and use counts (§14.4), routing of
 // allocations while a pool is active (§14.2), the device allocation count (§14.5), the deferred
 // frees of a capture (§14.7), and the order PyTorch releases freeable pools in (§14.5).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -217,11 +218,39 @@ void Allocator::count_device_free(BlockPool& pool, const char* where) {
   --pool.owner->device_allocs;
 }
 
+std::vector<std::uint64_t> Allocator::deferred_frees() const {
+  std::vector<std::uint64_t> out;
+  out.reserve(deferred_blocks_.size());
+  for (const Block* b : deferred_blocks_) out.push_back(b->ptr);
+  return out;
+}
+
+// §14.10.3: the order is checked whole before the list changes.
+void Allocator::set_deferred_free_order(const std::vector<std::uint64_t>& order) {
+  std::vector<Block*> first;
+  first.reserve(order.size());
+  for (std::uint64_t ptr : order) {
+    const auto it = std::find_if(deferred_blocks_.begin(), deferred_blocks_.end(),
+                                 [ptr](const Block* b) { return b->ptr == ptr; });
+    if (it == deferred_blocks_.end())
+      throw UsageError("set_deferred_free_order: " + hex_address(ptr) +
+                       " is not a free deferred by a capture and still pending (deferred_frees() lists them; "
+                       "docs/pytorch-allocator.md §14.10.3)");
+    if (std::find(first.begin(), first.end(), *it) != first.end())
+      throw UsageError("set_deferred_free_order: " + hex_address(ptr) + " is named twice; name each deferred free once");
+    first.push_back(*it);
+  }
+  for (Block* b : deferred_blocks_)
+    if (std::find(first.begin(), first.end(), b) == first.end()) first.push_back(b);
+  deferred_blocks_ = std::move(first);
+}
+
 // The frees made with stream uses while a capture was under way get their events now; stream
 // uses recorded during a capture need none (§14.7).
 void Allocator::insert_events_deferred_until_no_capture() {
-  // PyTorch walks a hash map keyed by block address; the model takes the frees in their order
-  // (visible only in the order of free_completed rows and of events, §14.7).
+  // PyTorch walks a hash map keyed by block address (§14.10.3); the model takes the frees in the
+  // order they were made, or in the order set_deferred_free_order gave (a replay's recording):
+  // visible only in the order of free_completed rows and of events, and in the split peaks.
   std::vector<Block*> blocks = std::move(deferred_blocks_);
   deferred_blocks_.clear();
   for (Block* b : blocks) {

@@ -133,4 +133,43 @@ TEST_F(ConformCli, MalformedCaptureOpIsBadInputNamingTheOp) {
       << r.out;
 }
 
+// The order in which PyTorch processed a batch of deferred frees (its hash map's, no function of
+// the ops, docs/pytorch-allocator.md §14.10.3) is taken from the recording's free_completed rows
+// and each engine says so. res_deferred_order_pair_j3 freed h1 (0x...200) then h4 (0x...800)
+// during a capture; PyTorch completed h4 first. j0 has the made order: nothing to say.
+const std::string kIssue23 = std::string(CACHET_TEST_DATA) + "/oracle-issue23";
+const std::string kPairJ3Order =
+    " op 14: 2 deferred frees processed in the recording's order (its free_completed rows: PyTorch's hash-map order, "
+    "docs/pytorch-allocator.md §14.10.3) 0x7fa485a00800 0x7fa485a00200, not in the order they were made "
+    "0x7fa485a00200 0x7fa485a00800\n";
+
+TEST_F(ConformCli, DeferredFreesTakeTheRecordingsOrder) {
+  const CliRun r = cachet("conform " + kIssue23 + "/results/res_deferred_order_pair_j3.json.gz --engine both");
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("[model]" + kPairJ3Order), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[impl]" + kPairJ3Order), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("conform: 15 ops, 0 mismatches"), std::string::npos) << r.out;
+  const CliRun made = cachet("conform " + kIssue23 + "/results/res_deferred_order_pair_j0.json.gz --engine both");
+  EXPECT_EQ(made.rc, 0) << made.out;
+  EXPECT_EQ(made.out, "conform: 15 ops, 0 mismatches\n");
+}
+
+// The order is the recording's rows': with j3's two free_completed rows swapped (the made order),
+// no order is given, and the recorded peaks (PyTorch's order) no longer match the trace's.
+TEST_F(ConformCli, DeferredOrderFollowsTheFreeCompletedRows) {
+  write("ops/ops_deferred_order_pair.json", cachet::io::read_file(kIssue23 + "/ops/ops_deferred_order_pair.json.gz"));
+  std::string rec = cachet::io::read_file(kIssue23 + "/results/res_deferred_order_pair_j3.json.gz");
+  const std::string h4 = "[\"free_completed\", 140344593221632, 512, 644156992]";
+  const std::string h1 = "[\"free_completed\", 140344593220096, 512, 644156992]";
+  const auto at = rec.find(h4 + ", " + h1);
+  ASSERT_NE(at, std::string::npos);
+  rec.replace(at, h4.size() + 2 + h1.size(), h1 + ", " + h4);
+  const std::string res = write("results/res_deferred_order_pair_j3.json", rec);
+  const CliRun r = cachet("conform " + res + " --engine both");
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_EQ(r.out.find("deferred frees processed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[model] final stats: inactive_split.all.peak expected 3, got 4"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[impl] final stats: inactive_split.all.peak expected 3, got 4"), std::string::npos) << r.out;
+}
+
 }  // namespace

@@ -395,5 +395,78 @@ TEST(PrivatePoolsStreamUses, FreesDuringACaptureWaitForItsEndThenDropTheCaptures
   EXPECT_EQ(cur(a.stats().allocation), 3);
 }
 
+// PyTorch processes one batch of deferred frees in its hash map's order (§14.10.3); a replay gives
+// it (set_deferred_free_order). The sequence of the recordings res_deferred_order_pair_j*: an 8 B
+// block in a default small segment (its free remainder counts in inactive_split), then six 512 B
+// blocks h0..h5 of the graph's small segment, h1 and h4 used on stream 2 during the capture, h3
+// and h5 freed at once (h5 joins the free remainder R), h1 and h4 deferred. The next malloc frees
+// them: h1 first (made order) leaves h1, h3 and R free (inactive_split 1 + 3) before h4 joins h3
+// and R; h4 first joins them (1 + 1), then h1 (1 + 2): peaks 4 and 3, as recorded.
+TEST(PrivatePoolsStreamUses, DeferredFreesTakeTheOrderGiven) {
+  for (const bool given : {false, true}) {
+    SCOPED_TRACE(given ? "h4 then h1 given" : "made order");
+    auto hs = host_alloc();
+    CachingAllocator& a = *hs.a;
+    a.set_trace(true);
+    void* small = a.allocate(8, 1);
+    ASSERT_EQ(addr(small), kBase);
+    a.begin_allocate_to_pool(kGraph1, capture_on(1));
+    std::vector<void*> h;
+    for (int k = 0; k < 6; ++k) h.push_back(a.allocate(512, 1));
+    ASSERT_EQ(addr(h[0]), kBase + 2 * MiB);
+    a.record_stream(h[1], 2);
+    a.record_stream(h[4], 2);
+    for (int k : {3, 5, 1, 4}) a.free(h[k]);
+    EXPECT_EQ(a.deferred_frees(), (std::vector<void*>{h[1], h[4]}));
+    // Bad orders change nothing: a block not deferred, one named twice.
+    try {
+      a.set_deferred_free_order({h[0]});
+      ADD_FAILURE() << "a block that is no deferred free was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()), "set_deferred_free_order: 0x7f0000200000 is not a free deferred by a capture and "
+                                       "still pending (deferred_frees() lists them; docs/pytorch-allocator.md §14.10.3)");
+    }
+    EXPECT_THROW(a.set_deferred_free_order({h[4], h[4]}), UsageError);
+    EXPECT_EQ(a.deferred_frees(), (std::vector<void*>{h[1], h[4]}));
+    if (given) {
+      a.set_deferred_free_order({h[4]});  // h4 first, the rest (h1) as it was
+      EXPECT_EQ(a.deferred_frees(), (std::vector<void*>{h[4], h[1]}));
+    }
+    a.end_allocate_to_pool(kGraph1);
+    EXPECT_EQ(a.stats().inactive_split[0].peak, 3);  // the default remainder, h3, R
+    const std::size_t rows = a.trace().size();
+    void* next = a.allocate(512, 1);  // process_events: the batch; then the default remainder
+    EXPECT_EQ(addr(next), kBase + 512);
+    EXPECT_TRUE(a.deferred_frees().empty());
+    const std::vector<TraceEvent> all = a.trace();
+    ASSERT_EQ(all.size(), rows + 3);  // two free_completed, alloc
+    const std::uint64_t first = addr(given ? h[4] : h[1]), second = addr(given ? h[1] : h[4]);
+    EXPECT_EQ(all[rows].action, TraceAction::FreeCompleted);
+    EXPECT_EQ(all[rows].addr, first);
+    EXPECT_EQ(all[rows + 1].action, TraceAction::FreeCompleted);
+    EXPECT_EQ(all[rows + 1].addr, second);
+    EXPECT_EQ(all[rows + 2].action, TraceAction::Alloc);
+    EXPECT_EQ(a.stats().inactive_split[0].peak, given ? 3 : 4);
+    EXPECT_EQ(a.stats().inactive_split[0].current, 3);  // the default remainder; h1; h3 + h4 + R
+  }
+}
+
+// policy:cachet takes its deferred frees in the order they were made (R12): no order is taken.
+TEST(PrivatePoolsStreamUses, PolicyCachetRefusesAnOrderOfDeferredFrees) {
+  auto hs = host_alloc("policy:cachet");
+  CachingAllocator& a = *hs.a;
+  a.begin_allocate_to_pool(kGraph1, capture_on(1));
+  void* x = a.allocate(512, 1);
+  void* y = a.allocate(512, 1);
+  a.record_stream(x, 2);
+  a.record_stream(y, 2);
+  a.free(x);
+  a.free(y);
+  EXPECT_EQ(a.deferred_frees(), (std::vector<void*>{x, y}));
+  EXPECT_THROW(a.set_deferred_free_order({y}), UsageError);
+  EXPECT_EQ(a.deferred_frees(), (std::vector<void*>{x, y}));
+  a.end_allocate_to_pool(kGraph1);
+}
+
 }  // namespace
 }  // namespace cachet::test

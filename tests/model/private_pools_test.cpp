@@ -125,6 +125,52 @@ TEST(PrivatePools, StreamUsesDuringCapture) {
   EXPECT_EQ(std::get<2>(d.blocks(0)[0]), A);  // `before` completed and was reused
 }
 
+// PyTorch processes one batch of deferred frees in its hash map's order (§14.10.3); a replay gives
+// it (set_deferred_free_order). The sequence of the recordings res_deferred_order_pair_j*: a small
+// default segment with a free remainder (the recorder's 8 B tensor), then six 512 B blocks h0..h5
+// of the graph's small segment, h1 and h4 used on stream 2 during the capture, h3 and h5 freed at
+// once (h5 joins the graph segment's free remainder R), h1 and h4 deferred. After the capture the
+// next malloc frees them (every use was the capture's): h1 first (made order) leaves h1, h3 and R
+// free (inactive_split 1 + 3) before h4 joins h3 and R; h4 first joins them (1 + 1), then h1
+// (1 + 2). The recordings' inactive_split.all.peak: 4 and 3.
+TEST(PrivatePools, DeferredFreesTakeTheOrderGiven) {
+  for (const bool given : {false, true}) {
+    SCOPED_TRACE(given ? "h4 then h1 given" : "made order");
+    Device d;
+    const PoolId id{1, 0};
+    d.malloc(8, 1);
+    d.alloc.begin_allocate_to_pool(id, capture(1));
+    std::vector<std::uint64_t> h;
+    for (int k = 0; k < 6; ++k) h.push_back(d.malloc(512, 1));
+    d.alloc.record_stream(h[1], 2);
+    d.alloc.record_stream(h[4], 2);
+    for (int k : {3, 5, 1, 4}) d.free(h[k]);
+    EXPECT_EQ(d.alloc.deferred_frees(), (std::vector<std::uint64_t>{h[1], h[4]}));
+    // Bad orders change nothing: a block not deferred, one named twice.
+    EXPECT_THROW(d.alloc.set_deferred_free_order({h[0]}), UsageError);
+    EXPECT_THROW(d.alloc.set_deferred_free_order({h[4], h[4]}), UsageError);
+    EXPECT_EQ(d.alloc.deferred_frees(), (std::vector<std::uint64_t>{h[1], h[4]}));
+    if (given) {
+      d.alloc.set_deferred_free_order({h[4]});  // h4 first, the rest (h1) as it was
+      EXPECT_EQ(d.alloc.deferred_frees(), (std::vector<std::uint64_t>{h[4], h[1]}));
+    }
+    d.alloc.end_allocate_to_pool(id);
+    EXPECT_EQ(d.alloc.stats().inactive_split[0].peak, 3);  // the default remainder, h3, R
+    const std::size_t rows = d.alloc.trace().size();
+    d.malloc(512, 1);  // process_events: the batch; then the default segment's remainder
+    d.alloc.check_invariants();
+    EXPECT_TRUE(d.alloc.deferred_frees().empty());
+    const std::vector<TraceEvent> t(d.alloc.trace().begin() + static_cast<std::ptrdiff_t>(rows), d.alloc.trace().end());
+    ASSERT_EQ(t.size(), 3u);  // two free_completed, alloc
+    const std::uint64_t first = given ? h[4] : h[1], second = given ? h[1] : h[4];
+    EXPECT_EQ(t[0], (TraceEvent{TraceAction::FreeCompleted, first, 512, 1, 0}));
+    EXPECT_EQ(t[1], (TraceEvent{TraceAction::FreeCompleted, second, 512, 1, 0}));
+    EXPECT_EQ(t[2].action, TraceAction::Alloc);
+    EXPECT_EQ(d.alloc.stats().inactive_split[0].peak, given ? 3 : 4);
+    EXPECT_EQ(d.alloc.stats().inactive_split[0].current, 3);  // the default remainder; h1; h3 + h4 + R
+  }
+}
+
 // The last retry (release_cached_blocks) is skipped during a capture: a request the cached
 // default segment could have made room for runs out of memory instead (§14.6, §14.7).
 TEST(PrivatePools, NoFreeAndRetryDuringCapture) {

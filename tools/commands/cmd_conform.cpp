@@ -89,6 +89,10 @@ class ModelEngine final : public ReplayEngine {
     });
   }
   int pool_use_count(PoolId id) const override { return alloc_.pool_use_count(id); }
+  std::vector<std::uint64_t> deferred_frees() const override { return alloc_.deferred_frees(); }
+  void set_deferred_free_order(const std::vector<std::uint64_t>& order) override {
+    alloc_.set_deferred_free_order(order);
+  }
 
  private:
   template <class F>
@@ -168,6 +172,39 @@ std::string describe_segment(const SegmentSnapshot& s) {
   return out + "]";
 }
 
+// docs/pytorch-allocator.md §14.10.3: PyTorch takes a batch of deferred frees in its hash map's
+// order (heap addresses), which no rule of the engines can give. `pending` (the engine's deferred
+// frees, in the order the frees were made) ordered as the recording completed them: by the first
+// free_completed row of each address from row `from` of `recorded` on (the engine's trace so far;
+// it is the recording's as long as the replay conforms). A deferred block holds its address until
+// its free completes, so no other block's free_completed row at that address comes first. The
+// blocks whose uses were all recorded during the capture complete in the walk's order; the others
+// get their events in it, and those of one stream complete in it. Addresses the recording does not
+// complete keep their order, after the others.
+std::vector<std::uint64_t> recorded_deferred_order(const std::vector<std::uint64_t>& pending,
+                                                   const std::vector<TraceEvent>& recorded, std::size_t from) {
+  std::vector<std::pair<std::size_t, std::uint64_t>> at;  // (row, address); row = size(): not completed
+  for (std::uint64_t p : pending) {
+    std::size_t row = recorded.size();
+    for (std::size_t k = from; k < recorded.size(); ++k)
+      if (recorded[k].action == TraceAction::FreeCompleted && recorded[k].addr == p) {
+        row = k;
+        break;
+      }
+    at.emplace_back(row, p);
+  }
+  std::stable_sort(at.begin(), at.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::uint64_t> out;
+  for (const auto& [row, p] : at) out.push_back(p);
+  return out;
+}
+
+std::string hex_list(const std::vector<std::uint64_t>& v) {
+  std::string out;
+  for (std::uint64_t p : v) out += (out.empty() ? "" : " ") + hex(p);
+  return out;
+}
+
 // Replays `rec` with `ops` through one engine and reports every mismatch. Returns ops run.
 std::size_t conform_one(const std::string& engine_name, const EngineFactory& factory,
                         const io::Recording& rec, const std::vector<ops::Op>& ops, const Config& config,
@@ -187,9 +224,43 @@ std::size_t conform_one(const std::string& engine_name, const EngineFactory& fac
   PoolFrontEnd pools(*engine, rec.streams);          // the pool and capture ops (§14.9)
   std::vector<std::string> oom_messages;
   std::size_t done = 0;
+  // "snapshot" rows record memory_snapshot() calls, not allocator actions: not compared.
+  auto without_snapshots = [](std::vector<TraceEvent> t) {
+    std::erase_if(t, [](const TraceEvent& e) { return e.action == TraceAction::Snapshot; });
+    return t;
+  };
+  const std::vector<TraceEvent> recorded = without_snapshots(rec.trace);
+  // §14.10.3: the engine's pending deferred frees as last ordered (from the recording), and, when
+  // that order is not the order the frees were made, that order and the one it replaced.
+  std::vector<std::uint64_t> deferred_seen, deferred_given, deferred_made;
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const io::Step& want = rec.steps[i];
     try {
+      // The op may process the pending batch: give the engine the recording's order first.
+      std::vector<std::uint64_t> pending = engine->deferred_frees();
+      if (pending.size() < 2) deferred_seen.clear();  // a later batch is ordered afresh
+      if (pending.size() >= 2 && pending != deferred_seen) {
+        std::vector<std::uint64_t> order =
+            recorded_deferred_order(pending, recorded, without_snapshots(engine->trace()).size());
+        bool taken = true;
+        if (order != pending) {
+          engine->set_deferred_free_order(order);
+          if (const std::vector<std::uint64_t> now = engine->deferred_frees(); now != order) {
+            mismatch(fmt::format("op {}: the engine was given the recording's order of its deferred frees {} but lists "
+                                 "{}",
+                                 i, hex_list(order), hex_list(now)));
+            taken = false;
+          }
+        }
+        if (taken && (order != pending || !deferred_given.empty())) {  // this batch was (or is now) reordered
+          deferred_given = order;
+          // The frees' own order: an earlier order given, then the frees deferred since.
+          for (std::uint64_t p : pending)
+            if (std::find(deferred_made.begin(), deferred_made.end(), p) == deferred_made.end())
+              deferred_made.push_back(p);
+        }
+        deferred_seen = std::move(order);
+      }
       if (const auto* a = std::get_if<ops::Allocate>(&ops[i])) {
         const ops::Allocate& op = *a;
         if (op.stream >= rec.streams.size())
@@ -241,6 +312,21 @@ std::size_t conform_one(const std::string& engine_name, const EngineFactory& fac
         pools.apply(ops[i]);
       }
       if (want.error) mismatch(fmt::format("op {}: PyTorch refused this op, the engine did not", i));
+      // The batch the recording's order was given for went through this op: say so.
+      if (!deferred_given.empty()) {
+        const std::vector<std::uint64_t> left = engine->deferred_frees();
+        if (std::none_of(deferred_given.begin(), deferred_given.end(), [&](std::uint64_t p) {
+              return std::find(left.begin(), left.end(), p) != left.end();
+            })) {
+          std::printf("[%s] op %zu: %zu deferred frees processed in the recording's order (its free_completed rows: "
+                      "PyTorch's hash-map order, docs/pytorch-allocator.md §14.10.3) %s, not in the order they "
+                      "were made %s\n",
+                      engine_name.c_str(), i, deferred_given.size(), hex_list(deferred_given).c_str(),
+                      hex_list(deferred_made).c_str());
+          deferred_given.clear();
+          deferred_made.clear();
+        }
+      }
     } catch (const PyTorchFailure& e) {
       // The engine says PyTorch 2.11 fails here; the recording must say so too. Either way the
       // replay cannot go on (PyTorch's process ends at such a failure).
@@ -336,14 +422,8 @@ std::size_t conform_one(const std::string& engine_name, const EngineFactory& fac
   if (!rec.summary.empty() && summary != rec.summary)
     mismatch(fmt::format("memory_summary differs:\n--- expected\n{}--- actual\n{}", rec.summary, summary));
 
-  // Trace: every event in order (oom rows: the recording has no address).
-  // "snapshot" rows record memory_snapshot() calls, not allocator actions: not compared.
-  auto without_snapshots = [](std::vector<TraceEvent> t) {
-    std::erase_if(t, [](const TraceEvent& e) { return e.action == TraceAction::Snapshot; });
-    return t;
-  };
+  // Trace: every event in order (oom rows: the recording has no address; snapshot rows left out).
   const std::vector<TraceEvent> trace = without_snapshots(engine->trace());
-  const std::vector<TraceEvent> recorded = without_snapshots(rec.trace);
   if (done == ops.size()) {
     const std::size_t n = std::min(trace.size(), recorded.size());
     for (std::size_t k = 0; k < n; ++k) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <thread>
+#include <type_traits>
 
 #include "cachet/errors.h"
 #include "cachet/gpu/cuda_backend.h"
@@ -195,6 +196,31 @@ void CachingAllocator::release_pool(PoolId id) {
 int CachingAllocator::pool_use_count(PoolId id) const {
   std::lock_guard lock(mu_);
   return core_->with_policy([id](const auto& p) { return p.pool_use_count(id); });
+}
+
+std::vector<void*> CachingAllocator::deferred_frees() const {
+  std::lock_guard lock(mu_);
+  std::vector<gpu::DevicePtr> ptrs = core_->with_policy([](const auto& p) { return p.deferred_frees(); });
+  std::vector<void*> out;
+  out.reserve(ptrs.size());
+  for (gpu::DevicePtr d : ptrs) out.push_back(to_host(d));
+  return out;
+}
+
+void CachingAllocator::set_deferred_free_order(const std::vector<void*>& order) {
+  std::vector<gpu::DevicePtr> ptrs;
+  ptrs.reserve(order.size());
+  for (void* p : order) ptrs.push_back(to_dev(p));
+  std::lock_guard lock(mu_);
+  core_->with_policy([&](auto& p) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(p)>, gpu::detail::PytorchPolicy>) {
+      p.set_deferred_free_order(ptrs);
+    } else {
+      throw UsageError("set_deferred_free_order: policy:cachet takes deferred frees in the order they were made "
+                       "(R12); only policy:pytorch replays PyTorch's order (docs/pytorch-allocator.md §14.10.3)");
+    }
+  });
+  validate("set_deferred_free_order");
 }
 
 void CachingAllocator::set_memory_fraction(double fraction) {

@@ -120,6 +120,7 @@ class CachetPolicy : public Shell {
   void release_pool(PoolId id);
   void empty_cache(PoolId id);
   int pool_use_count(PoolId id) const;
+  std::vector<DevicePtr> deferred_frees() const;  // R12's deferred_, in the order they were freed
   // PyTorch's CUDAAllocator calls beyond the pools (§15; policy_cachet/torch_api.cpp).
   void create_or_incref_pool(PoolId id, std::shared_ptr<SegmentSource> source);
   void set_use_on_oom(PoolId id, bool on);

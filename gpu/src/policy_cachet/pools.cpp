@@ -93,6 +93,13 @@ int CachetPolicy::pool_use_count(PoolId id) const {
   return it->second.use_count;
 }
 
+std::vector<DevicePtr> CachetPolicy::deferred_frees() const {
+  std::vector<DevicePtr> out;
+  out.reserve(deferred_.size());
+  for (const CBlock* b : deferred_) out.push_back(b->ptr);
+  return out;
+}
+
 void CachetPolicy::empty_cache(PoolId id) {
   if (!id.is_default() && live_pool(id)) return;  // R11: its memory is its users'
   empty_cache();

@@ -229,6 +229,10 @@ class PytorchPolicy : public Shell {
   void end_allocate_to_pool(PoolId id);
   void release_pool(PoolId id);
   int pool_use_count(PoolId id) const;
+  // The frees a capture deferred (§14.7), pending, in the order the next batch takes them; and
+  // that order set from a replay's recording (§14.10.3; CachingAllocator::set_deferred_free_order).
+  std::vector<DevicePtr> deferred_frees() const;
+  void set_deferred_free_order(const std::vector<DevicePtr>& order);
   // PyTorch's CUDAAllocator calls beyond the pools (§15; torch_api.cpp, checkpoint.cpp).
   void create_or_incref_pool(PoolId id, std::shared_ptr<SegmentSource> source);
   void set_use_on_oom(PoolId id, bool on);

@@ -295,8 +295,37 @@ Bytes PytorchPolicy::private_pool_free_bytes() const {
 
 // ===================================================================== Deferred frees (§14.7)
 
+std::vector<DevicePtr> PytorchPolicy::deferred_frees() const {
+  std::vector<DevicePtr> out;
+  out.reserve(deferred_blocks_.size());
+  for (const Block* b : deferred_blocks_) out.push_back(b->ptr);
+  return out;
+}
+
+// §14.10.3: the blocks named first, in that order, then the others as they were; checked whole
+// before the list changes.
+void PytorchPolicy::set_deferred_free_order(const std::vector<DevicePtr>& order) {
+  std::vector<Block*> first;
+  first.reserve(deferred_blocks_.size());
+  for (DevicePtr ptr : order) {
+    const auto it = std::find_if(deferred_blocks_.begin(), deferred_blocks_.end(),
+                                 [ptr](const Block* b) { return b->ptr == ptr; });
+    if (it == deferred_blocks_.end())
+      throw UsageError("set_deferred_free_order: " + hex(ptr) +
+                       " is not a free deferred by a capture and still pending (deferred_frees() lists them; "
+                       "docs/pytorch-allocator.md §14.10.3)");
+    if (std::find(first.begin(), first.end(), *it) != first.end())
+      throw UsageError("set_deferred_free_order: " + hex(ptr) + " is named twice; name each deferred free once");
+    first.push_back(*it);
+  }
+  for (Block* b : deferred_blocks_)
+    if (std::find(first.begin(), first.end(), b) == first.end()) first.push_back(b);
+  deferred_blocks_ = std::move(first);
+}
+
 // The frees made with stream uses while a capture was under way get their events now, in the
-// order they were freed; the uses recorded during a capture need none (remove_cudagraph_stream_uses).
+// order they were freed or as set_deferred_free_order arranged them (PyTorch: its hash map's
+// order, §14.10.3); the uses recorded during a capture need none (remove_cudagraph_stream_uses).
 void PytorchPolicy::insert_events_deferred_until_no_capture() {
   while (!deferred_blocks_.empty()) {
     Block* b = deferred_blocks_.front();

@@ -157,6 +157,17 @@ class CachingAllocator {
   // released it (§14.6); the default id is empty_cache().
   void empty_cache(PoolId id);
   int pool_use_count(PoolId id) const;  // getPoolUseCount
+  // The frees a capture deferred (§14.7) and not yet processed: their pointers, in the order the
+  // next batch takes them (the order the frees were made, unless set_deferred_free_order said
+  // otherwise). policy:cachet: its own deferred frees (R12), in the order they were made.
+  std::vector<void*> deferred_frees() const;
+  // Replays (cachet conform): PyTorch walks one batch of deferred frees in its hash map's order, a
+  // function of heap addresses and not of the calls (§14.10.3), so a replay takes it from its
+  // recording. The pending batch is reordered: the blocks at `order` first, in that order, then
+  // the others in the order they were freed (frees deferred later come after them). An empty order
+  // changes nothing. UsageError, nothing changed, for a pointer that is no pending deferred free or
+  // is named twice, and under policy:cachet (which takes them in the order they were made).
+  void set_deferred_free_order(const std::vector<void*>& order);
   // CUDA graph trees (§15.3). getCheckpointState: the pool's segments and blocks now (first
   // giving the frees deferred by a capture their events, as PyTorch does). UsageError for an
   // unknown or freeable pool, or a pool with a block still waiting for events.

@@ -97,6 +97,16 @@ class Allocator {
   bool has_pool(PoolId id) const { return graph_pools_.contains(id); }
   // Any use_mem_pool or capture active (PyTorch's captures_underway is not empty, §14.7).
   bool capture_underway() const { return !captures_underway_.empty(); }
+  // The frees a capture deferred (§14.7) and not yet processed: their addresses, in the order the
+  // next batch takes them (the order the frees were made unless set_deferred_free_order said
+  // otherwise).
+  std::vector<std::uint64_t> deferred_frees() const;
+  // PyTorch walks one batch of deferred frees in its hash map's order, a function of heap
+  // addresses and not of the ops (§14.10.3); a replay takes that order from its recording. The
+  // pending batch is reordered: the blocks at `order` first, in that order, then the others in the
+  // order they were freed (frees deferred later come after them). An empty order changes nothing.
+  // UsageError, nothing changed, for an address that is no pending deferred free or is named twice.
+  void set_deferred_free_order(const std::vector<std::uint64_t>& order);
   // torch.cuda.set_per_process_memory_fraction (§3.6): in [0, 1], else UsageError.
   void set_memory_fraction(double fraction);
   double memory_fraction() const;
@@ -249,7 +259,8 @@ class Allocator {
   std::vector<TraceEvent> trace_;
   // Private pools (§14): every known pool by id; the freeable ones (use_count 0) in PyTorch's
   // release order; the active ones, newest last (get_pool searches newest first); the frees
-  // that wait for the end of the captures (Deferred blocks, in the order they were freed).
+  // that wait for the end of the captures (Deferred blocks, in the order they were freed, or
+  // as set_deferred_free_order arranged them).
   std::map<PoolId, std::unique_ptr<PrivatePool>> graph_pools_;
   // Pools erased with mapped pages still in them (release.cpp forget_pool, §14.8.1): kept alive
   // for their blocks, known to nothing else.

@@ -5,7 +5,11 @@ native and each backend one after the other, so drift of the machine falls on al
 figures are medians over the rounds; each ratio is the median of the rounds' ratios, with its
 range. bench/RESULTS.md, "The c10 backend", has the figures.
 
-usage: bench/c10_empty.py [--backends c10,plugin] [--rounds N (default 5)] [--json FILE]
+Every process runs pinned to one CPU (--cpu, default the highest the bench may use): unpinned, a
+process's whole run came out either about 2.2 or about 4.1 us a pair on an H200 host (both
+allocators alike, 2026-11-28), which is where the scheduler put it, not the allocator.
+
+usage: bench/c10_empty.py [--backends c10,plugin] [--rounds N (default 7)] [--cpu N] [--json FILE]
 Environment: CACHET_TORCH_LIB / CACHET_C10_LIB as for cachet_torch.install(); PYTHONPATH holding
 python/ (cachet_torch).
 """
@@ -20,7 +24,8 @@ LOOPS = 20000
 REPEATS = 9
 
 
-def child(mode):
+def child(mode, cpu):
+    os.sched_setaffinity(0, {cpu})
     if mode != "native":
         import cachet_torch
         cachet_torch.install(backend=mode)
@@ -42,20 +47,25 @@ def child(mode):
 
 
 def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        return child(sys.argv[2])
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        return child(sys.argv[2], int(sys.argv[3]))
     backends = ["c10", "plugin"]
     if "--backends" in sys.argv:
         backends = sys.argv[sys.argv.index("--backends") + 1].split(",")
     json_out = sys.argv[sys.argv.index("--json") + 1] if "--json" in sys.argv else None
-    rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 5
+    rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 7
     if rounds < 1:
         print("--rounds must be at least 1", file=sys.stderr)
+        return 2
+    allowed = sorted(os.sched_getaffinity(0))
+    cpu = int(sys.argv[sys.argv.index("--cpu") + 1]) if "--cpu" in sys.argv else allowed[-1]
+    if cpu not in allowed:
+        print(f"--cpu {cpu}: this process may run on CPUs {allowed} only", file=sys.stderr)
         return 2
     runs = {m: [] for m in ["native"] + backends}
     for r in range(rounds):
         for mode in ["native"] + backends:
-            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", mode],
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", mode, str(cpu)],
                                capture_output=True, text=True, timeout=900)
             if p.returncode != 0:
                 print(f"{mode}: exited {p.returncode}: {p.stderr[-1500:]}", file=sys.stderr)
@@ -65,7 +75,8 @@ def main():
     med = {m: {n: statistics.median(x[n] for x in runs[m]) for n in SIZES} for m in runs}
     ratios = {b: {n: [runs[b][i][n] / runs["native"][i][n] for i in range(rounds)] for n in SIZES}
               for b in backends}
-    print(f"{rounds} rounds; ns are medians over rounds, ratios the median of the rounds' ratios (range)")
+    print(f"{rounds} rounds, every process on CPU {cpu}; ns are medians over rounds, ratios the median of the "
+          "rounds' ratios (range)")
     print("| torch.empty + free | native ns | " + " | ".join(f"{b} ns | {b}/native" for b in backends) + " |")
     print("|---|---|" + "---|---|" * len(backends))
     for name in SIZES:
@@ -74,7 +85,7 @@ def main():
             rs = ratios[b][name]
             row += [f"{med[b][name]:.0f}", f"{statistics.median(rs):.2f} ({min(rs):.2f}-{max(rs):.2f})"]
         print(f"| {name} | " + " | ".join(row) + " |")
-    results = {"rounds": rounds, "median_ns": med, "runs": runs,
+    results = {"rounds": rounds, "cpu": cpu, "median_ns": med, "runs": runs,
                "ratio_median": {b: {n: statistics.median(v) for n, v in ratios[b].items()} for b in backends}}
     if json_out:
         with open(json_out, "w") as f:

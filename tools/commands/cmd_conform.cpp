@@ -168,6 +168,14 @@ std::string describe_segment(const SegmentSnapshot& s) {
   return out + "]";
 }
 
+// The stream of index `s` of op `i`; invalid_argument when the recording has no such stream.
+StreamId stream_at(const io::Recording& rec, std::size_t i, StreamId s) {
+  if (s >= rec.streams.size())
+    throw std::invalid_argument(
+        fmt::format("op {}: stream index {} but the recording has {} streams", i, s, rec.streams.size()));
+  return rec.streams[s];
+}
+
 // Replays `rec` with `ops` through one engine and reports every mismatch. Returns ops run.
 std::size_t conform_one(const std::string& engine_name, const EngineFactory& factory,
                         const io::Recording& rec, const std::vector<ops::Op>& ops, const Config& config,
@@ -237,6 +245,12 @@ std::size_t conform_one(const std::string& engine_name, const EngineFactory& fac
         if (auto it = pointers.find(r->handle); it != pointers.end()) engine->record_stream(it->second, rec.streams[r->stream]);
       } else if (std::holds_alternative<ops::EmptyCache>(ops[i])) {
         engine->empty_cache();
+      } else if (const auto* w = std::get_if<ops::WaitStream>(&ops[i])) {  // §14.10.1
+        engine->wait_stream(stream_at(rec, i, w->waiter), stream_at(rec, i, w->waited));
+      } else if (const auto* k = std::get_if<ops::Kernel>(&ops[i])) {
+        engine->kernel(stream_at(rec, i, k->stream));
+      } else if (const auto* c = std::get_if<ops::SetAllocatorSettings>(&ops[i])) {
+        engine->configure(c->text);
       } else {  // the pool and capture ops (docs/pytorch-allocator.md §14.9)
         pools.apply(ops[i]);
       }

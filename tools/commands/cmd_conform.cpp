@@ -89,6 +89,13 @@ class ModelEngine final : public ReplayEngine {
     });
   }
   int pool_use_count(PoolId id) const override { return alloc_.pool_use_count(id); }
+  // The capture graph (docs/pytorch-allocator.md §14.10.1): the model's own.
+  bool has_capture_graph() const override { return true; }
+  void wait_stream(StreamId waiter, StreamId waited) override { alloc_.wait_stream(waiter, waited); }
+  void kernel(StreamId stream) override { alloc_.kernel(stream); }
+  void configure(const std::string& text) override {
+    alloc_.set_allocator_settings(parse_config(text, ConfigSource::PyTorch, alloc_.config()).config);
+  }
 
  private:
   template <class F>

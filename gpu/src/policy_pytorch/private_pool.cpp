@@ -227,6 +227,11 @@ void PytorchPolicy::end_allocate_to_pool(PoolId id) {
   for (auto it = captures_underway_.begin(); it != captures_underway_.end(); ++it) {
     if (it->id == id) {
       captures_underway_.erase(it);
+      // PyTorch drops the capture's graph_reuse_context here (§14.10.1).
+      if (auto c = mempool_to_capture_.find(id); c != mempool_to_capture_.end()) {
+        reuse_visited_.erase(c->second);
+        mempool_to_capture_.erase(c);
+      }
       return;
     }
   }
@@ -298,6 +303,7 @@ Bytes PytorchPolicy::private_pool_free_bytes() const {
 // The frees made with stream uses while a capture was under way get their events now, in the
 // order they were freed; the uses recorded during a capture need none (remove_cudagraph_stream_uses).
 void PytorchPolicy::insert_events_deferred_until_no_capture() {
+  free_markers_.clear();
   while (!deferred_blocks_.empty()) {
     Block* b = deferred_blocks_.front();
     for (StreamId s : b->capture_stream_uses)

@@ -80,16 +80,16 @@ class Allocator {
   void create_or_incref_pool(PoolId id);
   // beginAllocateToPool: create_or_incref_pool, then allocations that `route` takes go to the
   // pool until end_allocate_to_pool (§14.2). UsageError when the pool is already active.
+  // A capture route (PoolRoute::CaptureStream) is a CUDA graph capture on its stream: beginning
+  // it begins the capture (UsageError, nothing changed, when the stream captures already), ending
+  // it ends the capture (UsageError, nothing changed, while a stream that joined it is not joined
+  // back). The capture's pool takes the allocations of every stream of the capture (§14.10.1).
   void begin_allocate_to_pool(PoolId id, PoolRoute route);
   // endAllocateToPool. UsageError when the pool is not active.
   void end_allocate_to_pool(PoolId id);
   // releasePool: one user fewer; at 0 the pool becomes freeable (§14.4). UsageError for an
   // unknown pool or one already at 0.
   void release_pool(PoolId id);
-  // A capture route (PoolRoute::CaptureStream) is a CUDA graph capture on its stream: beginning
-  // it begins the capture (UsageError, nothing changed, when the stream captures already), ending
-  // it ends the capture (UsageError, nothing changed, while a stream that joined it is not joined
-  // back). The capture's pool takes the allocations of every stream of the capture (§14.10.1).
   // The device's side of a capture graph (§14.10.1, cachet/model/capture_graph.h):
   // streams[waiter].wait_stream(streams[waited]) and one kernel on a stream. UsageError, nothing
   // changed, where the driver refuses the wait.

@@ -81,7 +81,23 @@ class ReplayEngine {
     throw UsageError("this engine cannot take the order of deferred frees from a recording");
   }
 
+  // The device's side of a capture graph (docs/pytorch-allocator.md §14.10.1): streams[waiter].
+  // wait_stream(streams[waited]) (a stream joins the capture of the stream it waits on) and one
+  // kernel on a stream (a captured node while it captures). An engine without a capture graph
+  // refuses them (UsageError), changing nothing.
+  virtual bool has_capture_graph() const { return false; }
+  virtual void wait_stream(StreamId, StreamId) { no_capture_graph(); }
+  virtual void kernel(StreamId) { no_capture_graph(); }
+  // torch.cuda.memory._set_allocator_settings(text): parsed over the current settings (§4.1).
+  virtual void configure(const std::string&) {
+    throw UsageError("this engine cannot change its allocator settings at run time; replay with --engine model");
+  }
+
  private:
+  [[noreturn]] static void no_capture_graph() {
+    throw UsageError("this engine does not model a capture's graph (wait_stream, captured kernels: "
+                     "docs/pytorch-allocator.md §14.10.1); replay with --engine model");
+  }
   [[noreturn]] static void no_pools() {
     throw UsageError("this engine does not support private pools (MemPool, CUDA graph capture) yet; "
                      "replay with --engine model");

@@ -5,10 +5,14 @@
 // surfaces as ReplayDivergence. The calls of op thread k (an allocation, entering use_mem_pool)
 // run on an OS thread of their own (cachet/op_threads.h): gpu/'s use_mem_pool route takes the
 // allocations of the OS thread that entered, as PyTorch's filter does (docs/pytorch-allocator.md
-// §14.10.2).
+// §14.10.2). The capture graph (wait_stream, kernels, a capture's begin and end; §14.10.1) is the
+// host backend's simulation (cachet/gpu/host_backend.h, "Captures"), which gpu/ reads through the
+// backend as it reads cudaStreamGetCaptureInfo on a device.
 #include <exception>
+#include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "cachet/errors.h"
@@ -32,7 +36,7 @@ class GpuEngine final : public ReplayEngine {
       if (e.action == TraceAction::SegmentAlloc || e.action == TraceAction::SegmentMap) addrs.push_back(e.addr);
     // policy:cachet (conform --policy cachet) makes its own device calls: synthetic addresses.
     if (s.config.policy != Policy::Cachet) o.recorded = std::move(addrs);
-    alloc_ = std::make_unique<CachingAllocator>(gpu::make_host_memory(o), s.config);
+    alloc_ = std::make_unique<CachingAllocator>(gpu::make_host_memory(o, &sim_), s.config);
     // 13.4: fraction = cap / total before the first op; truncation gives back cap.
     if (s.cap > 0) alloc_->set_memory_fraction(static_cast<double>(s.cap) / static_cast<double>(s.total_memory));
     alloc_->set_trace(true);
@@ -60,11 +64,33 @@ class GpuEngine final : public ReplayEngine {
   // Private pools (docs/pytorch-allocator.md §14). Where PyTorch 2.11 itself fails (§14.8) gpu/
   // refuses with PyTorchFailsHere; the replay reports it as PyTorch's failure.
   void create_or_incref_pool(PoolId id) override { alloc_->create_or_incref_pool(id); }
-  // use_mem_pool: entered on the OS thread of the op thread that enters.
+  // use_mem_pool: entered on the OS thread of the op thread that enters. A capture: the simulated
+  // device begins capturing on its stream (a stream that captures already is refused first,
+  // nothing changed); its end is refused while a stream that joined it is not joined back.
   void begin_allocate_to_pool(PoolId id, PoolRoute route) override {
-    on_thread(route.is_capture() ? 0 : route.thread, [&] { return alloc_->begin_allocate_to_pool(id, route), 0; });
+    if (route.is_capture()) {
+      if (sim_->capture_info(route.stream).value.capturing)
+        throw UsageError("capture_begin on stream " + std::to_string(route.stream) +
+                         ": the stream captures already (it joined another capture; docs/pytorch-allocator.md "
+                         "§14.10.1)");
+      alloc_->begin_allocate_to_pool(id, route);
+      device(sim_->capture_begin(route.stream));
+      capture_origin_[id] = route.stream;
+      return;
+    }
+    on_thread(route.thread, [&] { return alloc_->begin_allocate_to_pool(id, route), 0; });
   }
-  void end_allocate_to_pool(PoolId id) override { alloc_->end_allocate_to_pool(id); }
+  void end_allocate_to_pool(PoolId id) override {
+    if (auto it = capture_origin_.find(id); it != capture_origin_.end()) {
+      device(sim_->capture_end(it->second));  // cudaStreamEndCapture, then endAllocateToPool
+      capture_origin_.erase(it);
+    }
+    alloc_->end_allocate_to_pool(id);
+  }
+  bool has_capture_graph() const override { return true; }
+  void wait_stream(StreamId waiter, StreamId waited) override { device(sim_->wait_stream(waiter, waited)); }
+  void kernel(StreamId stream) override { sim_->kernel(stream); }
+  void configure(const std::string& text) override { (void)alloc_->configure(text); }
   void release_pool(PoolId id) override { alloc_->release_pool(id); }
   void empty_cache_of(PoolId id) override {
     guard([&] {
@@ -105,6 +131,10 @@ class GpuEngine final : public ReplayEngine {
       throw PyTorchFailure(e.what());
     }
   }
+  // A refusal of the simulated device's capture calls: the op is refused (UsageError).
+  static void device(const gpu::Status& st) {
+    if (!st.is_ok()) throw UsageError(st.message + " (docs/pytorch-allocator.md §14.10.1)");
+  }
   // f() on op thread t's OS thread; its exception, if any, is thrown here.
   template <class F>
   auto on_thread(ThreadIndex t, F&& f) -> decltype(f()) {
@@ -121,7 +151,9 @@ class GpuEngine final : public ReplayEngine {
     if (error) std::rethrow_exception(error);
     return std::move(*result);
   }
+  std::shared_ptr<gpu::HostSim> sim_;
   std::unique_ptr<CachingAllocator> alloc_;
+  std::map<PoolId, StreamId> capture_origin_;  // the captures under way: their streams
   OpThreads threads_;  // after alloc_: its threads end before the allocator goes
 };
 

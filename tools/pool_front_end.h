@@ -27,6 +27,9 @@ class EngineCalls final : public front_end::AllocatorCalls {
   void release_pool(PoolId id) override { engine_.release_pool(id); }
   void empty_cache_of(PoolId id) override { engine_.empty_cache_of(id); }
   int pool_use_count(PoolId id) const override { return engine_.pool_use_count(id); }
+  void kernel(StreamId stream) override {
+    if (engine_.has_capture_graph()) engine_.kernel(stream);
+  }
 
  private:
   ReplayEngine& engine_;

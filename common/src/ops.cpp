@@ -79,6 +79,10 @@ bool is_sleep_op(const Op& op) {
   return std::holds_alternative<SetTag>(op) || std::holds_alternative<Sleep>(op) || std::holds_alternative<Wake>(op);
 }
 
+bool is_stream_op(const Op& op) {
+  return std::holds_alternative<WaitStream>(op) || std::holds_alternative<Kernel>(op);
+}
+
 Addressing addressing(const std::vector<Op>& ops) {
   for (const Op& op : ops)
     if (const auto* a = std::get_if<Allocate>(&op); a && a->id) return Addressing::Ids;
@@ -118,6 +122,9 @@ std::string show(const Op& op) {
             return "sleep tags " + tag_list(o.tags, "all") + " backup " + tag_list(o.backup_tags, "none");
           },
           [](const Wake& o) { return "wake tags " + tag_list(o.tags, "all"); },
+          [](const WaitStream& o) { return "wait_stream s" + n(o.waiter) + " s" + n(o.waited); },
+          [](const Kernel& o) { return "kernel s" + n(o.stream); },
+          [](const SetAllocatorSettings& o) { return "cfg " + o.text; },
       },
       op);
 }
@@ -164,6 +171,9 @@ std::optional<Op> parse_op(std::string_view line) {
     if (prefixed(w[4], 'g', c)) return CaptureBegin{a, b, c};
   }
   if (k == "tag" && w.size() == 2 && valid_tag(w[1])) return SetTag{Tag(w[1])};
+  if (k == "wait_stream" && w.size() == 3 && prefixed(w[1], 's', a) && prefixed(w[2], 's', b)) return WaitStream{a, b};
+  if (k == "kernel" && w.size() == 2 && prefixed(w[1], 's', a)) return Kernel{a};
+  if (k == "cfg" && w.size() == 2) return SetAllocatorSettings{std::string(w[1])};
   if (k == "sleep" && w.size() == 5 && w[1] == "tags" && w[3] == "backup") {
     Sleep op;
     if (parse_tag_list(w[2], "all", op.tags) && parse_tag_list(w[4], "none", op.backup_tags)) return op;
@@ -200,7 +210,7 @@ std::vector<Op> parse_ops(std::string_view text) {
           "record h<handle> s<stream> | complete s<stream> | complete_all | empty_cache | fraction <double> | "
           "use_pool p<k> [t<thread>] | end_pool p<k> | release_pool p<k> | capture_begin g<k> s<stream> pool new|g<j> | "
           "capture_end g<k> | graph_reset g<k> | tag <name> | sleep tags all|<t>,.. backup none|<t>,.. | "
-          "wake tags all|<t>,..; a tag is 1 to 64 of [A-Za-z0-9_.-], not 'all' or 'none')");
+          "wake tags all|<t>,.. | wait_stream s<a> s<b> | kernel s<a> | cfg <settings>; a tag is 1 to 64 of [A-Za-z0-9_.-], not 'all' or 'none')");
     if (const auto* a = std::get_if<Allocate>(&*op)) ++(a->id ? id_allocs : handle_allocs);
     if (handle_allocs > 0 && id_allocs > 0)
       throw std::invalid_argument("line " + std::to_string(line_no) +

@@ -54,9 +54,13 @@ void Allocator::free(std::uint64_t ptr) {
     // graph_capture_record_stream_reuse: record_free_markers first (§14.10.1); PyTorch's state at
     // its assertion is this one (the free requested, nothing deferred).
     if (config_.graph_capture_record_stream_reuse) refuse_free_markers_across_graphs(*block);
-    // No event may be recorded during a capture: the free waits for its end (§14.7).
+    // No event may be recorded during a capture: the free waits for its end (§14.7), or with
+    // graph_capture_record_stream_reuse until the graph orders it before a malloc (§14.10.1).
     block->set_state(BlockState::Deferred);  // Allocated -> Deferred
     deferred_blocks_.push_back(block);
+    if (config_.graph_capture_record_stream_reuse) {
+      if (auto markers = record_free_markers(*block); !markers.empty()) free_markers_[block] = std::move(markers);
+    }
   } else if (!block->stream_uses.empty()) {
     insert_events(block);  // Allocated -> AwaitingEvents; completes when its events have (§6)
   } else {

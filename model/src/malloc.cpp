@@ -29,6 +29,9 @@ std::uint64_t Allocator::malloc(Bytes orig_size, StreamId stream, ThreadIndex th
   // 1. Blocks whose stream-use events completed return to their pools first; not while a
   //    capture or use_mem_pool is under way (§14.7).
   if (captures_underway_.empty()) process_events();
+  // During a capture, with graph_capture_record_stream_reuse, the deferred frees of this stream
+  // that the graph orders before it are free again (§14.10.1).
+  else if (config_.graph_capture_record_stream_reuse) free_safe_blocks_in_capture(stream);
 
   // 2. Size, pool, segment size (§1).
   AllocParams p;

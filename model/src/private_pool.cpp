@@ -149,13 +149,27 @@ void Allocator::begin_allocate_to_pool(PoolId id, PoolRoute route) {
       throw UsageError("begin_allocate_to_pool(" + describe(id) +
                        "): already allocating to this pool (PyTorch: \"beginAllocateToPool: already "
                        "recording to mempool_id\")");
+  // A capture's stream must not capture already (cudaStreamBeginCapture; §14.10.1).
+  if (route.is_capture() && graphs_.capture_of(route.stream))
+    throw UsageError("begin_allocate_to_pool(" + describe(id) + "): stream " + std::to_string(route.stream) +
+                     " captures already (it joined another capture); a capture begins on a stream outside any "
+                     "capture (docs/pytorch-allocator.md §14.10.1)");
   create_or_incref_pool(id);
   captures_underway_.emplace_back(id, route);
+  if (route.is_capture()) graphs_.begin(route.stream);
 }
 
 void Allocator::end_allocate_to_pool(PoolId id) {
   for (auto it = captures_underway_.begin(); it != captures_underway_.end(); ++it) {
     if (it->first == id) {
+      if (it->second.is_capture()) {
+        // cudaStreamEndCapture first: refused, nothing changed, while a joined stream is not
+        // joined back (§14.10.1); PyTorch forgets the capture's visited nodes (§14.10.1).
+        const StreamId origin = it->second.stream;
+        const CaptureId capture = graphs_.capture_of(origin).value_or(0);
+        graphs_.end(origin);
+        visited_.erase(capture);
+      }
       captures_underway_.erase(it);
       return;
     }
@@ -192,10 +206,10 @@ BlockPool& Allocator::get_pool(Bytes size, StreamId stream, ThreadIndex thread) 
   };
   if (flipped(RuleFlip::GetPoolOldest)) {  // rule flip: the oldest first
     for (auto it = captures_underway_.begin(); it != captures_underway_.end(); ++it)
-      if (it->second.takes(stream, thread)) return take(*it);
+      if (route_takes(it->second, stream, thread)) return take(*it);
   } else {
     for (auto it = captures_underway_.rbegin(); it != captures_underway_.rend(); ++it)
-      if (it->second.takes(stream, thread)) return take(*it);
+      if (route_takes(it->second, stream, thread)) return take(*it);
   }
   return is_small_size(size) ? small_blocks_ : large_blocks_;
 }
@@ -253,6 +267,7 @@ void Allocator::insert_events_deferred_until_no_capture() {
   // visible only in the order of free_completed rows and of events, and in the split peaks.
   std::vector<Block*> blocks = std::move(deferred_blocks_);
   deferred_blocks_.clear();
+  free_markers_.clear();
   for (Block* b : blocks) {
     for (StreamId s : b->capture_stream_uses) b->stream_uses.erase(s);
     b->capture_stream_uses.clear();
@@ -282,11 +297,12 @@ void Allocator::refuse_device_free_in_capture(const char* what) const {
 // capturing ends the walk (the free waits for the capture's end, §14.7), and two streams capturing
 // into different graphs trip the assertion. The walk's order over the uses is a hash set's, so the
 // model reports the failure only where every use stream captures: then one of them captures
-// another graph than the allocation stream (one capture per stream, §14.10.1), whatever the order.
+// another graph than the allocation stream, whatever the order (§14.8 case 4, §14.10.1).
 void Allocator::refuse_free_markers_across_graphs(const Block& block) const {
+  // The graph a stream captures into, named by the pool of the capture whose route takes it.
   auto graph_of = [&](StreamId s) -> const PoolId* {
     for (auto it = captures_underway_.rbegin(); it != captures_underway_.rend(); ++it)
-      if (it->second.is_capture() && it->second.takes(s)) return &it->first;
+      if (it->second.is_capture() && route_takes(it->second, s, 0)) return &it->first;
     return nullptr;
   };
   const PoolId* own = graph_of(block.stream);

@@ -63,9 +63,10 @@ class LoggingMemory final : public gpu::DeviceMemory {
  public:
   LoggingMemory(std::unique_ptr<gpu::DeviceMemory> inner, std::string* log) : in_(std::move(inner)), log_(log) {}
 
-  gpu::BackendCaps caps() const override {  // the sleep calls are not logged: not offered
+  gpu::BackendCaps caps() const override {  // the sleep and capture graph calls are not logged: not offered
     gpu::BackendCaps c = in_->caps();
     c.sleep = false;
+    c.capture_graph = false;
     return c;
   }
   DeviceIndex device() const override { return in_->device(); }

@@ -37,6 +37,9 @@ TEST(Ops, EveryOpHasOneLine) {
       {Sleep{{"weights", "kv_cache"}, {"weights"}}, "sleep tags weights,kv_cache backup weights"},
       {Wake{{}}, "wake tags all"},
       {Wake{{"kv-cache.1", "w_2"}}, "wake tags kv-cache.1,w_2"},
+      {WaitStream{2, 1}, "wait_stream s2 s1"},
+      {Kernel{3}, "kernel s3"},
+      {SetAllocatorSettings{"graph_capture_record_stream_reuse:True"}, "cfg graph_capture_record_stream_reuse:True"},
   };
   for (const auto& [op, line] : rows) {
     EXPECT_EQ(show(op), line);
@@ -63,6 +66,14 @@ TEST(Ops, SleepOpsAreMarked) {
   EXPECT_FALSE(is_sleep_op(UseMemPoolBegin{0}));
 }
 
+TEST(Ops, StreamOpsAreMarked) {
+  EXPECT_TRUE(is_stream_op(WaitStream{1, 2}));
+  EXPECT_TRUE(is_stream_op(Kernel{1}));
+  EXPECT_FALSE(is_stream_op(SetAllocatorSettings{"expandable_segments:True"}));
+  EXPECT_FALSE(is_stream_op(CaptureBegin{0, 1, std::nullopt}));
+  EXPECT_FALSE(is_pool_op(WaitStream{1, 2}));
+}
+
 TEST(Ops, RejectsMalformedLines) {
   for (const char* bad : {"alloc 12", "free 3", "alloc x s0", "alloc 1 0", "record h1", "fraction", "fraction 0.5x",
                           "use_pool 3", "capture_begin g0 s1", "capture_begin g0 s1 pool", "capture_begin g0 s1 pool 2",
@@ -70,7 +81,8 @@ TEST(Ops, RejectsMalformedLines) {
                           "tag a b", "tag a,b", "tag we!ghts", "sleep", "sleep tags all", "sleep tags backup none",
                           "sleep tags a,a backup none", "sleep tags a, backup none", "sleep tags none backup none",
                           "sleep tags all backup all", "wake", "wake tags", "wake tags none", "wake all",
-                          "wake tags ,a"})
+                          "wake tags ,a", "wait_stream s1", "wait_stream 1 2", "wait_stream s1 s2 s3", "kernel",
+                          "kernel 2", "kernel s1 s2", "cfg", "cfg a b"})
     EXPECT_FALSE(parse_op(bad).has_value()) << bad;
 }
 

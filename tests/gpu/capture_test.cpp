@@ -251,3 +251,98 @@ TEST(CaptureDeviceCalls, AllocatorExpandableSegments) {
 
 }  // namespace
 }  // namespace cachet
+
+namespace cachet {
+namespace {
+
+std::uint64_t addr_of(void* p) { return reinterpret_cast<std::uintptr_t>(p); }
+StreamId id_of(cudaStream_t s) { return static_cast<StreamId>(reinterpret_cast<std::uintptr_t>(s)); }
+
+// graph_capture_record_stream_reuse:True on a real capture (docs/pytorch-allocator.md §14.10.1):
+// the CUDA backend's capture_info and node_dependencies (cudaStreamGetCaptureInfo,
+// cudaGraphNodeGetDependencies) give gpu/ the graph. PyTorch's test_graph_capture_reclaim_2_streams
+// with memset nodes as the kernels, values as recorded in
+// tests/data/oracle-issue23/results/res_reclaim_2_streams.json.gz: a1, used on the forked stream 2
+// and freed, is not reused before stream 1 joins stream 2 (a3 at +1024) and is after (a4 == a1).
+// With the option off, a4 is a new block. Runs in validate mode.
+void reclaim_two_streams(bool reuse) {
+  auto a = allocator(reuse ? "graph_capture_record_stream_reuse:True" : "");
+  cudaStream_t s1 = nullptr, s2 = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
+  const StreamId id1 = id_of(s1), id2 = id_of(s2);
+  const PoolId graph{1, 0};
+  // CUDAGraph::capture_begin: beginAllocateToPool, then cudaStreamBeginCapture.
+  a->begin_allocate_to_pool(graph, PoolRoute{PoolRoute::Kind::CaptureStream, id1});
+  ASSERT_EQ(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal), cudaSuccess);
+  void* a0 = nullptr;
+  void* a1 = nullptr;
+  void* a2 = nullptr;
+  void* a3 = nullptr;
+  void* a4 = nullptr;
+  {
+    CurrentStream cs(id1);
+    a0 = a->allocate(32, id1);
+    a1 = a->allocate(32, id1);
+  }
+  ASSERT_EQ(cudaEventRecord(fork, s1), cudaSuccess);  // s2.wait_stream(s1): s2 joins the capture
+  ASSERT_EQ(cudaStreamWaitEvent(s2, fork, 0), cudaSuccess);
+  {
+    CurrentStream cs(id2);
+    a2 = a->allocate(32, id2);  // the graph's pool: s2 captures into its capture
+  }
+  ASSERT_EQ(cudaMemsetAsync(a1, 0, 32, s2), cudaSuccess);  // a node on s2 that uses a1
+  a->record_stream(a1, id2);
+  {
+    CurrentStream cs(id1);
+    a->free(a1);
+    a3 = a->allocate(32, id1);
+  }
+  EXPECT_EQ(addr_of(a1) - addr_of(a0), 512u);
+  EXPECT_EQ(addr_of(a3) - addr_of(a0), 1024u);
+  ASSERT_EQ(cudaEventRecord(join, s2), cudaSuccess);  // s1.wait_stream(s2)
+  ASSERT_EQ(cudaStreamWaitEvent(s1, join, 0), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(a0, 0, 32, s1), cudaSuccess);  // a node on s1 after the join
+  {
+    CurrentStream cs(id1);
+    a4 = a->allocate(32, id1);
+  }
+  if (reuse)
+    EXPECT_EQ(a4, a1);
+  else
+    EXPECT_EQ(addr_of(a4) - addr_of(a0), 1536u);
+  const Snapshot snap = a->snapshot();
+  ASSERT_EQ(snap.size(), 2u);  // s1's and s2's segments, both the graph's
+  EXPECT_EQ(snap[0].pool_id, graph);
+  EXPECT_EQ(snap[1].pool_id, graph);
+  cudaGraph_t g = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(s1, &g), cudaSuccess);  // joined: a valid graph
+  a->end_allocate_to_pool(graph);
+  if (g) (void)cudaGraphDestroy(g);
+  EXPECT_TRUE(a->invariants().empty());
+  for (void* p : {a0, a2, a3, a4}) a->free(p);
+  a->release_pool(graph);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  a->empty_cache();
+  EXPECT_EQ(reserved(*a), 0);
+  (void)cudaEventDestroy(fork);
+  (void)cudaEventDestroy(join);
+  (void)cudaStreamDestroy(s1);
+  (void)cudaStreamDestroy(s2);
+}
+
+TEST(CaptureDeviceCalls, RecordStreamReuseReclaimsAfterTheJoin) {
+  SKIP_WITHOUT_DEVICE();
+  reclaim_two_streams(true);
+}
+
+TEST(CaptureDeviceCalls, RecordStreamReuseOffWaitsForTheEnd) {
+  SKIP_WITHOUT_DEVICE();
+  reclaim_two_streams(false);
+}
+
+}  // namespace
+}  // namespace cachet

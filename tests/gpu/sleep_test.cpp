@@ -761,6 +761,7 @@ class NoSleepMemory final : public gpu::DeviceMemory {
   gpu::BackendCaps caps() const override {
     gpu::BackendCaps c = in_->caps();
     c.sleep = false;
+    c.capture_graph = false;  // nor its capture graph calls
     return c;
   }
   DeviceIndex device() const override { return in_->device(); }

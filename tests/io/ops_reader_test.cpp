@@ -50,6 +50,29 @@ TEST(ReadOps, Threads) {
   std::filesystem::remove(path);
 }
 
+// The capture-graph ops of issue 23 (docs/pytorch-allocator.md §14.10.1): wait_stream, a kernel and
+// a runtime setting, and their text form.
+TEST(ReadOps, CaptureGraphOps) {
+  const std::string path = write_temp(
+      "graph.json", R"([["cfg", "graph_capture_record_stream_reuse:True"], ["w", 2, 1], ["k", 2], ["a", 0, 32, 2]])");
+  const std::vector<ops::Op> want{ops::SetAllocatorSettings{"graph_capture_record_stream_reuse:True"},
+                                  ops::WaitStream{2, 1}, ops::Kernel{2}, ops::Allocate{32, 2, 0}};
+  EXPECT_EQ(read_ops(path), want);
+  EXPECT_EQ(ops::show(want),
+            "cfg graph_capture_record_stream_reuse:True\nwait_stream s2 s1\nkernel s2\nalloc h0 32 s2\n");
+  EXPECT_EQ(ops::parse_ops(ops::show(want)), want);
+  EXPECT_TRUE(ops::is_stream_op(want[1]));
+  EXPECT_TRUE(ops::is_stream_op(want[2]));
+  EXPECT_FALSE(ops::is_stream_op(want[0]));
+  EXPECT_FALSE(ops::is_pool_op(want[1]));
+  // The recorded list of PyTorch's test_graph_capture_reclaim_2_streams.
+  const auto reclaim = read_ops(std::string(CACHET_TEST_DATA) + "/oracle-issue23/ops/ops_reclaim_2_streams.json.gz");
+  ASSERT_EQ(reclaim.size(), 21u);
+  EXPECT_EQ(reclaim[5], (ops::Op{ops::WaitStream{2, 1}}));
+  EXPECT_EQ(reclaim[7], (ops::Op{ops::Kernel{2}}));
+  std::filesystem::remove(path);
+}
+
 TEST(ReadOps, TheOracleListsAreIdAddressed) {
   const auto ops = read_ops(std::string(CACHET_TEST_DATA) + "/oracle/ops/ops_small.json.gz");
   ASSERT_EQ(ops.size(), 3000u);
@@ -66,11 +89,11 @@ TEST(ReadOps, MalformedOpsNameTheOpAndTheForm) {
       {R"([["e"], ["gb", 0, 1, -2]])", ": op 1 share: expected a graph index or -1 (a new pool)"},
       {R"([["gx", 0, 1]])", ": op 0: expected [\"ge\"|\"gx\", graph]"},
       {R"([["a", 0, 1, 0], ["r", 0]])", ": op 1: expected [\"r\", id, stream] (Tensor.record_stream)"},
-      {R"([["k", 2]])", ": op 0: \"k\" (a captured kernel) is not in cachet's op vocabulary yet: replaying it needs "
-                        "a model of a capture's graph (docs/pytorch-allocator.md §14.10.1)"},
-      {R"([["e"], ["w", 1, 2]])", ": op 1: \"w\" (wait_stream) is not in cachet's op vocabulary yet: replaying it "
-                                  "needs a model of a capture's graph (docs/pytorch-allocator.md §14.10.1)"},
-      {R"([["zz", 0]])", ": op 0: unknown op \"zz\" (expected \"a\", \"f\", \"r\", \"e\", \"pb\", \"pe\", \"pr\", \"gb\", \"ge\" or \"gx\")"},
+      {R"([["k", 2, 1]])", ": op 0: expected [\"k\", stream] (a kernel on the stream)"},
+      {R"([["e"], ["w", 1]])", ": op 1: expected [\"w\", a, b] (streams[a].wait_stream(streams[b]))"},
+      {R"([["cfg", "a b"]])", ": op 0 text: expected allocator settings without whitespace, e.g. "
+                              "\"graph_capture_record_stream_reuse:True\""},
+      {R"([["zz", 0]])", ": op 0: unknown op \"zz\" (expected \"a\", \"f\", \"r\", \"e\", \"pb\", \"pe\", \"pr\", \"gb\", \"ge\", \"gx\", \"w\", \"k\" or \"cfg\")"},
   };
   for (const auto& [text, message] : rows) {
     const std::string path = write_temp("bad.json", text);

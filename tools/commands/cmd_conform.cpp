@@ -93,6 +93,13 @@ class ModelEngine final : public ReplayEngine {
   void set_deferred_free_order(const std::vector<std::uint64_t>& order) override {
     alloc_.set_deferred_free_order(order);
   }
+  // The capture graph (docs/pytorch-allocator.md §14.10.1): the model's own.
+  bool has_capture_graph() const override { return true; }
+  void wait_stream(StreamId waiter, StreamId waited) override { alloc_.wait_stream(waiter, waited); }
+  void kernel(StreamId stream) override { alloc_.kernel(stream); }
+  void configure(const std::string& text) override {
+    alloc_.set_allocator_settings(parse_config(text, ConfigSource::PyTorch, alloc_.config()).config);
+  }
 
  private:
   template <class F>
@@ -205,6 +212,14 @@ std::string hex_list(const std::vector<std::uint64_t>& v) {
   return out;
 }
 
+// The stream of index `s` of op `i`; invalid_argument when the recording has no such stream.
+StreamId stream_at(const io::Recording& rec, std::size_t i, StreamId s) {
+  if (s >= rec.streams.size())
+    throw std::invalid_argument(
+        fmt::format("op {}: stream index {} but the recording has {} streams", i, s, rec.streams.size()));
+  return rec.streams[s];
+}
+
 // Replays `rec` with `ops` through one engine and reports every mismatch. Returns ops run.
 std::size_t conform_one(const std::string& engine_name, const EngineFactory& factory,
                         const io::Recording& rec, const std::vector<ops::Op>& ops, const Config& config,
@@ -308,6 +323,12 @@ std::size_t conform_one(const std::string& engine_name, const EngineFactory& fac
         if (auto it = pointers.find(r->handle); it != pointers.end()) engine->record_stream(it->second, rec.streams[r->stream]);
       } else if (std::holds_alternative<ops::EmptyCache>(ops[i])) {
         engine->empty_cache();
+      } else if (const auto* w = std::get_if<ops::WaitStream>(&ops[i])) {  // §14.10.1
+        engine->wait_stream(stream_at(rec, i, w->waiter), stream_at(rec, i, w->waited));
+      } else if (const auto* k = std::get_if<ops::Kernel>(&ops[i])) {
+        engine->kernel(stream_at(rec, i, k->stream));
+      } else if (const auto* c = std::get_if<ops::SetAllocatorSettings>(&ops[i])) {
+        engine->configure(c->text);
       } else {  // the pool and capture ops (docs/pytorch-allocator.md §14.9)
         pools.apply(ops[i]);
       }

@@ -42,6 +42,15 @@
 //                                      a new private pool or the pool of graph j (j = -1: new)
 //   capture_end g<k>                   CaptureEnd                                     ["ge", k]
 //   graph_reset g<k>                   GraphReset: graph k's reset()                  ["gx", k]
+//   wait_stream s<a> s<b>              WaitStream: streams[a].wait_stream(streams[b])  ["w", a, b]
+//                                      while b captures, a joins b's capture
+//                                      (docs/pytorch-allocator.md §14.10.1)
+//   kernel s<a>                        Kernel: one kernel on the stream; a node of the ["k", a]
+//                                      capture graph while the stream captures
+//   cfg <text>                         SetAllocatorSettings: torch.cuda.memory.       ["cfg", text]
+//                                      _set_allocator_settings(text), e.g.
+//                                      graph_capture_record_stream_reuse:True (the rest
+//                                      of the line; no spaces in it)
 //   tag <name>                         SetTag: the current tag of later allocations (issue 24,
 //                                      docs/sleep-wake.md; "default" until a list sets one)
 //   sleep tags all|<t>,<t>.. backup none|<t>,<t>..
@@ -145,6 +154,23 @@ struct GraphReset {
   friend bool operator==(const GraphReset&, const GraphReset&) = default;
 };
 
+// The device's side of a capture graph (issue 23, docs/pytorch-allocator.md §14.10.1): what
+// graph_capture_record_stream_reuse reads through cudaStreamGetCaptureInfo.
+struct WaitStream {  // streams[waiter].wait_stream(streams[waited])
+  StreamId waiter = 0;
+  StreamId waited = 0;
+  friend bool operator==(const WaitStream&, const WaitStream&) = default;
+};
+struct Kernel {  // one kernel on the stream (a captured node while it captures)
+  StreamId stream = 0;
+  friend bool operator==(const Kernel&, const Kernel&) = default;
+};
+// torch.cuda.memory._set_allocator_settings(text): parsed over the current settings (§4.1).
+struct SetAllocatorSettings {
+  std::string text;  // CACHET_ALLOC_CONF syntax, no whitespace
+  friend bool operator==(const SetAllocatorSettings&, const SetAllocatorSettings&) = default;
+};
+
 // Tags, sleep and wake (issue 24, docs/sleep-wake.md). Tag lists hold valid tags (cachet/tags.h)
 // without repeats; an empty list names every tag (Sleep::tags, Wake::tags) or none
 // (Sleep::backup_tags).
@@ -164,12 +190,14 @@ struct Wake {
 
 using Op = std::variant<Allocate, Free, RecordStream, CompleteEvents, CompleteAllEvents, EmptyCache,
                         SetMemoryFraction, UseMemPoolBegin, UseMemPoolEnd, ReleasePool, CaptureBegin, CaptureEnd,
-                        GraphReset, SetTag, Sleep, Wake>;
+                        GraphReset, SetTag, Sleep, Wake, WaitStream, Kernel, SetAllocatorSettings>;
 
 // The pool and capture ops (issue 16): runners without private pools refuse them.
 bool is_pool_op(const Op& op);
 // The tag, sleep and wake ops (issue 24): runners without sleep refuse them.
 bool is_sleep_op(const Op& op);
+// wait_stream and kernel (issue 23): runners without a capture graph refuse them.
+bool is_stream_op(const Op& op);
 
 enum class Addressing : std::uint8_t { Handles, Ids };
 // The list's addressing: Ids when any Allocate carries an id, else Handles.

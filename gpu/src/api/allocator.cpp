@@ -171,10 +171,26 @@ void CachingAllocator::begin_allocate_to_pool(PoolId id, PoolFilter filter, bool
 
 // A use_mem_pool route takes the allocations of the OS thread that calls this (PyTorch's filter
 // compares std::this_thread::get_id(), docs/pytorch-allocator.md §14.10.2): runners make each op
-// thread's calls on an OS thread of its own. A capture route takes its stream, whatever the thread.
+// thread's calls on an OS thread of its own. A capture route takes its stream, whatever the thread,
+// and, where the backend reads captures (caps().capture_graph), every stream capturing into the
+// same capture as it (CUDAGraph's filter: the stream's capture id, §14.10.1).
 void CachingAllocator::begin_allocate_to_pool(PoolId id, PoolRoute route) {
   if (route.is_capture()) {
-    begin_allocate_to_pool(id, [route](StreamId s) { return route.takes(s); }, true);
+    gpu::DeviceMemory* mem = &device_memory();
+    if (!mem->caps().capture_graph) {
+      begin_allocate_to_pool(id, [route](StreamId s) { return route.takes(s); }, true);
+      return;
+    }
+    begin_allocate_to_pool(
+        id,
+        [route, mem](StreamId s) {
+          if (s == route.stream) return true;
+          const auto own = mem->capture_info(route.stream);
+          if (!own.is_ok() || !own.value.capturing) return false;
+          const auto other = mem->capture_info(s);
+          return other.is_ok() && other.value.capturing && other.value.capture_id == own.value.capture_id;
+        },
+        true);
     return;
   }
   begin_allocate_to_pool(id, [tid = std::this_thread::get_id()](StreamId) { return std::this_thread::get_id() == tid; },

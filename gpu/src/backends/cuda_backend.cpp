@@ -196,6 +196,63 @@ bool CudaRuntimeBackend::stream_valid(StreamId s) {
 #endif
 }
 
+// ------------------------------------------------- the capture graph (docs §14.10.1)
+
+// cudaStreamGetCaptureInfo as PyTorch's stream_get_capture_info calls it (CUDA 13: the edge data
+// argument, left null; before: the _v2 entry point). An invalidated capture is an error (PyTorch
+// asserts). A query: allowed during any capture, on any thread.
+Result<CaptureInfo> CudaRuntimeBackend::capture_info(StreamId s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  cudaGraph_t graph = nullptr;
+  const cudaGraphNode_t* deps = nullptr;
+  std::size_t n = 0;
+#if CUDART_VERSION >= 13000
+  const cudaError_t e = cudaStreamGetCaptureInfo(stream_of(s), &st, &id, &graph, &deps, nullptr, &n);
+#else
+  const cudaError_t e = cudaStreamGetCaptureInfo_v2(stream_of(s), &st, &id, &graph, &deps, &n);
+#endif
+  if (e != cudaSuccess) return {status_of("cudaStreamGetCaptureInfo", e), {}};
+  if (st == cudaStreamCaptureStatusInvalidated)
+    return {Status::error("cudaStreamGetCaptureInfo: the capture of stream " + hex(s) +
+                          " was invalidated (PyTorch asserts \"Invalid stream capture status\")"),
+            {}};
+  CaptureInfo info;
+  if (st != cudaStreamCaptureStatusActive) return {Status::ok(), info};
+  info.capturing = true;
+  info.capture_id = id;
+  info.terminals.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) info.terminals.push_back(reinterpret_cast<std::uintptr_t>(deps[i]));
+  return {Status::ok(), std::move(info)};
+}
+
+// cudaGraphNodeGetDependencies: the count first, then the nodes (CUDA 13: with edge data).
+Result<std::vector<GraphNode>> CudaRuntimeBackend::node_dependencies(GraphNode n) {
+  const auto node = reinterpret_cast<cudaGraphNode_t>(static_cast<std::uintptr_t>(n));
+  std::size_t count = 0;
+#if CUDART_VERSION >= 13000
+  cudaError_t e = cudaGraphNodeGetDependencies(node, nullptr, nullptr, &count);
+#else
+  cudaError_t e = cudaGraphNodeGetDependencies(node, nullptr, &count);
+#endif
+  if (e != cudaSuccess) return {status_of("cudaGraphNodeGetDependencies", e), {}};
+  std::vector<cudaGraphNode_t> deps(count);
+  if (count > 0) {
+#if CUDART_VERSION >= 13000
+    std::vector<cudaGraphEdgeData> edges(count);
+    e = cudaGraphNodeGetDependencies(node, deps.data(), edges.data(), &count);
+#else
+    e = cudaGraphNodeGetDependencies(node, deps.data(), &count);
+#endif
+    if (e != cudaSuccess) return {status_of("cudaGraphNodeGetDependencies", e), {}};
+    deps.resize(count);
+  }
+  std::vector<GraphNode> out;
+  out.reserve(deps.size());
+  for (cudaGraphNode_t d : deps) out.push_back(reinterpret_cast<std::uintptr_t>(d));
+  return {Status::ok(), std::move(out)};
+}
+
 Result<EventHandle> CudaRuntimeBackend::event_create() {
   DeviceGuard g(device_);
   cudaEvent_t e = nullptr;

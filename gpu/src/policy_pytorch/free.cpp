@@ -42,12 +42,18 @@ void PytorchPolicy::free(DevicePtr ptr) {
   if (wait_for_uses && capture_underway()) {
     // graph_capture_record_stream_reuse: where PyTorch's record_free_markers would assert, refuse
     // before anything changes (§14.8, §14.10.1).
-    if (config_.graph_capture_record_stream_reuse) refuse_free_markers_across_graphs(b);
-    // No event may be recorded during a capture: the free waits for its end (§14.7).
+    std::vector<GraphNode> markers;
+    if (config_.graph_capture_record_stream_reuse) {
+      refuse_free_markers_across_graphs(b);
+      markers = record_free_markers(b);  // may throw DeviceError: nothing changed yet
+    }
+    // No event may be recorded during a capture: the free waits for its end (§14.7), or with
+    // markers until a malloc on its stream finds them ordered before it (§14.10.1).
     accounting_.free_requested(stat_type(pool_for(b)), b->size, is_oversize(b->size));
     record(TraceAction::FreeRequested, b->ptr, b->requested_size, b->stream);
     deferred_blocks_.push_back(b);
     b->set_state(BlockState::Deferred);
+    if (!markers.empty()) free_markers_[b] = std::move(markers);
     return;
   }
   if (wait_for_uses) {

@@ -149,6 +149,10 @@ DevicePtr PytorchPolicy::malloc(Bytes orig_size, StreamId stream) {
   }
   // §3.1 step 2; not while a capture or use_mem_pool is under way (§14.7).
   if ((pending_events_ != 0 || !deferred_blocks_.empty()) && !capture_underway()) process_events();
+  // During a capture, with graph_capture_record_stream_reuse: the deferred frees of this stream that
+  // the capture's graph orders before it (§14.10.1).
+  if (capture_underway() && config_.graph_capture_record_stream_reuse && caps_.capture_graph)
+    free_safe_blocks_in_capture(stream);
 
   const Bytes size = round_size(orig_size);
   // The default pools, or the private pool of an active capture or use_mem_pool (§14.2).

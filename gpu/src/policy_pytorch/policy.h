@@ -334,6 +334,14 @@ class PytorchPolicy : public Shell {
   void refuse_release_where_pytorch_fails(PoolId id) const;
   void refuse_giving_back_in_capture(const AllocParams& p, bool gc, bool releasing);
   void refuse_free_markers_across_graphs(const Block* b) const;  // §14.8 case 4, §14.10.1
+  // graph_capture_record_stream_reuse (§14.10.1; capture_reuse.cpp), from the backend's capture
+  // graph (caps_.capture_graph; without it every such free waits for the end of the captures).
+  // record_free_markers: the union of the terminals of the block's stream and use streams, none
+  // when one of them does not capture. free_safe_blocks_in_capture: malloc's step during a capture.
+  // Both throw DeviceError, nothing changed, when the backend cannot answer.
+  std::vector<GraphNode> record_free_markers(const Block* b);
+  void free_safe_blocks_in_capture(StreamId stream);
+  CaptureInfo capture_info(StreamId stream);
   int device_frees_to_release(const PrivatePool& pp, bool synced) const;
   bool gc_would_release() const;
   bool release_available_would_release(const AllocParams& p) const;
@@ -436,6 +444,12 @@ class PytorchPolicy : public Shell {
   FreeableOrder graph_pools_freeable_;
   std::vector<Underway> captures_underway_;
   std::vector<Block*> deferred_blocks_;
+  // graph_capture_record_stream_reuse (§14.10.1): the free markers of deferred blocks that have
+  // some (the others wait for the end of the captures); PyTorch's graph_reuse_context (per capture
+  // id, per stream, the visited nodes) and mempool_to_capture_id, dropped at endAllocateToPool.
+  std::map<const Block*, std::vector<GraphNode>> free_markers_;
+  std::map<std::uint64_t, std::map<StreamId, std::vector<GraphNode>>> reuse_visited_;
+  std::map<PoolId, std::uint64_t> mempool_to_capture_;
   std::vector<std::unique_ptr<PrivatePool>> orphaned_pools_;  // forget_pool (§14.8.1)
   // setUseOnOOM's pools, in PyTorch's iteration order (a ska::flat_hash_set keyed as
   // graph_pools_freeable); setNoSplit's pools (§15.2). Ids, as PyTorch keeps them: they outlive

@@ -227,6 +227,11 @@ void PytorchPolicy::end_allocate_to_pool(PoolId id) {
   for (auto it = captures_underway_.begin(); it != captures_underway_.end(); ++it) {
     if (it->id == id) {
       captures_underway_.erase(it);
+      // PyTorch drops the capture's graph_reuse_context here (§14.10.1).
+      if (auto c = mempool_to_capture_.find(id); c != mempool_to_capture_.end()) {
+        reuse_visited_.erase(c->second);
+        mempool_to_capture_.erase(c);
+      }
       return;
     }
   }
@@ -327,6 +332,7 @@ void PytorchPolicy::set_deferred_free_order(const std::vector<DevicePtr>& order)
 // order they were freed or as set_deferred_free_order arranged them (PyTorch: its hash map's
 // order, §14.10.3); the uses recorded during a capture need none (remove_cudagraph_stream_uses).
 void PytorchPolicy::insert_events_deferred_until_no_capture() {
+  free_markers_.clear();
   while (!deferred_blocks_.empty()) {
     Block* b = deferred_blocks_.front();
     for (StreamId s : b->capture_stream_uses)

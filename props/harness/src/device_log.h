@@ -109,6 +109,11 @@ class LoggingMemory final : public gpu::DeviceMemory {
     return inner_->copy_to_device(p, h, n);
   }
   gpu::Status copy_synchronize() override { return inner_->copy_synchronize(); }
+  // The capture graph queries (docs/pytorch-allocator.md §14.10.1): forwarded, not device calls to log.
+  gpu::Result<gpu::CaptureInfo> capture_info(StreamId s) override { return inner_->capture_info(s); }
+  gpu::Result<std::vector<gpu::GraphNode>> node_dependencies(gpu::GraphNode n) override {
+    return inner_->node_dependencies(n);
+  }
   // A reserve + map_pieces of the same range is a cachet_sleep segment (gpu/'s vmm_segment_alloc):
   // the model's cudaMalloc. Any other map_pieces is a wake's map: the model's map.
   gpu::Status map_pieces(gpu::DevicePtr p, Bytes n) override {

@@ -173,6 +173,11 @@ struct Lockstep<Model, Impl>::State {
         return apply_pool_op(op);
       }
     }
+    if (ops::is_stream_op(op) || std::holds_alternative<ops::SetAllocatorSettings>(op)) {
+      last_sut = last_model = {Outcome::Kind::Unsupported, 0, show(op)};
+      return "not supported by the lockstep: " + show(op) + "\n  wait_stream, kernel and cfg are replayed by `cachet "
+             "conform` (docs/pytorch-allocator.md §14.10.1); nothing was applied\n";
+    }
     if (ops::is_sleep_op(op)) {  // issue 24: where both sides have them (docs/sleep-wake.md section 8)
       if (sleep_runs()) return apply_sleep_op(op);
       last_sut = last_model = {Outcome::Kind::Unsupported, 0, show(op)};

@@ -102,6 +102,12 @@ void PoolFrontEnd::capture_begin(const ops::CaptureBegin& op) {
     unregister_graph(k);  // the graph object is gone with its failed capture
     throw;
   }
+  // CUDAGraph::capture_begin, after cudaStreamBeginCapture: CUDAGeneratorState::capture_prologue
+  // fills the seed and the offset (seed_extragraph_.fill_, offset_extragraph_.fill_), the graph's
+  // first two nodes, on the capture stream. graph_capture_record_stream_reuse sees them as the
+  // stream's dependencies (docs/pytorch-allocator.md §14.10.1).
+  calls_.kernel(s);
+  calls_.kernel(s);
   graphs_[k] = Graph{id, s, false};
 }
 

@@ -337,20 +337,22 @@ std::vector<ops::Op> read_ops(const std::string& path) {
       const std::uint64_t k = uint_at(1, "graph");
       if (kind == "ge") out.push_back(ops::CaptureEnd{k});
       else out.push_back(ops::GraphReset{k});
-    } else if (kind == "w" || kind == "k" || kind == "cfg") {
-      // Recorded by scripts/oracle for graph_capture_record_stream_reuse (tests/data/oracle-issue23).
-      r.fail(where, "\"" + kind + "\" (" +
-                        (kind == "w"   ? std::string("wait_stream")
-                         : kind == "k" ? std::string("a captured kernel")
-                                       : std::string("a runtime allocator setting")) +
-                        ") is not in cachet's op vocabulary yet: " +
-                        (kind == "cfg" ? std::string("the recordings with it (graph_capture_record_stream_reuse) also "
-                                                     "need wait_stream and captured kernels")
-                                       : std::string("replaying it needs a model of a capture's graph")) +
-                        " (docs/pytorch-allocator.md §14.10.1)");
+    } else if (kind == "w") {
+      arity(3, "[\"w\", a, b] (streams[a].wait_stream(streams[b]))");
+      out.push_back(ops::WaitStream{uint_at(1, "stream"), uint_at(2, "stream")});
+    } else if (kind == "k") {
+      arity(2, "[\"k\", stream] (a kernel on the stream)");
+      out.push_back(ops::Kernel{uint_at(1, "stream")});
+    } else if (kind == "cfg") {
+      arity(2, "[\"cfg\", text] (_set_allocator_settings)");
+      const std::string text = r.as_string(a.at(1), where + " text");
+      if (text.empty() || text.find_first_of(" \t\r\n") != std::string::npos)
+        r.fail(where + " text", "expected allocator settings without whitespace, e.g. "
+                                "\"graph_capture_record_stream_reuse:True\"");
+      out.push_back(ops::SetAllocatorSettings{text});
     } else {
       r.fail(where, "unknown op \"" + kind +
-                        "\" (expected \"a\", \"f\", \"r\", \"e\", \"pb\", \"pe\", \"pr\", \"gb\", \"ge\" or \"gx\")");
+                        "\" (expected \"a\", \"f\", \"r\", \"e\", \"pb\", \"pe\", \"pr\", \"gb\", \"ge\", \"gx\", \"w\", \"k\" or \"cfg\")");
     }
   }
   return out;

@@ -238,6 +238,10 @@ class CheckedMemory final : public gpu::DeviceMemory {
   gpu::Status copy_to_device(gpu::DevicePtr p, const void* h, Bytes n) override { return in_->copy_to_device(p, h, n); }
   gpu::Status copy_synchronize() override { return in_->copy_synchronize(); }
   gpu::Status map_pieces(gpu::DevicePtr p, Bytes n) override { return in_->map_pieces(p, n); }
+  gpu::Result<gpu::CaptureInfo> capture_info(StreamId s) override { return in_->capture_info(s); }
+  gpu::Result<std::vector<gpu::GraphNode>> node_dependencies(gpu::GraphNode n) override {
+    return in_->node_dependencies(n);
+  }
 
  private:
   static bool overlaps(const std::map<gpu::DevicePtr, Bytes>& m, gpu::DevicePtr p, Bytes n) {

@@ -147,8 +147,9 @@ class CachingAllocator {
   // capture (true) or use_mem_pool (false); it only changes what is refused while it is under
   // way (§14.8.2); the plug-in cannot tell and passes false.
   void begin_allocate_to_pool(PoolId id, PoolFilter filter, bool capture = false);
-  // Replays and tests: a capture route takes its stream; a use_mem_pool route (CurrentThread)
-  // takes the allocations of the OS thread that calls this, as PyTorch's filter does (§14.10.2).
+  // Replays and tests: a capture route takes its stream (and, where the backend reads captures,
+  // every stream of that stream's capture, §14.10.1); a use_mem_pool route (CurrentThread) takes
+  // the allocations of the OS thread that calls this, as PyTorch's filter does (§14.10.2).
   void begin_allocate_to_pool(PoolId id, PoolRoute route);
   void end_allocate_to_pool(PoolId id);  // endAllocateToPool; keeps the user
   // releasePool: one user fewer; at 0 the pool's free segments may go back (§14.4-14.6).

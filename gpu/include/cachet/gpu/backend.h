@@ -12,6 +12,11 @@
 //              copy_synchronize                       and one synchronize; docs/sleep-wake.md)
 //              map_pieces                             (a sleeping range's new memory in pieces
 //              only when caps.sleep is set             of up to 512 MiB: cuMemCreate + cuMemMap)
+//   captures   capture_info / node_dependencies       (cudaStreamGetCaptureInfo: a stream's capture
+//              only when caps.capture_graph is set     id and current dependency nodes;
+//                                                      cudaGraphNodeGetDependencies; for
+//                                                      graph_capture_record_stream_reuse,
+//                                                      docs/pytorch-allocator.md §14.10.1)
 //
 // Backends never throw: every call returns a Status (Ok, OutOfMemory, Error + message). The
 // allocator turns a Status into PyTorch's behaviour (OutOfMemory -> the OOM path, Error ->
@@ -28,6 +33,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cachet/types.h"
 
@@ -35,6 +41,7 @@ namespace cachet::gpu {
 
 using DevicePtr = std::uint64_t;    // device address; 0 = none
 using EventHandle = std::uint64_t;  // backend-defined event id (cudaEvent_t value on CUDA)
+using GraphNode = std::uint64_t;    // a captured graph node (cudaGraphNode_t value on CUDA)
 
 enum class StatusCode : std::uint8_t { Ok, OutOfMemory, Error };
 
@@ -57,6 +64,19 @@ struct BackendCaps {
   // Pinned host buffers, device<->host copies and map_pieces (sleep and wake, docs/sleep-wake.md
   // §6): cachet_sleep:True needs it and reserve_va.
   bool sleep = false;
+  // capture_info and node_dependencies (a capture's graph, docs/pytorch-allocator.md §14.10.1):
+  // graph_capture_record_stream_reuse frees blocks during a capture only with it, and a capture
+  // route (PoolRoute::CaptureStream) takes every stream of its capture only with it (else its
+  // stream only).
+  bool capture_graph = false;
+};
+
+// cudaStreamGetCaptureInfo: whether the stream captures, into which capture, and the nodes the
+// next captured work on it will depend on (its "terminals").
+struct CaptureInfo {
+  bool capturing = false;
+  std::uint64_t capture_id = 0;
+  std::vector<GraphNode> terminals;
 };
 
 // The largest piece map_pieces backs with one physical allocation (docs/sleep-wake.md section 6: 512 MiB
@@ -118,8 +138,16 @@ concept SleepCalls = requires(B& b, Bytes n, DevicePtr p, void* h, const void* c
   { b.map_pieces(p, n) } -> std::same_as<Status>;
 };
 
+// Claiming caps.capture_graph makes these required.
 template <class B>
-concept Backend = BackendBase<B> && (!B::caps.reserve_va || VmmCalls<B>) && (!B::caps.sleep || SleepCalls<B>);
+concept CaptureGraphCalls = requires(B& b, StreamId s, GraphNode n) {
+  { b.capture_info(s) } -> std::same_as<Result<CaptureInfo>>;
+  { b.node_dependencies(n) } -> std::same_as<Result<std::vector<GraphNode>>>;  // the node's parents
+};
+
+template <class B>
+concept Backend = BackendBase<B> && (!B::caps.reserve_va || VmmCalls<B>) && (!B::caps.sleep || SleepCalls<B>) &&
+                  (!B::caps.capture_graph || CaptureGraphCalls<B>);
 
 // The type-erased backend the allocator holds.
 class DeviceMemory {
@@ -149,6 +177,11 @@ class DeviceMemory {
   virtual Status copy_to_device(DevicePtr, const void*, Bytes) { return Status::error("backend cannot copy to the device"); }
   virtual Status copy_synchronize() { return Status::error("backend cannot copy"); }
   virtual Status map_pieces(DevicePtr, Bytes) { return Status::error("backend cannot map memory"); }
+  // The capture graph calls (caps().capture_graph).
+  virtual Result<CaptureInfo> capture_info(StreamId) { return {Status::error("backend cannot read captures"), {}}; }
+  virtual Result<std::vector<GraphNode>> node_dependencies(GraphNode) {
+    return {Status::error("backend cannot read captures"), {}};
+  }
 };
 
 // DeviceMemory over any Backend, owning it.
@@ -211,6 +244,14 @@ class BackendAdapter final : public DeviceMemory {
   Status map_pieces(DevicePtr p, Bytes n) override {
     if constexpr (B::caps.sleep) return b_.map_pieces(p, n);
     else return Status::error("backend cannot map memory");
+  }
+  Result<CaptureInfo> capture_info(StreamId s) override {
+    if constexpr (B::caps.capture_graph) return b_.capture_info(s);
+    else return {Status::error("backend cannot read captures"), {}};
+  }
+  Result<std::vector<GraphNode>> node_dependencies(GraphNode n) override {
+    if constexpr (B::caps.capture_graph) return b_.node_dependencies(n);
+    else return {Status::error("backend cannot read captures"), {}};
   }
 
  private:

@@ -26,6 +26,8 @@
 //     records, queries and waits for no event then (its allocator defers those frees);
 //   stream_valid takes a live capturing stream as this device's without asking its device (the
 //     driver refuses that question during a capture and invalidates the capture);
+//   capture_info / node_dependencies are queries (cudaStreamGetCaptureInfo,
+//     cudaGraphNodeGetDependencies), allowed on any stream during any capture;
 //   free, unmap and unreserve refuse while the current stream is capturing, before calling the
 //     driver: the driver forbids them (cudaErrorStreamCaptureUnsupported) and would invalidate the
 //     capture; PyTorch 2.11 fails there too. Without a current stream, or when the capture runs on
@@ -101,7 +103,7 @@ class CurrentStream {
 
 class CudaRuntimeBackend {
  public:
-  static constexpr BackendCaps caps{.reserve_va = false, .real_events = true, .granularity = 0};
+  static constexpr BackendCaps caps{.reserve_va = false, .real_events = true, .granularity = 0, .capture_graph = true};
   explicit CudaRuntimeBackend(DeviceIndex device);
 
   DeviceIndex device() const { return device_; }
@@ -114,6 +116,11 @@ class CudaRuntimeBackend {
   Result<bool> event_query(EventHandle e);
   Status event_synchronize(EventHandle e);
   void event_destroy(EventHandle e);
+  // The capture graph (docs/pytorch-allocator.md §14.10.1): cudaStreamGetCaptureInfo (status, id,
+  // dependency nodes) and cudaGraphNodeGetDependencies, as PyTorch's
+  // graph_capture_record_stream_reuse reads them.
+  Result<CaptureInfo> capture_info(StreamId s);
+  Result<std::vector<GraphNode>> node_dependencies(GraphNode n);
 
  protected:
   DeviceIndex device_;
@@ -122,7 +129,8 @@ static_assert(Backend<CudaRuntimeBackend>);
 
 class CudaVmmBackend : public CudaRuntimeBackend {
  public:
-  static constexpr BackendCaps caps{.reserve_va = true, .real_events = true, .granularity = 2 * MiB, .sleep = true};
+  static constexpr BackendCaps caps{
+      .reserve_va = true, .real_events = true, .granularity = 2 * MiB, .sleep = true, .capture_graph = true};
   explicit CudaVmmBackend(DeviceIndex device);  // throws DeviceError without the driver API
   ~CudaVmmBackend();
   CudaVmmBackend(const CudaVmmBackend&) = delete;

@@ -62,6 +62,9 @@ class FaultInjector final : public DeviceMemory {
   Status copy_to_device(DevicePtr p, const void* h, Bytes n) override { return inner_->copy_to_device(p, h, n); }
   Status copy_synchronize() override { return inner_->copy_synchronize(); }
   Status map_pieces(DevicePtr p, Bytes n) override;
+  // The capture graph queries pass through, never failed.
+  Result<CaptureInfo> capture_info(StreamId s) override { return inner_->capture_info(s); }
+  Result<std::vector<GraphNode>> node_dependencies(GraphNode n) override { return inner_->node_dependencies(n); }
 
  private:
   // Counts the call; returns the failure to inject, or Ok.

@@ -25,6 +25,18 @@
 // only once written (4 KiB each), so an untouched 80 GiB simulation costs nothing. Pinned host
 // buffers (host_alloc) are plain host memory, counted by pinned_bytes().
 //
+// Captures (docs/pytorch-allocator.md §14.10.1; host_capture.cpp): the test drives a simulated
+// CUDA graph capture (capture_begin, wait_stream, kernel, capture_end), and the backend answers
+// capture_info and node_dependencies from it, as cudaStreamGetCaptureInfo and
+// cudaGraphNodeGetDependencies do: a capture begins on its origin stream with no dependencies; a
+// stream that waits on a capturing stream joins its capture and depends on what that stream
+// depends on (it grows by them when in the capture already); a kernel on a capturing stream is a
+// new node that depends on the stream's dependencies and becomes its only one; the capture ends
+// on its origin only when every other stream of it is joined back (each node it depends on is an
+// ancestor-or-self of one the origin depends on), and then no stream of it captures. Refusals are
+// Status::error naming the driver's error (cudaErrorStreamCaptureUnjoined, ...Isolation,
+// ...Merge) and change nothing.
+//
 // All state lives in a shared HostSim so a test keeps a handle after giving the backend to
 // the allocator; HostSim has its own mutex (test threads complete events concurrently).
 #pragma once
@@ -72,6 +84,11 @@ class HostSim {
   Bytes pinned_bytes() const;             // host_alloc'd and not freed
   std::size_t map_piece_calls() const;    // map calls made by map_pieces (one per piece)
   std::size_t copies() const;             // copy_to_host and copy_to_device calls so far
+  // CUDA graph captures (host_capture.cpp; see above).
+  Status capture_begin(StreamId origin);               // cudaStreamBeginCapture
+  Status capture_end(StreamId origin);                 // cudaStreamEndCapture
+  Status wait_stream(StreamId waiter, StreamId waited);  // streams[waiter].wait_stream(streams[waited])
+  void kernel(StreamId stream);                        // one kernel launched on the stream
 
   // --- the backend calls (see backend.h) ---
   DeviceIndex device() const { return opts_.device; }
@@ -94,6 +111,8 @@ class HostSim {
   Status copy_to_device(DevicePtr p, const void* h, Bytes n);
   Status copy_synchronize() { return Status::ok(); }  // copies complete when made
   Status map_pieces(DevicePtr p, Bytes n);
+  Result<CaptureInfo> capture_info(StreamId s);
+  Result<std::vector<GraphNode>> node_dependencies(GraphNode n);
 
  private:
   Result<DevicePtr> next_recorded(const char* what, bool take);
@@ -126,12 +145,24 @@ class HostSim {
   Bytes pinned_bytes_ = 0;
   std::size_t map_piece_calls_ = 0;
   std::size_t copies_ = 0;
+  // Captures: the streams capturing now (capture id, dependencies sorted), each capture's origin,
+  // every captured node's dependencies (kept after its capture: the graph outlives it).
+  struct StreamCapture {
+    std::uint64_t capture = 0;
+    std::vector<GraphNode> deps;
+  };
+  std::map<StreamId, StreamCapture> capturing_;
+  std::map<std::uint64_t, StreamId> capture_origin_;
+  std::map<GraphNode, std::vector<GraphNode>> node_parents_;
+  std::uint64_t next_capture_ = 1;
+  GraphNode next_node_ = 0x1000;
 };
 
 // The Backend over a shared HostSim.
 class HostBackend {
  public:
-  static constexpr BackendCaps caps{.reserve_va = true, .real_events = false, .granularity = 2 * MiB, .sleep = true};
+  static constexpr BackendCaps caps{
+      .reserve_va = true, .real_events = false, .granularity = 2 * MiB, .sleep = true, .capture_graph = true};
   explicit HostBackend(std::shared_ptr<HostSim> sim) : sim_(std::move(sim)) {}
 
   DeviceIndex device() const { return sim_->device(); }
@@ -154,6 +185,8 @@ class HostBackend {
   Status copy_to_device(DevicePtr p, const void* h, Bytes n) { return sim_->copy_to_device(p, h, n); }
   Status copy_synchronize() { return sim_->copy_synchronize(); }
   Status map_pieces(DevicePtr p, Bytes n) { return sim_->map_pieces(p, n); }
+  Result<CaptureInfo> capture_info(StreamId s) { return sim_->capture_info(s); }
+  Result<std::vector<GraphNode>> node_dependencies(GraphNode n) { return sim_->node_dependencies(n); }
 
  private:
   std::shared_ptr<HostSim> sim_;

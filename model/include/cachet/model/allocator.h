@@ -27,6 +27,7 @@
 #include "cachet/trace.h"
 #include "cachet/types.h"
 #include "cachet/model/block.h"
+#include "cachet/model/capture_graph.h"
 #include "cachet/model/private_pool.h"
 #include "cachet/model/segment_source.h"
 
@@ -79,12 +80,21 @@ class Allocator {
   void create_or_incref_pool(PoolId id);
   // beginAllocateToPool: create_or_incref_pool, then allocations that `route` takes go to the
   // pool until end_allocate_to_pool (§14.2). UsageError when the pool is already active.
+  // A capture route (PoolRoute::CaptureStream) is a CUDA graph capture on its stream: beginning
+  // it begins the capture (UsageError, nothing changed, when the stream captures already), ending
+  // it ends the capture (UsageError, nothing changed, while a stream that joined it is not joined
+  // back). The capture's pool takes the allocations of every stream of the capture (§14.10.1).
   void begin_allocate_to_pool(PoolId id, PoolRoute route);
   // endAllocateToPool. UsageError when the pool is not active.
   void end_allocate_to_pool(PoolId id);
   // releasePool: one user fewer; at 0 the pool becomes freeable (§14.4). UsageError for an
   // unknown pool or one already at 0.
   void release_pool(PoolId id);
+  // The device's side of a capture graph (§14.10.1, cachet/model/capture_graph.h):
+  // streams[waiter].wait_stream(streams[waited]) and one kernel on a stream. UsageError, nothing
+  // changed, where the driver refuses the wait.
+  void wait_stream(StreamId waiter, StreamId waited) { graphs_.wait_stream(waiter, waited); }
+  void kernel(StreamId stream) { graphs_.kernel(stream); }
   // getPoolUseCount; UsageError for an unknown pool.
   int pool_use_count(PoolId id) const;
   // MemPool(use_on_oom=True), PyTorch's setUseOnOOM (§15.2): an allocation outside every private
@@ -188,6 +198,16 @@ class Allocator {
   // graph_capture_record_stream_reuse: a free during a capture whose block's streams capture
   // into different graphs trips record_free_markers' assertion (§14.8 case 4, §14.10.1).
   void refuse_free_markers_across_graphs(const Block& block) const;
+  // capture_reuse.cpp (graph_capture_record_stream_reuse, §14.10.1).
+  // Whether `route` takes an allocation on stream `s` by thread `t`: a capture's route takes
+  // every stream capturing into its capture (CUDAGraph's filter: the stream's capture id).
+  bool route_takes(const PoolRoute& route, StreamId s, ThreadIndex t) const;
+  // The free markers of a block freed during a capture: the union of the terminals of its
+  // allocation stream and of its use streams; none when one of them does not capture.
+  std::vector<NodeId> record_free_markers(const Block& block) const;
+  // malloc's step during a capture: the deferred blocks allocated on `stream` whose markers are
+  // all ancestors-or-self of what the stream depends on go through free_block.
+  void free_safe_blocks_in_capture(StreamId stream);
   Bytes private_pool_free_bytes() const;
   // The default and the known private pools (what PyTorch can reach), and with `orphaned` the
   // orphaned pools too (every block the model holds).
@@ -268,6 +288,13 @@ class Allocator {
   FreeableOrder graph_pools_freeable_;
   std::vector<std::pair<PoolId, PoolRoute>> captures_underway_;
   std::vector<Block*> deferred_blocks_;
+  // graph_capture_record_stream_reuse (§14.10.1): the captures' graphs; each deferred block's free
+  // markers (absent or empty: it waits for the end of the captures); per capture and stream the
+  // nodes visited by free_safe_blocks_in_capture (PyTorch's graph_reuse_context, dropped at the
+  // capture's end).
+  CaptureGraphs graphs_;
+  std::map<const Block*, std::vector<NodeId>> free_markers_;
+  std::map<CaptureId, std::map<StreamId, std::set<NodeId>>> visited_;
   // setUseOnOOM's ids, walked in PyTorch's hash-set order; setNoSplit's ids (§15.2). Kept by id,
   // as in PyTorch: a mark outlives its pool.
   PoolIdOrder use_on_oom_pools_;

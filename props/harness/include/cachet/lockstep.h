@@ -92,7 +92,7 @@ struct Outcome {
     DeviceError,  // cachet::DeviceError; message = what()
     Other,        // any other exception (an invariant violation, a logic_error, ...)
     Skipped,      // the op named a handle that was never bound: not applied
-    Unsupported,  // a pool or capture op on a pair without private pools; not applied
+    Unsupported,  // a pool or capture op on a pair without private pools, wait_stream, kernel, cfg; not applied
     PyTorchFailure,  // the model: cachet::PyTorchFailure (PyTorch 2.11 fails here, §14.8)
     Ended,        // the case ended at an earlier PyTorchFailure: not applied
   };

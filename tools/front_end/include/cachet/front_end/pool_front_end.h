@@ -8,7 +8,10 @@
 //   CUDAGraph.capture_begin     the default CUDA generator registers the graph: when no graph
 //                               is registered yet it allocates its seed and offset (two 8-byte
 //                               tensors, default pool, current = capture stream); then a new id
-//                               {n, 0} (or the shared graph's), beginAllocateToPool(id, stream)
+//                               {n, 0} (or the shared graph's), beginAllocateToPool(id, stream);
+//                               then (after cudaStreamBeginCapture) the generator's
+//                               capture_prologue fills seed and offset: two kernels on the
+//                               capture stream, the first nodes of the graph (§14.10.1)
 //   capture_end                 endAllocateToPool
 //   reset                       releasePool (if the capture ended); the generator unregisters
 //                               the graph and frees seed and offset (seed first) when none is left
@@ -57,6 +60,9 @@ class AllocatorCalls {
   virtual void release_pool(PoolId id) = 0;
   virtual void empty_cache_of(PoolId id) = 0;
   virtual int pool_use_count(PoolId id) const = 0;
+  // One kernel on `stream` (a captured node while it captures, docs/pytorch-allocator.md
+  // §14.10.1). A runner without a capture graph ignores it (the default).
+  virtual void kernel(StreamId /*stream*/) {}
 };
 
 // A pool the ops made, as a recording's pool_ids names it: "<k>" for MemPool k (at its

@@ -23,8 +23,10 @@ namespace cachet::io {
 // docs/pytorch-allocator.md §14.10.2), ["f", id] ops::Free{id}, ["r", id, s] ops::RecordStream{id, s}
 // (Tensor.record_stream), ["e"] ops::EmptyCache; the pool and capture ops of the torch-2.11-h100 recordings: ["pb", k]
 // UseMemPoolBegin, ["pe", k] UseMemPoolEnd, ["pr", k] ReleasePool, ["gb", k, s, share]
-// CaptureBegin (share -1: a new pool), ["ge", k] CaptureEnd, ["gx", k] GraphReset.
-// Streams (Allocate::stream, RecordStream::stream, CaptureBegin::stream) are stream INDICES: Recording::streams[s] is
+// CaptureBegin (share -1: a new pool), ["ge", k] CaptureEnd, ["gx", k] GraphReset; the issue-23 ones
+// (docs/pytorch-allocator.md §14.10.1): ["w", a, b] WaitStream, ["k", s] Kernel, ["cfg", text]
+// SetAllocatorSettings.
+// Streams (Allocate::stream, RecordStream::stream, CaptureBegin::stream, WaitStream, Kernel) are stream INDICES: Recording::streams[s] is
 // the cudaStream_t the recording ran on.
 
 // A pool a recording made: ["<k>" or "g<k>", [first, second]] (pool_ids).

@@ -178,12 +178,14 @@ rc::Gen<std::shared_ptr<const Cmd>> gen_command(const PModel& m) {
 
 // A valid configuration, built as text (so it goes through parse_config like a user's).
 // policy:cachet: "policy:cachet" and sometimes max_split_size_mb (under that policy the other
-// keys change nothing but the max_split_size stat).
+// keys change nothing but the max_split_size stat) and cachet_sleep.
 rc::Gen<Config> gen_config() {
   if (g_policy == Policy::Cachet)
     return rc::gen::exec([]() {
       std::string text = "policy:cachet";
       if (*rc::gen::inRange(0, 3) == 0) text += ",max_split_size_mb:" + std::to_string(*rc::gen::inRange(20, 200));
+      // Sleep and wake (docs/sleep-wake.md) in 1 of 3 cases (props.h sleep_supported).
+      if (*rc::gen::inRange(0, 3) == 0) text += ",cachet_sleep:True";
       return parse_config(text).config;
     });
   return rc::gen::exec([]() {

@@ -62,7 +62,7 @@ double fraction_for_cap(Bytes cap, Bytes total) {
 // ----------------------------------------------------------------------------- the runner
 
 // Both sides have sleep and wake (docs/sleep-wake.md section 8): model::Allocator (policy:pytorch,
-// cudaMalloc segments) and gpu/'s CachingAllocator.
+// cudaMalloc segments), model::CachetPolicy (policy:cachet) and gpu/'s CachingAllocator.
 template <class A>
 concept HasSleep = requires(A& a, const A& c, const TagList& t) {
   a.sleep(t, t);
@@ -175,11 +175,12 @@ struct Lockstep<Model, Impl>::State {
     }
     if (ops::is_sleep_op(op)) {  // issue 24: where both sides have them (docs/sleep-wake.md section 8)
       if constexpr (HasSleep<Model> && HasSleep<Impl>) {
-        if (opts.config.sleep && !opts.config.expandable_segments) return apply_sleep_op(op);
+        if (opts.config.sleep && (kPolicy == Policy::Cachet || !opts.config.expandable_segments))
+          return apply_sleep_op(op);
       }
       last_sut = last_model = {Outcome::Kind::Unsupported, 0, show(op)};
-      return "not supported by this pair: " + show(op) + "\n  the lockstep runs tag, sleep and wake only under "
-             "policy:pytorch with cachet_sleep:True and expandable_segments:False, where the model has them "
+      return "not supported by this pair: " + show(op) + "\n  the lockstep runs tag, sleep and wake only with "
+             "cachet_sleep:True, under policy:cachet or under policy:pytorch with expandable_segments:False "
              "(docs/sleep-wake.md section 9); nothing was applied\n";
     }
     Outcome s, m;

@@ -175,13 +175,11 @@ struct Lockstep<Model, Impl>::State {
     }
     if (ops::is_sleep_op(op)) {  // issue 24: where both sides have them (docs/sleep-wake.md section 8)
       if constexpr (HasSleep<Model> && HasSleep<Impl>) {
-        if (opts.config.sleep && (kPolicy == Policy::Cachet || !opts.config.expandable_segments))
-          return apply_sleep_op(op);
+        if (opts.config.sleep) return apply_sleep_op(op);
       }
       last_sut = last_model = {Outcome::Kind::Unsupported, 0, show(op)};
       return "not supported by this pair: " + show(op) + "\n  the lockstep runs tag, sleep and wake only with "
-             "cachet_sleep:True, under policy:cachet or under policy:pytorch with expandable_segments:False "
-             "(docs/sleep-wake.md section 9); nothing was applied\n";
+             "cachet_sleep:True (docs/sleep-wake.md section 6); nothing was applied\n";
     }
     Outcome s, m;
     std::visit(

@@ -122,6 +122,9 @@ std::uint64_t CachetPolicy::allocate_slow(StreamId stream, PoolId pool, Bytes si
     if (!pool_active() && (!events_.empty() || !deferred_.empty())) synchronize_events();
     if (auto fit = take_best_fit(stream, pool, size)) return *fit;
     unmap_whole_free_pages(~Bytes{0}, 0, 0);
+    // Sleeping pages no live block touches go back too, as in empty_cache (docs/sleep-wake.md
+    // section 4: the last retry of an allocation does the same).
+    if (!pool_active()) release_sleeping_free_pages();
   }
 }
 

@@ -164,6 +164,10 @@ void CachetPolicy::wake(const TagList& tags) {
   std::vector<std::uint64_t> pages;
   for (const auto& [p, sp] : sleeping_pages_)
     if (sp.tag.empty() || names_tag(tags, sp.tag)) pages.push_back(p);
+  if (pages.empty()) {  // nothing of these tags asleep: nothing to do (docs/sleep-wake.md section 4)
+    ++sleep_stats_.num_wakes;
+    return;
+  }
   std::vector<std::pair<std::uint64_t, std::uint64_t>> runs;  // [lo, hi) addresses, ascending
   for (std::size_t i = 0; i < pages.size();) {
     std::size_t j = i + 1;

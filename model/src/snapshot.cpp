@@ -56,7 +56,7 @@ Snapshot Allocator::snapshot_of(bool orphaned) const {
     if (auto it = sleeping_.find(head->ptr); it != sleeping_.end()) {
       seg.is_sleeping = true;
       if (it->second.backed_up)
-        for (const Block* b = head; b != nullptr; b = b->next)
+        for (const Block* b = head; b != nullptr && b->is_mapped(); b = b->next)  // this run only
           if (b->is_active()) seg.backup_size += b->size;
     }
     for (const Block* b = head; b != nullptr && b->is_mapped(); b = b->next) {
@@ -212,7 +212,7 @@ void Allocator::check_invariants() const {
   check("inactive_split_bytes", inactive_split_bytes, stats_.inactive_split_bytes[0].current);
   check("total_allocated_memory", reserved, static_cast<std::int64_t>(total_allocated_));
   // SLEEP-R1 (docs/sleep-wake.md): the live blocks of a cudaMalloc segment, and of an expandable
-  // segment (per (stream, tag)), all carry one tag.
+  // segment (one with no live block is any tag's), all carry one tag.
   {
     std::map<const void*, const Block*> first_live;  // segment (head block or reservation) -> a live block
     for (const auto& [ptr, b] : active_blocks_) {

@@ -205,7 +205,7 @@ constexpr int kStreams = 4;
 // Whether the lockstep runs tag, sleep and wake for `c` (props/harness/src/lockstep.cpp: both
 // sides have them there; elsewhere it answers Unsupported).
 inline bool sleep_supported(const Config& c) {
-  return c.policy == Policy::PyTorch && c.sleep && !c.expandable_segments;
+  return c.sleep;
 }
 
 // Whether the pair of `policy` has private pools (both its model and gpu/ side).

@@ -84,7 +84,10 @@ void PSut::step(const Op& op, std::optional<std::size_t> new_slot) {
       const std::set<StreamId>& in_capture = recorded_in_capture_[f->handle];
       for (StreamId s : it->second)
         if (s != ls_->stream(f->handle) && !(underway && in_capture.contains(s))) others.insert(s);
-      if (!others.empty())
+      // A free while asleep records no event (docs/sleep-wake.md §4: nothing runs on memory that
+      // is not there): nothing is pending.
+      const bool asleep = ls_->sut().sleep_stats().num_frees_while_asleep != sleep_before.num_frees_while_asleep;
+      if (!others.empty() && !asleep)
         pending_.push_back({ls_->address(f->handle), rounded(ls_->requested(f->handle)), others});
       recorded_.erase(it);
     }
@@ -251,17 +254,23 @@ void PSut::structural_checks(const Snapshot& snap, const DeviceStats& st) {
 }
 
 // sleeping-range (docs/sleep-wake.md §4, §5, §7 SLEEP-R2/R3): a pointer returned lies in no
-// sleeping segment; the sleep stats' current values equal a recount from the block table.
+// sleeping segment; the sleep stats' current values equal a recount from the block table
+// (policy:cachet: sleep.sleeping_segments counts runs of adjacent sleeping segments).
 void PSut::sleep_checks(const lockstep::Outcome& out, const SleepStats& ss, const DeviceStats& st) {
   if (!applies("sleeping-range") || !config_.sleep) return;
   std::int64_t segments = 0, bytes = 0, allocated = 0, backup = 0;
+  // policy:cachet counts runs of sleeping pages (§5): its snapshot also cuts a run where the pool
+  // changes, so a sleeping segment right after another one continues its run.
+  std::uint64_t run_end = 0;
+  const bool runs = config_.policy == Policy::Cachet;
   for (const auto& s : ls_->sut().block_table()) {
     if (out.kind == lockstep::Outcome::Kind::Pointer && out.ptr != 0 && s.is_sleeping && out.ptr >= s.address &&
         out.ptr < s.address + s.total_size)
       fail("sleeping-range", "allocate -> " + hex(out.ptr) + ", inside the sleeping segment " + hex(s.address) +
                                  " (" + std::to_string(s.total_size) + " B)");
     if (!s.is_sleeping) continue;
-    ++segments;
+    if (!runs || s.address != run_end) ++segments;
+    run_end = s.address + s.total_size;
     bytes += static_cast<std::int64_t>(s.total_size);
     backup += static_cast<std::int64_t>(s.backup_size);
     for (const auto& b : s.blocks)

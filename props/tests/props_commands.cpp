@@ -178,12 +178,14 @@ rc::Gen<std::shared_ptr<const Cmd>> gen_command(const PModel& m) {
 
 // A valid configuration, built as text (so it goes through parse_config like a user's).
 // policy:cachet: "policy:cachet" and sometimes max_split_size_mb (under that policy the other
-// keys change nothing but the max_split_size stat).
+// keys change nothing but the max_split_size stat) and cachet_sleep.
 rc::Gen<Config> gen_config() {
   if (g_policy == Policy::Cachet)
     return rc::gen::exec([]() {
       std::string text = "policy:cachet";
       if (*rc::gen::inRange(0, 3) == 0) text += ",max_split_size_mb:" + std::to_string(*rc::gen::inRange(20, 200));
+      // Sleep and wake (docs/sleep-wake.md) in 1 of 3 cases (props.h sleep_supported).
+      if (*rc::gen::inRange(0, 3) == 0) text += ",cachet_sleep:True";
       return parse_config(text).config;
     });
   return rc::gen::exec([]() {
@@ -210,8 +212,9 @@ rc::Gen<Config> gen_config() {
       parts.push_back("garbage_collection_threshold:0." + std::to_string(*rc::gen::inRange(3, 10)));
     const bool expandable = *rc::gen::inRange(0, 3) == 0;
     if (expandable) parts.push_back("expandable_segments:True");
-    // Sleep and wake (docs/sleep-wake.md) in 1 of 3 cases the lockstep runs them in (props.h
-    // sleep_supported): cachet_sleep maps cudaMalloc segments through the VMM calls.
+    // Sleep and wake (docs/sleep-wake.md) in 1 of 3 cases (props.h sleep_supported): cachet_sleep
+    // maps cudaMalloc segments through the VMM calls. (Expandable segments draw it last, below,
+    // so that the draws before keep the cases they made before.)
     if (!expandable && *rc::gen::inRange(0, 3) == 0) parts.push_back("cachet_sleep:True");
     if (*rc::gen::inRange(0, 4) == 0)
       parts.push_back("max_non_split_rounding_mb:" +
@@ -219,6 +222,8 @@ rc::Gen<Config> gen_config() {
     // Frees during captures ask record_free_markers (docs/pytorch-allocator.md §14.10.1): a block
     // on two captures' streams fails.
     if (*rc::gen::inRange(0, 4) == 0) parts.push_back("graph_capture_record_stream_reuse:True");
+    // Expandable segments sleep by the mapped run (docs/sleep-wake.md section 3).
+    if (expandable && *rc::gen::inRange(0, 3) == 0) parts.push_back("cachet_sleep:True");
     std::string text;
     for (const auto& p : parts) text += (text.empty() ? "" : ",") + p;
     try {

@@ -1,7 +1,6 @@
 // Sleep and wake on a real GPU through the CUDA VMM backend (docs/sleep-wake.md; the host-backend
 // rules are tests/gpu/sleep_test.cpp). Skips (GTEST_SKIP) without a CUDA device or driver. Under
-// policy:pytorch, expandable segments off and on, and policy:cachet (whose sleep takes every tag at
-// once; each case's lists name every tag with live blocks):
+// policy:pytorch, expandable segments off and on, and policy:cachet:
 //   - the memory a sleep reports comes back to the driver (cudaMemGetInfo's free memory rises by at
 //     least 99% of it), pointers are unchanged after wake, backed-up bytes are bitwise equal;
 //   - a segment over 512 MiB wakes in two pieces and keeps its contents;

@@ -152,9 +152,10 @@ TEST_P(Sleep, FreeWhileAsleepTakesEffectAtWake) {
   EXPECT_EQ(r.a->sleep_stats().backup_bytes.current, 4 * 1048576);
   EXPECT_EQ(r.a->sleep_stats().num_frees_while_asleep, 1);
   EXPECT_THROW(r.a->free(a), UsageError);  // no double free
-  // Still asleep: a new segment (page), a is not reused.
+  // Still asleep: a new segment, a is not reused. Expandable: a new reservation (58 pages of
+  // 20 MiB and the 2 MiB gap after a's): growth never maps next to a sleeping run (section 4).
   void* c = r.alloc(4 * MiB, "weights");
-  EXPECT_EQ(dev(c), dev(a) + (expandable() ? 20 * MiB : 22 * MiB));
+  EXPECT_EQ(dev(c), dev(a) + (expandable() ? 1162 * MiB : 22 * MiB));
   r.a->wake({"weights"});
   EXPECT_TRUE(r.holds(b, 0x5B, 4 * MiB));
   EXPECT_EQ(r.alloc(4 * MiB, "weights"), a);  // the free took effect at wake
@@ -358,8 +359,8 @@ INSTANTIATE_TEST_SUITE_P(Expandable, Sleep, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? std::string("on") : std::string("off"); });
 
 // --- policy:cachet (policy_cachet/sleep.cpp): the 2 MiB page is the unit; one reservation at kVa,
-// placements left aligned in the first unmapped window (R3), every page mapped by its allocation.
-// Sleep and wake take every tag at once in gpu/ for now (docs/sleep-wake.md section 9).
+// placements left aligned in the first unmapped window (R3), every page mapped by its allocation;
+// pages are tag-homogeneous (SLEEP-R1), so sleep and wake take any subset of tags.
 
 Rig cachet_rig(Bytes capacity = 1 * GiB) { return make_rig(false, capacity, true, Policy::Cachet); }
 
@@ -381,9 +382,8 @@ TEST(CachetSleep, EveryPageSleepsAndWakesAtTheSameAddresses) {
   EXPECT_EQ(r.a->sleep({"weights", "kv_cache", "default"}, {"weights"}), 42 * MiB);
   EXPECT_EQ(r.sim->used(), 0u);
   EXPECT_EQ(r.sim->pinned_bytes(), 30 * MiB);  // one buffer: the weights' live bytes
-  DeviceStats expected = before;
-  expected.num_sync_all_streams += 1;  // sleep synchronizes as empty_cache does
-  EXPECT_EQ(r.a->stats(), expected);   // reserved_bytes and `segment` keep the sleeping pages
+  // reserved_bytes and `segment` keep the sleeping pages; no event pending, so no wait (R9).
+  EXPECT_EQ(r.a->stats(), before);
   const SleepStats s = r.a->sleep_stats();
   EXPECT_EQ(s.sleeping_segments.current, 1);
   EXPECT_EQ(s.sleeping_bytes.current, 42 * 1048576);
@@ -566,14 +566,15 @@ TEST(CachetSleep, OtherTagsKeepWorkingWhileAsleep) {
   Rig r = cachet_rig();
   void* w = r.alloc(2 * MiB, "weights");
   r.a->free(r.alloc(6 * MiB, "weights"));  // free room on sleeping pages
-  r.a->sleep({}, {});
+  EXPECT_EQ(r.a->sleep({"weights"}, {}), 8 * MiB);  // page 0 (weights) and the free pages 1-3
   for (int i = 0; i < 20; ++i) {
     void* p = r.alloc(static_cast<Bytes>(1 + i) * 512 * 1024, i % 2 ? "kv_cache" : "default");
     EXPECT_GE(dev(p), kVa + 8 * MiB);  // never on a sleeping page
     EXPECT_TRUE(r.a->invariants().empty());
     r.a->free(p);
   }
-  r.a->wake({});
+  r.a->wake({"weights"});
+  EXPECT_EQ(r.a->sleep_stats().sleeping_bytes.current, 0);
   r.a->free(w);
   EXPECT_TRUE(r.a->invariants().empty());
 }
@@ -650,10 +651,11 @@ TEST(CachetSleep, AGraphPoolSleepsAndWakesWhole) {
   EXPECT_EQ(r.a->stats().reserved_bytes[0].current, 0);
 }
 
-// Random allocations, frees (awake and asleep), stream uses, empty_cache, sleeps and wakes, with
-// the invariants checked after every op (validate mode) and every backed-up block's contents
-// checked after each wake.
+// Random allocations, frees (awake and asleep), stream uses, empty_cache, sleeps and wakes of
+// every tag or of one (weights, kv_cache), with the invariants checked after every op (validate
+// mode) and every backed-up block's contents checked after the wake that woke it.
 TEST(CachetSleep, RandomSequencesKeepEveryRuleAndTheBackups) {
+  const char* const names[] = {"weights", "kv_cache"};
   for (std::uint32_t seed = 1; seed <= 4; ++seed) {
     Rig r = cachet_rig(256 * MiB);
     std::mt19937 rng(seed);
@@ -661,25 +663,27 @@ TEST(CachetSleep, RandomSequencesKeepEveryRuleAndTheBackups) {
       void* p;
       Bytes n;
       unsigned char byte;
-      bool weights;
+      int tag;      // 0 weights, 1 kv_cache
+      bool asleep;  // its tag slept since its allocation and has not woken
+      bool backed;  // asleep with a backup
     };
     std::vector<Live> live;
-    bool asleep = false;
+    auto named = [&](int which, int tag) { return which == 2 || which == tag; };  // 2: every tag
     for (int op = 0; op < 400; ++op) {
       const int k = static_cast<int>(rng() % 10);
-      if (k < 4 && !asleep) {
+      if (k < 3) {
         const Bytes n = (1 + rng() % 64) * (rng() % 2 ? 512 * 1024 : 8192);
-        const bool w = rng() % 2;
+        const int t = static_cast<int>(rng() % 2);
         void* p = nullptr;
         try {
-          p = r.alloc(n, w ? "weights" : "kv_cache", rng() % 3 == 0 ? 3 : 0);
+          p = r.alloc(n, names[t], rng() % 3 == 0 ? 3 : 0);
         } catch (const OutOfMemory&) {
           continue;
         }
         const auto byte = static_cast<unsigned char>(rng());
         r.fill(p, byte, n);
-        live.push_back({p, n, byte, w});
-      } else if (k < 4 && asleep) {  // other work while asleep, never on a sleeping page
+        live.push_back({p, n, byte, t, false, false});
+      } else if (k == 3) {  // other work ("default"), never on a sleeping page
         try {
           void* p = r.alloc((1 + rng() % 8) * MiB, "default");
           r.a->free(p);
@@ -692,26 +696,39 @@ TEST(CachetSleep, RandomSequencesKeepEveryRuleAndTheBackups) {
         live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
       } else if (k == 7) {
         r.a->empty_cache();
-      } else if (k == 8 && !asleep) {
-        r.a->sleep({}, {"weights"});
-        asleep = true;
-      } else if (k == 9 && asleep) {
+      } else if (k == 8) {
+        const int which = static_cast<int>(rng() % 3);
+        const bool backup_weights = rng() % 4 != 0;
+        r.a->sleep(which == 2 ? TagList{} : TagList{names[which]},
+                   backup_weights ? TagList{"weights"} : TagList{});
+        for (Live& l : live)
+          if (!l.asleep && named(which, l.tag)) {
+            l.asleep = true;
+            l.backed = backup_weights && l.tag == 0;
+          }
+      } else if (k == 9) {
+        const int which = static_cast<int>(rng() % 3);
         try {
-          r.a->wake({});
+          r.a->wake(which == 2 ? TagList{} : TagList{names[which]});
         } catch (const OutOfMemory&) {
           continue;  // stays asleep; a later wake succeeds once memory is free
         }
-        asleep = false;
-        for (const Live& l : live)
-          if (l.weights) ASSERT_TRUE(r.holds(l.p, l.byte, l.n)) << "seed " << seed << " op " << op;
-        for (Live& l : live)
-          if (!l.weights) {  // undefined after the wake: write them again
-            l.byte = static_cast<unsigned char>(rng());
-            r.fill(l.p, l.byte, l.n);
+        for (Live& l : live) {
+          if (!l.asleep || !named(which, l.tag)) continue;
+          if (l.backed) {
+            ASSERT_TRUE(r.holds(l.p, l.byte, l.n)) << "seed " << seed << " op " << op;
+          }
+          l.asleep = l.backed = false;
+          l.byte = static_cast<unsigned char>(rng());  // undefined without a backup: write again
+          r.fill(l.p, l.byte, l.n);
+        }
+        for (const Live& l : live)  // what did not wake is still asleep (no memory behind it)
+          if (l.asleep) {
+            ASSERT_FALSE(r.holds(l.p, l.byte, 1)) << "seed " << seed << " op " << op;
           }
       }
     }
-    if (asleep) r.a->wake({});
+    r.a->wake({});
     std::printf("seed %u: %lld sleeps, %lld wakes, %lld wake OOMs, %lld frees while asleep\n", seed,
                 static_cast<long long>(r.a->sleep_stats().num_sleeps), static_cast<long long>(r.a->sleep_stats().num_wakes),
                 static_cast<long long>(r.a->sleep_stats().num_wake_ooms),
@@ -719,7 +736,9 @@ TEST(CachetSleep, RandomSequencesKeepEveryRuleAndTheBackups) {
     EXPECT_GE(r.a->sleep_stats().num_wakes, 10);
     EXPECT_GE(r.a->sleep_stats().num_frees_while_asleep, 10);
     for (const Live& l : live) {
-      ASSERT_TRUE(r.holds(l.p, l.byte, l.n)) << "seed " << seed;
+      if (!l.asleep || l.backed) {
+        ASSERT_TRUE(r.holds(l.p, l.byte, l.n)) << "seed " << seed;
+      }
       r.a->free(l.p);
     }
     r.a->empty_cache();
@@ -729,27 +748,141 @@ TEST(CachetSleep, RandomSequencesKeepEveryRuleAndTheBackups) {
   }
 }
 
-TEST(CachetSleep, ListsMustNameEveryTagForNow) {
+// SLEEP-R1 (docs/sleep-wake.md section 2): R2 and R3 place a block only where no live block of
+// another tag touches its pages; with every allocation under "default" nothing is skipped.
+TEST(CachetSleep, PlacementKeepsPagesTagHomogeneous) {
   Rig r = cachet_rig();
-  void* w = r.alloc(MiB, "weights");
-  void* kv = r.alloc(MiB, "kv_cache");
-  try {
-    r.a->sleep({"weights"}, {});
-    FAIL() << "slept";
-  } catch (const UsageError& e) {
-    EXPECT_STREQ(e.what(),
-                 "sleep(): policy:cachet in gpu/ puts every tag to sleep at once for now, and the tag 'kv_cache' has "
-                 "live blocks but is not named; call sleep() with no tags (every tag), or use policy:pytorch "
-                 "(docs/sleep-wake.md section 9)");
-  }
-  EXPECT_EQ(r.a->sleep_stats().num_sleeps, 0);
-  EXPECT_EQ(r.sim->used(), 2 * MiB);
-  EXPECT_EQ(r.a->sleep({}, {}), 2 * MiB);
-  EXPECT_THROW(r.a->wake({"weights"}), UsageError);
+  void* w = r.alloc(MiB, "weights");  // R3: [0, 1) MiB of page 0, [1, 2) MiB free
+  EXPECT_EQ(dev(w), kVa);
+  // R2's best fit is [1, 2) MiB, its high end [1.5, 2) MiB on the weights' page 0: skipped. R3:
+  // the window [2 MiB, end) without its left neighbour (on page 0): page 1.
+  void* kv = r.alloc(512 * 1024, "kv_cache");
+  EXPECT_EQ(dev(kv), kVa + 2 * MiB);
+  // The weights take their page's free high end; kv_cache its own page's ([2.5, 4) MiB).
+  EXPECT_EQ(dev(r.alloc(512 * 1024, "weights")), kVa + 3 * MiB / 2);
+  EXPECT_EQ(dev(r.alloc(MiB, "kv_cache")), kVa + 3 * MiB);
+  // A large request of a third tag: no free block holds 3 MiB; R3 maps pages 2-3.
+  EXPECT_EQ(dev(r.alloc(3 * MiB, "default")), kVa + 4 * MiB);
+  EXPECT_EQ(r.sim->used(), 8 * MiB);
+  EXPECT_TRUE(r.a->invariants().empty());
+
+  // The same requests under "default" alone: R2 takes page 0's high end.
+  Rig d = cachet_rig();
+  EXPECT_EQ(dev(d.alloc(MiB)), kVa);
+  EXPECT_EQ(dev(d.alloc(512 * 1024)), kVa + 3 * MiB / 2);
+}
+
+// sleep(tags) puts to sleep the pages of the named tags and the pages no live block touches;
+// wake(tags) wakes the pages of the named tags and the pages that slept with no live block.
+TEST(CachetSleep, ASubsetOfTagsSleepsAndWakes) {
+  Rig r = cachet_rig();
+  void* w = r.alloc(MiB, "weights");          // page 0
+  void* kv = r.alloc(512 * 1024, "kv_cache");  // page 1 (as above)
+  void* d = r.alloc(4 * MiB, "default");       // pages 2-3 (page 1's free room is kv_cache's)
+  EXPECT_EQ(dev(kv), kVa + 2 * MiB);
+  EXPECT_EQ(dev(d), kVa + 4 * MiB);
+  EXPECT_EQ(r.sim->used(), 8 * MiB);
+  r.fill(w, 0x11, MiB);
+  r.fill(kv, 0x22, 512 * 1024);
+  r.fill(d, 0x33, 4 * MiB);
+
+  EXPECT_EQ(r.a->sleep({"weights"}, {"weights"}), 2 * MiB);  // page 0 alone
+  EXPECT_EQ(r.sim->used(), 6 * MiB);
+  EXPECT_EQ(r.sim->pinned_bytes(), MiB);
+  EXPECT_EQ(r.a->sleeping(), TagList{"weights"});
+  SleepStats s = r.a->sleep_stats();
+  EXPECT_EQ(s.sleeping_segments.current, 1);
+  EXPECT_EQ(s.sleeping_bytes.current, 2 * 1048576);
+  EXPECT_EQ(s.sleeping_allocated_bytes.current, 1048576);
+  EXPECT_EQ(s.backup_bytes.current, 1048576);
+  Snapshot snap = r.a->snapshot();  // cut where the sleeping page 0 meets the awake page 1
+  ASSERT_EQ(snap.size(), 2u);
+  EXPECT_TRUE(snap[0].is_sleeping);
+  EXPECT_EQ(snap[0].total_size, 2 * MiB);
+  EXPECT_EQ(snap[0].backup_size, MiB);
+  EXPECT_FALSE(snap[1].is_sleeping);
+  EXPECT_EQ(snap[1].total_size, 6 * MiB);
+  EXPECT_EQ(r.a->stats().segment[0].current, 1);  // one run of mapped pages, 0-3
+  EXPECT_TRUE(r.holds(kv, 0x22, 512 * 1024));     // awake, untouched
+  EXPECT_TRUE(r.holds(d, 0x33, 4 * MiB));
+
+  // Then kv_cache, without backup: page 1 joins page 0's run.
+  EXPECT_EQ(r.a->sleep({"kv_cache"}, {}), 2 * MiB);
+  EXPECT_EQ(r.a->sleeping(), (TagList{"kv_cache", "weights"}));
+  s = r.a->sleep_stats();
+  EXPECT_EQ(s.sleeping_segments.current, 1);
+  EXPECT_EQ(s.sleeping_bytes.current, 4 * 1048576);
+  EXPECT_EQ(s.sleeping_allocated_bytes.current, 1572864);
+  EXPECT_EQ(s.backup_bytes.current, 1048576);
+  EXPECT_EQ(r.sim->used(), 4 * MiB);
+
+  // The weights wake alone: one piece, their backup back; kv_cache sleeps on.
+  std::size_t pieces = r.sim->map_piece_calls();
+  r.a->wake({"weights"});
+  EXPECT_EQ(r.sim->map_piece_calls(), pieces + 1);
+  EXPECT_EQ(r.sim->used(), 6 * MiB);
+  EXPECT_EQ(r.sim->pinned_bytes(), 0u);
+  EXPECT_TRUE(r.holds(w, 0x11, MiB));
+  EXPECT_EQ(r.a->sleeping(), TagList{"kv_cache"});
+  s = r.a->sleep_stats();
+  EXPECT_EQ(s.sleeping_segments.current, 1);
+  EXPECT_EQ(s.sleeping_bytes.current, 2 * 1048576);
+  EXPECT_EQ(s.sleeping_allocated_bytes.current, 524288);
+  EXPECT_EQ(s.backup_bytes.current, 0);
+  EXPECT_EQ(s.num_wakes, 1);
+  // The weights' page's free room is theirs again; kv_cache's sleeps: a new page for it.
+  EXPECT_EQ(dev(r.alloc(512 * 1024, "weights")), kVa + 3 * MiB / 2);
+  EXPECT_EQ(dev(r.alloc(512 * 1024, "kv_cache")), kVa + 8 * MiB);
+  r.a->wake({"weights"});  // nothing of the weights asleep: nothing happens
+  EXPECT_EQ(r.a->sleep_stats().num_wakes, 2);
   EXPECT_EQ(r.a->sleep_stats().sleeping_bytes.current, 2 * 1048576);
-  r.a->wake({"kv_cache", "weights"});
-  r.a->free(w);
-  r.a->free(kv);
+  r.a->wake({});
+  EXPECT_TRUE(r.holds(kv, 0xA5, 512 * 1024));  // not backed up: the backend's fresh pattern
+  EXPECT_TRUE(r.a->sleeping().empty());
+  EXPECT_EQ(r.sim->used(), 10 * MiB);
+  EXPECT_TRUE(r.a->invariants().empty());
+}
+
+TEST(CachetSleep, PagesWithNoLiveBlockSleepWithAnySleepAndWakeWithAnyWake) {
+  Rig r = cachet_rig();
+  void* w = r.alloc(MiB, "weights");          // page 0
+  void* kv = r.alloc(512 * 1024, "kv_cache");  // page 1
+  r.a->free(r.alloc(4 * MiB, "default"));      // pages 2-3, free: [2.5, 8) MiB one free block
+  r.fill(w, 0x11, MiB);
+  // Page 0 (weights) and the free pages 2-3; the free block is cut at 4 MiB (page 1 stays awake).
+  EXPECT_EQ(r.a->sleep({"weights"}, {"weights"}), 6 * MiB);
+  EXPECT_EQ(r.sim->used(), 2 * MiB);
+  EXPECT_EQ(r.a->sleeping(), TagList{"weights"});  // free pages carry no tag
+  EXPECT_EQ(r.a->sleep_stats().sleeping_segments.current, 2);
+  Snapshot snap = r.a->snapshot();
+  ASSERT_EQ(snap.size(), 3u);
+  EXPECT_EQ(snap[1].address, kVa + 2 * MiB);
+  EXPECT_FALSE(snap[1].is_sleeping);
+  ASSERT_EQ(snap[1].blocks.size(), 2u);
+  EXPECT_EQ(snap[1].blocks[1].address, kVa + 5 * MiB / 2);
+  EXPECT_EQ(snap[1].blocks[1].size, 3 * MiB / 2);
+  EXPECT_TRUE(snap[2].is_sleeping);
+  EXPECT_EQ(snap[2].total_size, 4 * MiB);
+
+  // wake(kv_cache): nothing of kv_cache sleeps, but pages 2-3 slept with no live block: they wake
+  // and their free block joins [2.5, 4) MiB again.
+  std::size_t pieces = r.sim->map_piece_calls();
+  r.a->wake({"kv_cache"});
+  EXPECT_EQ(r.sim->map_piece_calls(), pieces + 1);
+  EXPECT_EQ(r.sim->used(), 6 * MiB);
+  EXPECT_EQ(r.a->sleeping(), TagList{"weights"});
+  EXPECT_EQ(r.a->sleep_stats().sleeping_bytes.current, 2 * 1048576);
+  snap = r.a->snapshot();
+  ASSERT_EQ(snap.size(), 2u);
+  ASSERT_EQ(snap[1].blocks.size(), 2u);
+  EXPECT_EQ(snap[1].blocks[1].size, 11 * MiB / 2);
+  EXPECT_EQ(r.alloc(512 * 1024, "kv_cache"), static_cast<char*>(kv) + 5 * MiB + 512 * 1024);  // R2: the high end
+  // empty_cache gives back nothing asleep here (page 0 holds a live block).
+  r.a->empty_cache();
+  EXPECT_EQ(r.a->sleep_stats().sleeping_bytes.current, 2 * 1048576);
+  r.a->wake({"weights"});
+  EXPECT_TRUE(r.holds(w, 0x11, MiB));
+  EXPECT_TRUE(r.a->invariants().empty());
 }
 
 // --- refusals (docs/sleep-wake.md sections 3 and 6) ---

@@ -210,6 +210,42 @@ std::vector<std::string> CachetPolicy::invariants() const {
            std::to_string(asleep_runs) + ", " + std::to_string(asleep) + ", " + std::to_string(asleep_allocated) + ", " +
            std::to_string(backed) + ")");
   }
+  {
+    // [INV-SLEEP-3] pages are tag-homogeneous (SLEEP-R1): the live blocks touching one page carry
+    // one tag, the one page_tag_ keeps for a live block's end pages (from the first tag on); a
+    // sleeping page is in sleeping_pages_ (and no other), with the tag of its live blocks.
+    std::map<std::size_t, std::uint32_t> tag_of;  // page -> the tag of the live blocks touching it
+    std::size_t asleep_pages = 0;
+    std::size_t last_asleep = ~std::size_t{0};
+    for (const CBlock* b = head_; b != nullptr; b = b->next) {
+      const std::size_t first = (b->ptr - base_) / kPage, last = (b->end() - 1 - base_) / kPage;
+      if (b->asleep)
+        for (std::size_t p = first; p <= last; ++p) {
+          if (p != last_asleep) ++asleep_pages;
+          last_asleep = p;
+          const auto sp = sleeping_pages_.find(p);
+          if (sp == sleeping_pages_.end())
+            fail("[INV-SLEEP-3] sleeping block on page " + std::to_string(p) + " not in the sleeping pages (block " +
+                 hex(b->ptr) + ")");
+          else if (b->is_live() && (!sp->second.has_tag || sp->second.tag != b->tag))
+            fail("[INV-SLEEP-3] sleeping page " + std::to_string(p) + " does not carry the tag '" + tag_name(b->tag) +
+                 "' of its live block " + hex(b->ptr));
+        }
+      if (!b->is_live()) continue;
+      for (std::size_t p : {first, last}) {
+        const auto [it, fresh] = tag_of.emplace(p, b->tag);
+        if (!fresh && it->second != b->tag)
+          fail("[INV-SLEEP-3] page " + std::to_string(p) + " is touched by live blocks of the tags '" +
+               tag_name(it->second) + "' and '" + tag_name(b->tag) + "' (block " + hex(b->ptr) + ")");
+        if (tags_seen() && page_tag_[p] != b->tag)
+          fail("[INV-SLEEP-3] page " + std::to_string(p) + " keeps the tag '" + tag_name(page_tag_[p]) +
+               "', its live block " + hex(b->ptr) + " has '" + tag_name(b->tag) + "'");
+      }
+    }
+    if (asleep_pages != sleeping_pages_.size())
+      fail("[INV-SLEEP-3] " + std::to_string(sleeping_pages_.size()) + " sleeping pages kept, blocks sleep on " +
+           std::to_string(asleep_pages));
+  }
   auto cmp = [&](const char* name, const StatArray& got, const StatArray& want) {
     for (int i = 0; i < kNumStatTypes; ++i)
       if (got[i].current != want[i].current)

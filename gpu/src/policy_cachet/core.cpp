@@ -92,6 +92,7 @@ void CachetPolicy::ensure_reserved() {
   base_ = r.value;
   va_size_ = n;
   page_live_.assign(n / kPage, 0);
+  page_tag_.assign(n / kPage, 0);
   CBlock* u = make_block(BlockState::Unmapped);
   u->ptr = base_;
   u->size = n;

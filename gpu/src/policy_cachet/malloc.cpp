@@ -25,6 +25,8 @@ DevicePtr CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
   if (active_pools_.empty() && (!events_.empty() || !deferred_.empty())) process_events();
   const Bytes size = align_up(orig_size, kCachetAlign);
   const PoolId to = active_pools_.empty() ? PoolId{} : route(stream);  // R10
+  // SLEEP-R1: the searches skip what this tag may not take (docs/sleep-wake.md section 2).
+  placing_tag_ = current_tag_id();
 
   CBlock* b = take_best_fit(stream, to, size);  // hot path (R2)
   if (b == nullptr) b = alloc_slow(stream, to, size);
@@ -32,7 +34,7 @@ DevicePtr CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
   b->pool = to;  // already its pool: R2 and R3 take only the pool's blocks ([INV-PRIV-4] checks)
   b->requested = orig_size;
   b->stream = stream;
-  b->tag = current_tag_id();
+  b->tag = placing_tag_;
   active_.insert(b->ptr, b);
   touch(b, true);
   peak_touched_pages_ = std::max(peak_touched_pages_, touched_pages_);
@@ -51,10 +53,14 @@ CBlock* CachetPolicy::take_best_fit(StreamId stream, PoolId pool, Bytes size) {
     }
   CFreeSet& fs = *set;
   if (it == fs.end() || it->stream != stream) return nullptr;
-  CBlock* f = &*it;
   // Size-class-aware split: small requests take the high end of the block, large ones the low
   // end, so that small and large blocks collect at opposite ends of free stretches.
   const bool high = size <= kSmallSize && !mutant(kMutantCachetLowEndSmall);
+  // SLEEP-R1: a best fit whose carve would share a page with a live block of another tag is
+  // skipped for the next candidate in R2's order (none is skipped while no tag was ever set).
+  while (!tag_fits(high ? it->end() - size : it->ptr, high ? it->end() : it->ptr + size, placing_tag_))
+    if (++it == fs.end() || it->stream != stream) return nullptr;
+  CBlock* f = &*it;
   if (f->size > size) {
     // The new block m is carved at its end of f; f keeps the rest and, when its predecessor in
     // the size order is still smaller, its place in free_ (a shrunk key that keeps the order

@@ -17,10 +17,14 @@ using namespace cachet_pages;  // policy_cachet/policy.h
 
 CachetPolicy::Placement CachetPolicy::find_placement(StreamId stream, PoolId pool, Bytes size) const {
   Placement best;
-  // R3's neighbours: mapped free blocks of the request's stream and pool (R10).
-  auto ours = [stream, pool](const CBlock* n) {
-    return n != nullptr && n->is_awake_free() && n->stream == stream && n->pool == pool;
+  // R3's neighbours: mapped free blocks of the request's stream and pool (R10), awake, touching no
+  // page with a live block of another tag (docs/sleep-wake.md section 2, SLEEP-R1).
+  auto ours = [this, stream, pool](const CBlock* n) {
+    return n != nullptr && n->is_awake_free() && n->stream == stream && n->pool == pool &&
+           tag_fits(n->ptr, n->end(), placing_tag_);
   };
+  // SLEEP-R1: a candidate that would share a page with a live block of another tag is skipped.
+  auto fits = [this, size](DevicePtr at) { return tag_fits(at, at + size, placing_tag_); };
   for (const CBlock& u : unmapped_) {
     const CBlock* l = ours(u.prev) ? u.prev : nullptr;
     const CBlock* r = ours(u.next) ? u.next : nullptr;
@@ -32,14 +36,14 @@ CachetPolicy::Placement CachetPolicy::find_placement(StreamId stream, PoolId poo
       const DevicePtr hi = std::min<DevicePtr>(u.end(), page_ceil(ws + size));
       const DevicePtr lo = u.ptr;
       const Bytes k = hi > lo ? (hi - lo) / kPage : 0;
-      if (k > 0 && (!best.found || k < best.new_pages)) best = Placement{ws, k, true};
+      if (k > 0 && (!best.found || k < best.new_pages) && fits(ws)) best = Placement{ws, k, true};
     }
     if (r != nullptr) {  // right aligned at the window's end
       const DevicePtr at = we - size;
       const DevicePtr lo = std::max<DevicePtr>(u.ptr, page_floor(at));
       const DevicePtr hi = u.end();
       const Bytes k = hi > lo ? (hi - lo) / kPage : 0;
-      if (k > 0 && (!best.found || k < best.new_pages)) best = Placement{at, k, true};
+      if (k > 0 && (!best.found || k < best.new_pages) && fits(at)) best = Placement{at, k, true};
     }
     if (best.found && best.new_pages == 1) break;
   }

@@ -149,11 +149,30 @@ class CachetPolicy : public Shell {
   };
   void free_while_asleep(CBlock* b);
   void release_sleeping_free_pages();  // R9 for sleeping pages with no live block (empty_cache)
-  Bytes sleeping_bytes_ = 0;                // bytes of sleeping pages (mapped_ excludes them)
-  std::vector<BackupCopy> backups_;         // every backup copy of the sleeping blocks
-  std::map<void*, Bytes> backup_buffers_;   // pinned buffers (one per backed-up tag per sleep)
-  std::vector<std::uint32_t> asleep_tags_;  // tags of the live blocks when they went to sleep
-  int sleeping_runs() const;                // runs of adjacent sleeping blocks (recount)
+  void free_unused_backup_buffers();   // the pinned buffers no backup copy lies in any more
+  // A sleeping page (docs/sleep-wake.md section 3): the tag of the live blocks touching it when it
+  // went to sleep (none: it held no live block; it then wakes with any wake), and whether that
+  // tag was backed up. Kept until it wakes or empty_cache gives it back.
+  struct SleepingPage {
+    std::uint32_t tag = 0;
+    bool has_tag = false;
+    bool backed_up = false;
+  };
+  Bytes sleeping_bytes_ = 0;               // bytes of sleeping pages (mapped_ excludes them)
+  std::vector<BackupCopy> backups_;        // every backup copy of the sleeping blocks
+  std::map<void*, Bytes> backup_buffers_;  // pinned buffers (one per backed-up tag per sleep)
+  std::map<std::size_t, SleepingPage> sleeping_pages_;  // by page index from base_
+  int sleeping_runs() const;               // runs of adjacent sleeping blocks (recount)
+  // SLEEP-R1 (docs/sleep-wake.md section 2): [lo, hi), which lies in free or unmapped blocks, may
+  // take a block of `tag`: no live block of another tag touches its pages. Only its first and
+  // last pages can be touched (by the live blocks beside it), and those are a live block's end
+  // pages, whose tag page_tag_ keeps. Always true while no thread ever set a tag.
+  bool tag_fits(DevicePtr lo, DevicePtr hi, std::uint32_t tag) const {
+    if (!tags_seen()) [[likely]]
+      return true;
+    const std::size_t first = (lo - base_) / kCachetPageSize, last = (hi - 1 - base_) / kCachetPageSize;
+    return (page_live_[first] == 0 || page_tag_[first] == tag) && (page_live_[last] == 0 || page_tag_[last] == tag);
+  }
   struct CPool {
     int use_count = 1;  // users (§14.4); 0: released, kept while it has live blocks (R11)
     Bytes bytes = 0;    // the sizes of the blocks carrying its id ([INV-PRIV-4])
@@ -224,6 +243,10 @@ class CachetPolicy : public Shell {
   Bytes mapped_ = 0;
   // Per page of the reservation: how many live (allocated or pending) blocks touch it.
   std::vector<std::uint32_t> page_live_;
+  // Per page: the tag of the live blocks touching it where page_live_ counts them (SLEEP-R1: one
+  // tag per page), written from the first allocation under another tag than "default" on.
+  std::vector<std::uint32_t> page_tag_;
+  std::uint32_t placing_tag_ = 0;  // the tag of the allocation being placed (malloc)
   Bytes touched_pages_ = 0;  // pages with page_live_ > 0
   Bytes peak_touched_pages_ =
       0;  // high-water mark of touched_pages_ ([INV-BUDGET-1]; not reset by reset_peak_stats)
@@ -250,7 +273,9 @@ class CachetPolicy : public Shell {
 inline void CachetPolicy::touch(const CBlock* b, bool live) {
   const std::size_t first = (b->ptr - base_) / kCachetPageSize;
   const std::size_t last = (b->end() - 1 - base_) / kCachetPageSize;
-  auto end_page = [this, live](std::size_t i) {
+  const bool tagged = live && tags_seen();
+  auto end_page = [this, live, tagged, b](std::size_t i) {
+    if (tagged) page_tag_[i] = b->tag;
     if (live) {
       if (page_live_[i]++ == 0) ++touched_pages_;
     } else {

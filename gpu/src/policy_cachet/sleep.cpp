@@ -8,13 +8,14 @@
 // mapped_ (so R4's budget and R7's cap count awake pages only). A sleeping free block is in no free
 // set (no search finds it, SLEEP-R2), is never a placement's neighbour (find_placement) nor a
 // candidate of R6 (collect_free_pages walks the free sets), and merges only with sleeping free
-// blocks (merge_free). A block is wholly awake or wholly asleep: every mapped block covers whole
-// mapped pages at its ends (unmapped blocks are page aligned), and sleep takes every mapped page.
+// blocks (merge_free). A block is wholly awake or wholly asleep: free blocks are cut where a page
+// that sleeps (wakes) meets one that does not, and a live block's pages all carry its tag.
 //
-// What this policy does not do yet (docs/sleep-wake.md section 9): sleep and wake take every tag
-// at once (a list of tags is accepted only where it names every tag that has live blocks, resp.
-// every sleeping tag: placement does not keep pages tag-homogeneous yet), and empty_cache leaves
-// sleeping free pages reserved until the wake.
+// Pages are tag-homogeneous (SLEEP-R1, docs/sleep-wake.md section 2): R2 and R3 place a block only
+// where no live block of another tag touches its pages (CachetPolicy::tag_fits, page_tag_), so
+// sleep(tags) puts to sleep exactly the awake pages touched by live blocks of the named tags and
+// those no live block touches; each sleeping page remembers its tag (sleeping_pages_), and wake(tags)
+// wakes the pages of the named tags and those that slept with no live block.
 #include <algorithm>
 #include <set>
 #include <string>
@@ -53,18 +54,12 @@ Bytes CachetPolicy::sleep(const TagList& tags, const TagList& backup_tags) {
   if (pool_active())
     throw UsageError("sleep(): a CUDA graph capture or use_mem_pool is under way; end it first (a sleeping range "
                      "must not be captured into a graph)");
-  // Every tag at once (this policy does not keep pages tag-homogeneous yet): a list must name
-  // every tag that has live blocks on awake pages.
-  if (!tags.empty())
-    for (const CBlock* b = head_; b != nullptr; b = b->next)
-      if (b->is_live() && !b->asleep && !names_tag(tags, tag_name(b->tag)))
-        throw UsageError("sleep(): policy:cachet in gpu/ puts every tag to sleep at once for now, and the tag '" +
-                         tag_name(b->tag) + "' has live blocks but is not named; call sleep() with no tags "
-                         "(every tag), or use policy:pytorch (docs/sleep-wake.md section 9)");
+  auto slept_tag = [&](std::uint32_t t) { return names_tag(tags, tag_name(t)); };
 
   // 1. The backups (section 3 step 4): one copy per run of adjacent allocated blocks of one
-  //    backed-up tag, decided before anything changes. Live = allocated: the synchronize of
-  //    step 3 frees every block that waits for events first.
+  //    backed-up tag that sleeps now, decided before anything changes. Live = allocated: the
+  //    synchronize of step 3 frees every block that waits for events first, and an allocated
+  //    block's pages sleep exactly when its tag is named (SLEEP-R1: they hold no other tag).
   struct Planned {
     std::uint32_t tag;
     BackupCopy copy;  // host: offset into the tag's buffer until the buffer is had
@@ -72,7 +67,7 @@ Bytes CachetPolicy::sleep(const TagList& tags, const TagList& backup_tags) {
   std::vector<Planned> planned;
   std::map<std::uint32_t, Bytes> need;
   for (const CBlock* b = head_; b != nullptr; b = b->next) {
-    if (!b->is_allocated() || b->asleep || !lists_tag(backup_tags, tag_name(b->tag))) continue;
+    if (!b->is_allocated() || b->asleep || !slept_tag(b->tag) || !lists_tag(backup_tags, tag_name(b->tag))) continue;
     if (!planned.empty() && planned.back().tag == b->tag &&
         planned.back().copy.ptr + planned.back().copy.size == b->ptr)
       planned.back().copy.size += b->size;
@@ -88,18 +83,10 @@ Bytes CachetPolicy::sleep(const TagList& tags, const TagList& backup_tags) {
     buffers.clear();
   };
 
-  // 3. Nothing on the device may still use memory about to go (as empty_cache does).
+  // 3. Nothing on the device may still use memory about to go: pending events are waited for as
+  //    empty_cache waits for them (R9; none pending, no wait).
   try {
-    accounting_.synchronized_all_streams();
-    record_deferred_events();
-    while (!events_.empty()) {
-      auto [e, b] = events_.back();
-      Status st = mem_->event_synchronize(e);
-      if (!st.is_ok()) throw DeviceError(device_error("cudaEventSynchronize", 0, device_, st));
-      events_.pop_back();
-      event_pool_.release(e);
-      if (--b->event_count == 0) free_block(b);
-    }
+    if (!events_.empty() || !deferred_.empty()) synchronize_events();
   } catch (...) {
     free_buffers();
     throw;
@@ -121,24 +108,65 @@ Bytes CachetPolicy::sleep(const TagList& tags, const TagList& backup_tags) {
       throw DeviceError(device_error("cudaStreamSynchronize (backup copies)", 0, device_, st));
     }
 
-  // 5. The memory goes back by the run of awake mapped pages; the addresses stay.
+  // 5. The pages to sleep (section 3 step 3): every awake mapped page touched by a live block of a
+  //    named tag, and every awake mapped page no live block touches. page_state: 0 not an awake
+  //    mapped page, 1 sleeps, 2 stays awake; page_tag: the live blocks' tag (kNone: none).
+  constexpr std::uint32_t kNone = ~std::uint32_t{0};
+  const std::size_t npages = base_ == 0 ? 0 : va_size_ / kPage;
+  std::vector<unsigned char> page_state(npages, 0);
+  std::vector<std::uint32_t> live_tag(npages, kNone);
+  auto page_of = [this](DevicePtr p) { return static_cast<std::size_t>((p - base_) / kPage); };
+  for (const CBlock* b = head_; b != nullptr; b = b->next) {
+    if (!b->is_mapped() || b->asleep) continue;
+    for (std::size_t p = page_of(b->ptr), last = page_of(b->end() - 1); p <= last; ++p) {
+      if (page_state[p] == 0) page_state[p] = 1;
+      if (!b->is_live()) continue;
+      live_tag[p] = b->tag;
+      if (!slept_tag(b->tag)) page_state[p] = 2;
+    }
+  }
+  // Free blocks are cut where a page that sleeps meets one that stays awake, so that every block
+  // is wholly awake or wholly asleep (a live block's pages all carry its tag: never cut).
+  std::vector<CBlock*> cut;
+  for (CBlock* b = head_; b != nullptr; b = b->next) {
+    if (!b->is_awake_free()) continue;
+    for (std::size_t p = page_of(b->ptr) + 1, last = page_of(b->end() - 1); p <= last; ++p)
+      if (page_state[p] != page_state[p - 1]) {
+        cut.push_back(b);
+        break;
+      }
+  }
+  for (CBlock* x : cut) {
+    free_set_of(x).erase(free_set_of(x).iterator_to(*x));
+    while (x != nullptr) {  // x: not in its free set; each piece goes back in, still awake
+      CBlock* rest = nullptr;
+      for (std::size_t p = page_of(x->ptr) + 1, last = page_of(x->end() - 1); p <= last; ++p)
+        if (page_state[p] != page_state[p - 1]) {
+          rest = split_at(x, base_ + p * kPage);
+          break;
+        }
+      free_set_of(x).insert(*x);
+      x = rest;
+    }
+  }
+
+  // 6. The memory goes back by the run of adjacent pages that sleep; the addresses stay.
   Bytes given = 0;
-  std::set<std::uint32_t> slept_tags(asleep_tags_.begin(), asleep_tags_.end());
   std::vector<CBlock*> ends;  // free blocks at a run's ends: they may join sleeping free neighbours
   auto finish = [&] {
     for (CBlock* x : ends) merge_free(x);
     for (const auto& [t, h] : buffers) backup_buffers_[h] = need.at(t);
-    asleep_tags_.assign(slept_tags.begin(), slept_tags.end());
     set_current(sleep_stats_.sleeping_segments, sleeping_runs());
   };
+  auto sleeps = [&](const CBlock* b) { return b->is_mapped() && !b->asleep && page_state[page_of(b->ptr)] == 1; };
   for (CBlock* b = head_; b != nullptr;) {
-    if (!b->is_mapped() || b->asleep) {
+    if (!sleeps(b)) {
       b = b->next;
       continue;
     }
     CBlock* first = b;
     Bytes size = 0;
-    for (; b != nullptr && b->is_mapped() && !b->asleep; b = b->next) size += b->size;
+    for (; b != nullptr && sleeps(b); b = b->next) size += b->size;
     if (Status st = mem_->unmap(first->ptr, size); !st.is_ok()) {
       finish();  // the runs before this one sleep with their backups; the rest stays awake
       throw DeviceError(device_error("cuMemUnmap/cuMemRelease", size, device_, st));
@@ -150,9 +178,17 @@ Bytes CachetPolicy::sleep(const TagList& tags, const TagList& backup_tags) {
         if (x == first || x->next == b) ends.push_back(x);
       } else if (x->is_allocated()) {
         allocated += x->size;
-        slept_tags.insert(x->tag);
       }
       x->asleep = true;
+    }
+    for (std::size_t p = page_of(first->ptr), last = page_of(first->ptr + size - 1); p <= last; ++p) {
+      SleepingPage sp;
+      if (live_tag[p] != kNone) {
+        sp.tag = live_tag[p];
+        sp.has_tag = true;
+        sp.backed_up = lists_tag(backup_tags, tag_name(sp.tag));
+      }
+      sleeping_pages_[p] = sp;
     }
     Bytes backed = 0;
     for (const Planned& p : planned)
@@ -201,38 +237,64 @@ void CachetPolicy::free_while_asleep(CBlock* b) {
   set_current(sleep_stats_.sleeping_segments, sleeping_runs());
 }
 
-// R9 for sleeping pages (section 4): every whole page of a sleeping free block of the default pool
-// (a private pool's pages are its users', R10) becomes unmapped: its memory went at the sleep, so
-// only the bookkeeping changes (no device call); one segment_unmap and one num_device_free per
-// block's run of pages, as R6's unmapping counts them. Pinned buffers no copy lies in any more go.
+// R9 for sleeping pages (section 4): every sleeping page that no live block touches and that holds
+// only blocks of the default pool (a private pool's pages are its users', R10) becomes unmapped:
+// its memory went at the sleep, so only the bookkeeping changes (no device call); one
+// segment_unmap and one num_device_free per run of adjacent such pages, as R6's unmapping counts
+// them. Pinned buffers no copy lies in any more go.
 void CachetPolicy::release_sleeping_free_pages() {
   if (sleeping_bytes_ == 0 || pool_active()) return;
-  std::vector<CBlock*> frees;
-  for (CBlock* b = head_; b != nullptr; b = b->next)
-    if (b->asleep && b->is_mapped_free() && b->pool.is_default() && page_floor(b->end()) > page_ceil(b->ptr))
-      frees.push_back(b);
-  if (frees.empty()) return;
-  for (CBlock* b : frees) {
-    const DevicePtr lo = page_ceil(b->ptr), hi = page_floor(b->end());
+  // The pages that may go: sleeping, and every block touching them free and of the default pool.
+  std::map<std::size_t, bool> gone;  // sleeping page -> may go
+  for (const auto& [p, sp] : sleeping_pages_) gone.emplace(p, true);
+  for (const CBlock* b = head_; b != nullptr; b = b->next) {
+    if (!b->asleep || (b->is_mapped_free() && b->pool.is_default())) continue;
+    for (std::size_t p = (b->ptr - base_) / kPage, last = (b->end() - 1 - base_) / kPage; p <= last; ++p)
+      gone[p] = false;
+  }
+  std::vector<std::pair<DevicePtr, DevicePtr>> runs;  // [lo, hi), ascending
+  for (const auto& [p, ok] : gone) {
+    if (!ok) continue;
+    const DevicePtr lo = base_ + p * kPage;
+    if (!runs.empty() && runs.back().second == lo)
+      runs.back().second += kPage;
+    else
+      runs.emplace_back(lo, lo + kPage);
+  }
+  if (runs.empty()) return;
+  CBlock* b = head_;
+  for (const auto& [lo, hi] : runs) {
+    while (b->end() <= lo) b = b->next;
+    // The run's blocks (sleeping free blocks of the default pool; the ones reaching past it are
+    // cut, their outer parts stay asleep) become one unmapped block.
+    if (b->ptr < lo) b = split_at(b, lo);
+    CBlock* last = b;
+    while (last->end() < hi) last = last->next;
+    if (last->end() > hi) split_at(last, hi);
     accounting_.pages_unmapped(StatType::LargePool, hi - lo,
-                               run_delta(lo > b->ptr || mapped_block(b->prev), hi < b->end() || mapped_block(b->next), false));
+                               run_delta(mapped_block(b->prev), mapped_block(last->next), false));
     record(TraceAction::SegmentUnmap, lo, hi - lo, b->stream);
-    CBlock* mid = b;
-    if (lo > b->ptr) mid = split_at(b, lo);  // b keeps [ptr, lo), asleep
-    if (mid->end() > hi) split_at(mid, hi);  // [hi, end) stays asleep
-    mid->set_state(BlockState::Unmapped);
-    mid->asleep = false;
-    mid->stream = 0;
-    mid->pool = PoolId{};
-    merge_free(mid);
+    while (b->end() < hi) {  // b takes the run's next blocks
+      CBlock* n = b->next;
+      b->size += n->size;
+      b->next = n->next;
+      if (n->next) n->next->prev = b;
+      release_block(n);
+    }
+    b->set_state(BlockState::Unmapped);
+    b->asleep = false;
+    b->stream = 0;
+    b->pool = PoolId{};
+    b = merge_free(b);
+    for (DevicePtr a = lo; a < hi; a += kPage) sleeping_pages_.erase((a - base_) / kPage);
     sleeping_bytes_ -= hi - lo;
     sleep_stats_.sleeping_bytes.decrease(static_cast<std::int64_t>(hi - lo));
+    set_current(sleep_stats_.sleeping_segments, sleeping_runs());  // run by run (a run may split one)
   }
-  set_current(sleep_stats_.sleeping_segments, sleeping_runs());
-  std::set<std::uint32_t> tags;
-  for (const CBlock* b = head_; b != nullptr; b = b->next)
-    if (b->asleep && b->is_allocated()) tags.insert(b->tag);
-  asleep_tags_.assign(tags.begin(), tags.end());
+  free_unused_backup_buffers();
+}
+
+void CachetPolicy::free_unused_backup_buffers() {
   for (auto it = backup_buffers_.begin(); it != backup_buffers_.end();) {
     auto* h = static_cast<unsigned char*>(it->first);
     const bool held = std::any_of(backups_.begin(), backups_.end(),
@@ -250,17 +312,22 @@ void CachetPolicy::release_sleeping_free_pages() {
 
 void CachetPolicy::wake(const TagList& tags) {
   check_sleep_call("wake()", tags, nullptr);
-  if (sleeping_bytes_ == 0) {
+  // The pages that wake: those of a named tag, and those that slept with no live block.
+  std::vector<std::pair<DevicePtr, Bytes>> runs;  // ascending
+  for (const auto& [p, sp] : sleeping_pages_) {
+    if (sp.has_tag && !names_tag(tags, tag_name(sp.tag))) continue;
+    const DevicePtr lo = base_ + p * kPage;
+    if (!runs.empty() && runs.back().first + runs.back().second == lo)
+      runs.back().second += kPage;
+    else
+      runs.emplace_back(lo, kPage);
+  }
+  if (runs.empty()) {  // nothing of these tags asleep: nothing to do (section 4)
     ++sleep_stats_.num_wakes;
     return;
   }
-  if (!tags.empty())
-    for (std::uint32_t t : asleep_tags_)
-      if (!names_tag(tags, tag_name(t)))
-        throw UsageError("wake(): policy:cachet in gpu/ wakes every tag at once for now, and the sleeping tag '" +
-                         tag_name(t) + "' is not named; call wake() with no tags (every tag), or use policy:pytorch "
-                         "(docs/sleep-wake.md section 9)");
-  const Bytes bytes = sleeping_bytes_;
+  Bytes bytes = 0;
+  for (const auto& r : runs) bytes += r.second;
   auto refuse = [&](const std::string& why) {
     ++sleep_stats_.num_wake_ooms;
     throw OutOfMemory("wake(): out of memory: waking needs " + std::to_string(bytes) + " bytes (" + format_size(bytes) +
@@ -272,14 +339,6 @@ void CachetPolicy::wake(const TagList& tags) {
   if (const auto cap = cap_.allowed(); cap && !mutant(kMutantCachetIgnoreCap) && (mapped_ + bytes) / kPage > *cap / kPage)
     refuse("the memory cap of " + std::to_string(*cap) + " bytes allows " +
            std::to_string(*cap - std::min(*cap, mapped_)) + " more");
-  std::vector<std::pair<DevicePtr, Bytes>> runs;
-  for (CBlock* b = head_; b != nullptr; b = b->next) {
-    if (!b->asleep) continue;
-    if (!runs.empty() && runs.back().first + runs.back().second == b->ptr)
-      runs.back().second += b->size;
-    else
-      runs.emplace_back(b->ptr, b->size);
-  }
   for (std::size_t i = 0; i < runs.size(); ++i) {
     Status st = mem_->map_pieces(runs[i].first, runs[i].second);
     if (st.is_ok()) continue;
@@ -289,9 +348,22 @@ void CachetPolicy::wake(const TagList& tags) {
              st.message + ")");
     throw DeviceError(device_error("cuMemCreate/cuMemMap (wake)", runs[i].second, device_, st));
   }
-  // The backups back, one copy per run, one synchronize.
+  auto woken = [&](DevicePtr p) {  // p lies in a run that wakes
+    auto it = std::upper_bound(runs.begin(), runs.end(), p,
+                               [](DevicePtr a, const std::pair<DevicePtr, Bytes>& r) { return a < r.first; });
+    return it != runs.begin() && p < std::prev(it)->first + std::prev(it)->second;
+  };
+  // The backups of the woken pages back (a copy lies on the pages of one tag: wholly woken or
+  // not), one copy per run, one synchronize.
   bool copied = false;
+  Bytes restored = 0;
+  std::vector<BackupCopy> kept;
   for (const BackupCopy& c : backups_) {
+    if (!woken(c.ptr)) {
+      kept.push_back(c);
+      continue;
+    }
+    restored += c.size;
     if constexpr (mutant(kMutantBackupNotRestored)) continue;  // planted: mapped but not restored
     copied = true;
     if (Status st = mem_->copy_to_device(c.ptr, c.host, c.size); !st.is_ok())
@@ -300,33 +372,47 @@ void CachetPolicy::wake(const TagList& tags) {
   if (copied)
     if (Status st = mem_->copy_synchronize(); !st.is_ok())
       throw DeviceError(device_error("cudaStreamSynchronize (restore copies)", 0, device_, st));
-  for (auto& [h, n] : backup_buffers_) mem_->host_free(h);
-  backup_buffers_.clear();
-  backups_.clear();
-  asleep_tags_.clear();
-  // Awake: the free blocks return to their pool's free set, merging with awake free neighbours
-  // as a free would.
+  backups_ = std::move(kept);
+  free_unused_backup_buffers();
+  // Awake: a sleeping free block is cut where a page that wakes meets one still asleep; the woken
+  // free blocks return to their pool's free set, merging with awake free neighbours as a free
+  // would.
+  Bytes allocated = 0;
   std::vector<CBlock*> frees;
-  for (CBlock* b = head_; b != nullptr; b = b->next) {
-    if (!b->asleep) continue;
-    b->asleep = false;
-    if (b->is_mapped_free()) frees.push_back(b);
+  CBlock* b = head_;
+  for (const auto& [lo, n] : runs) {
+    const DevicePtr hi = lo + n;
+    while (b->end() <= lo) b = b->next;
+    if (b->ptr < lo) b = split_at(b, lo);  // a sleeping free block: its part before lo sleeps on
+    for (;; b = b->next) {
+      if (b->end() > hi) split_at(b, hi);
+      b->asleep = false;
+      if (b->is_mapped_free())
+        frees.push_back(b);
+      else if (b->is_allocated())
+        allocated += b->size;
+      if (b->end() == hi) break;
+    }
+    for (DevicePtr a = lo; a < hi; a += kPage) sleeping_pages_.erase((a - base_) / kPage);
   }
   for (CBlock* b : frees) merge_free(b);
   mapped_ += bytes;
-  sleeping_bytes_ = 0;
-  set_current(sleep_stats_.sleeping_segments, 0);
-  set_current(sleep_stats_.sleeping_bytes, 0);
-  set_current(sleep_stats_.sleeping_allocated_bytes, 0);
-  set_current(sleep_stats_.backup_bytes, 0);
-  // R4 as at the end of a capture (R12): free pages beyond budget(T) are unmapped again.
-  trim_to_budget();
+  sleeping_bytes_ -= bytes;
+  set_current(sleep_stats_.sleeping_segments, sleeping_runs());
+  sleep_stats_.sleeping_bytes.decrease(static_cast<std::int64_t>(bytes));
+  sleep_stats_.sleeping_allocated_bytes.decrease(static_cast<std::int64_t>(allocated));
+  sleep_stats_.backup_bytes.decrease(static_cast<std::int64_t>(restored));
   ++sleep_stats_.num_wakes;
+  // R4 as at the end of a capture (R12): free pages beyond budget(T) are unmapped again.
+  if (!pool_active()) trim_to_budget();
 }
 
 TagList CachetPolicy::sleeping() const {
+  std::set<std::uint32_t> tags;
+  for (const auto& [p, sp] : sleeping_pages_)
+    if (sp.has_tag) tags.insert(sp.tag);
   TagList out;
-  for (std::uint32_t t : asleep_tags_) out.push_back(tag_name(t));
+  for (std::uint32_t t : tags) out.push_back(tag_name(t));
   std::sort(out.begin(), out.end());
   return out;
 }

@@ -15,8 +15,13 @@ namespace cachet::gpu::detail {
 // ===================================================================== Expandable segments (7)
 
 Block* PytorchPolicy::find_expandable_block(StreamId stream, BlockPool* pool, Bytes size, std::uint32_t tag) {
-  // A block of a sleeping run is never grown into (docs/sleep-wake.md SLEEP-R2).
-  auto allocatable = [this](const Block* b) { return b != nullptr && b->is_reusable() && !asleep(b); };
+  // A block of a sleeping run is never grown into, nor an unmapped block touching one, so a
+  // sleeping run never joins an awake one (docs/sleep-wake.md section 4, SLEEP-R2).
+  auto asleep_mapped = [this](const Block* b) { return b != nullptr && b->is_mapped() && asleep(b); };
+  auto allocatable = [&](const Block* b) {
+    return b != nullptr && b->is_reusable() &&
+           (b->is_mapped() ? !asleep(b) : !asleep_mapped(b->prev) && !asleep_mapped(b->next));
+  };
   auto has_available_address_space = [&](const Block* b) {
     Bytes bytes = 0;
     while (bytes < size && allocatable(b)) {
@@ -28,7 +33,10 @@ Block* PytorchPolicy::find_expandable_block(StreamId stream, BlockPool* pool, By
   for (auto it = pool->unmapped.lower_bound(AddrKey{stream, 0}, AddrOrder{});
        it != pool->unmapped.end() && it->stream == stream; ++it) {
     Block* c = &*it;
-    if (c->segment->tag != tag) continue;  // one expandable segment per (stream, tag) (docs/sleep-wake.md section 2)
+    if (!allocatable(c)) continue;
+    // SLEEP-R1 (docs/sleep-wake.md section 2): not a segment with live blocks of another tag; one
+    // with none takes this tag.
+    if (c->segment->tag != tag && foreign(*c, tag)) continue;
     if (allocatable(c->prev)) c = c->prev;  // a free block just before the unmapped run
     if (has_available_address_space(c)) return c;
   }

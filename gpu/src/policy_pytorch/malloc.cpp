@@ -220,7 +220,7 @@ bool PytorchPolicy::get_free_block(AllocParams& p) {
 bool PytorchPolicy::foreign(const Block& b, std::uint32_t tag) {
   const Segment& seg = *b.segment;
   if (seg.tag == tag) return false;
-  if (seg.expandable) return true;  // one expandable segment per (stream, tag)
+  // An expandable segment as any other: the tag of its live blocks, if it has any.
   for (const Block* x = seg.head; x != nullptr; x = x->next)
     if (x->is_active()) return true;
   return false;  // no live block: any tag may take it (SLEEP-R1)

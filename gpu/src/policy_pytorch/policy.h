@@ -105,8 +105,8 @@ struct Segment {
   // expandable segments (§7)
   Bytes page_size = 0;
   std::vector<bool> page_mapped;
-  // Sleep (docs/sleep-wake.md): the tag of its live blocks, or of its last live block (SLEEP-R1;
-  // an expandable segment keeps the tag it was reserved under: one per (stream, tag)); reserved
+  // Sleep (docs/sleep-wake.md): the tag of its live blocks, or of its last live block (SLEEP-R1,
+  // expandable segments too: one with no live block takes the tag of its next allocation); reserved
   // and mapped through the VMM calls instead of cudaMalloc (cachet_sleep:True); how many of its
   // runs sleep (PytorchPolicy::sleeping_).
   std::uint32_t tag = 0;
@@ -281,8 +281,8 @@ class PytorchPolicy : public Shell {
   // search) the candidates in segments whose live blocks carry another tag (docs/sleep-wake.md section 2).
   bool get_free_block(AllocParams& p);
   bool find_free_block(AllocParams& p);
-  // `b`'s segment holds live blocks of a tag other than `tag` (an expandable segment: it was
-  // reserved under another tag).
+  // `b`'s segment holds live blocks of a tag other than `tag` (an expandable segment too: one with
+  // no live block may be taken by any tag, SLEEP-R1).
   static bool foreign(const Block& b, std::uint32_t tag);
   bool alloc_block(AllocParams& p, bool is_retry);
   bool release_available_cached_blocks(const AllocParams& p);

@@ -258,7 +258,7 @@ inline std::string show_segment(const SegmentSnapshot& s) {
   std::string r = "segment " + hex(s.address) + " size " + std::to_string(s.total_size) + " stream " +
                   std::to_string(s.stream) + (s.is_large ? " large" : " small") +
                   (s.is_expandable ? " expandable" : "") + (s.pool_id.is_default() ? "" : " pool " + show_pool(s.pool_id)) +
-                  " blocks [";
+                  (s.is_sleeping ? " sleeping backup " + std::to_string(s.backup_size) : "") + " blocks [";
   for (std::size_t i = 0; i < s.blocks.size(); ++i) r += (i ? "; " : "") + show_block(s.blocks[i]);
   return r + "]";
 }

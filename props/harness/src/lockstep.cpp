@@ -62,7 +62,7 @@ double fraction_for_cap(Bytes cap, Bytes total) {
 // ----------------------------------------------------------------------------- the runner
 
 // Both sides have sleep and wake (docs/sleep-wake.md section 8): model::Allocator (policy:pytorch,
-// cudaMalloc segments) and gpu/'s CachingAllocator.
+// cudaMalloc segments), model::CachetPolicy (policy:cachet) and gpu/'s CachingAllocator.
 template <class A>
 concept HasSleep = requires(A& a, const A& c, const TagList& t) {
   a.sleep(t, t);
@@ -181,9 +181,8 @@ struct Lockstep<Model, Impl>::State {
     if (ops::is_sleep_op(op)) {  // issue 24: where both sides have them (docs/sleep-wake.md section 8)
       if (sleep_runs()) return apply_sleep_op(op);
       last_sut = last_model = {Outcome::Kind::Unsupported, 0, show(op)};
-      return "not supported by this pair: " + show(op) + "\n  the lockstep runs tag, sleep and wake only under "
-             "policy:pytorch with cachet_sleep:True and expandable_segments:False, where the model has them "
-             "(docs/sleep-wake.md section 9); nothing was applied\n";
+      return "not supported by this pair: " + show(op) + "\n  the lockstep runs tag, sleep and wake only with "
+             "cachet_sleep:True (docs/sleep-wake.md section 6); nothing was applied\n";
     }
     Outcome s, m;
     std::visit(
@@ -254,11 +253,11 @@ struct Lockstep<Model, Impl>::State {
     return compare();
   }
 
-  // Where tag, sleep and wake ops run: both sides sleep, under cachet_sleep:True, expandable
-  // segments off (docs/sleep-wake.md section 9).
+  // Where tag, sleep and wake ops run: both sides sleep, under cachet_sleep:True (docs/sleep-wake.md
+  // section 8).
   bool sleep_runs() const {
     if constexpr (HasSleep<Model> && HasSleep<Impl>)
-      return opts.config.sleep && !opts.config.expandable_segments;
+      return opts.config.sleep;
     else
       return false;
   }

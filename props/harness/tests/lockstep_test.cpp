@@ -73,12 +73,96 @@ wake tags all
   EXPECT_TRUE(ls.sut().sleeping().empty());
 }
 
-// Where the model has no sleep yet (expandable segments), or the configuration has no
-// cachet_sleep, the ops are Unsupported on both sides and nothing is applied.
-TEST(Lockstep, SleepOpsAreUnsupportedWhereTheModelHasNone) {
+// The same over expandable segments (a run of mapped pages sleeps as one range; a segment with no
+// live block is any tag's, SLEEP-R1; growth never maps next to a sleeping run).
+TEST(Lockstep, AgreesOnSleepAndWakeOverExpandableSegments) {
+  Options o;
+  o.capacity = 256 * MiB;
+  o.config.sleep = true;
+  o.config.expandable_segments = true;
+  PytorchLockstep ls(o);
+  const auto ops = parse_ops(R"(tag weights
+alloc 4194304 s0
+alloc 4194304 s0
+tag kv_cache
+alloc 8388608 s0
+alloc 1 s0
+free h3
+tag default
+sleep tags weights backup weights
+alloc 1 s0
+alloc 8388608 s0
+free h1
+sleep tags all backup none
+tag weights
+alloc 4194304 s0
+wake tags weights
+free h5
+empty_cache
+tag kv_cache
+alloc 1 s0
+wake tags all
+)");
+  EXPECT_EQ(ls.run(ops), std::nullopt);
+  EXPECT_EQ(ls.sut().sleep_stats().num_sleeps, 2);
+  EXPECT_EQ(ls.sut().sleep_stats().num_wakes, 2);
+  EXPECT_EQ(ls.sut().sleep_stats().num_frees_while_asleep, 2);  // h1 (weights) and h5 (slept by "all")
+  EXPECT_TRUE(ls.sut().sleeping().empty());
+}
+
+// policy:cachet (docs/sleep-wake.md section 2-4): pages are tag-homogeneous, a subset of tags sleeps
+// and wakes by the 2 MiB page (with the free pages), frees while asleep, empty_cache gives back
+// sleeping pages with no live block; both sides agree on every pointer, stat, snapshot and trace
+// event, and the weights' backup is back after each wake.
+TEST(Lockstep, AgreesOnSleepAndWakeOfSubsetsUnderPolicyCachet) {
+  Options o;
+  o.capacity = 256 * MiB;
+  o.config = parse_config("policy:cachet,cachet_sleep:True").config;
+  CachetLockstep ls(o);
+  const auto ops = parse_ops(R"(tag weights
+alloc 1048576 s0
+tag kv_cache
+alloc 524288 s0
+tag default
+alloc 4194304 s0
+alloc 1048576 s1
+sleep tags weights backup weights
+alloc 524288 s0
+free h0
+sleep tags kv_cache backup none
+wake tags weights
+tag weights
+alloc 1048576 s0
+alloc 1048576 s0
+wake tags all
+free h1
+free h2
+sleep tags weights backup weights,kv_cache
+empty_cache
+wake tags kv_cache
+tag kv_cache
+alloc 3145728 s0
+sleep tags all backup kv_cache
+empty_cache
+wake tags default
+wake tags all
+)");
+  EXPECT_EQ(ls.run(ops), std::nullopt);
+  const SleepStats s = ls.sut().sleep_stats();
+  EXPECT_EQ(s.num_sleeps, 4);
+  EXPECT_EQ(s.num_wakes, 5);
+  EXPECT_EQ(s.num_wake_ooms, 0);
+  EXPECT_EQ(s.num_frees_while_asleep, 1);
+  EXPECT_EQ(s.sleeping_bytes.current, 0);
+  EXPECT_TRUE(ls.sut().sleeping().empty());
+}
+
+// Where the configuration has no cachet_sleep, the ops are Unsupported on both sides and nothing
+// is applied (expandable segments on or off).
+TEST(Lockstep, SleepOpsAreUnsupportedWithoutCachetSleep) {
   for (bool expandable : {false, true}) {
     Options o;
-    o.config.sleep = expandable;
+    o.config.sleep = false;
     o.config.expandable_segments = expandable;
     PytorchLockstep ls(o);
     auto d = ls.apply(*parse_op("sleep tags all backup none"));

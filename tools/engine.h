@@ -13,7 +13,8 @@
 // kernels queued: cudaEventQuery reports them complete, even within the call that recorded them;
 // docs/pytorch-allocator.md §14.7). An op list's threads (`["a", id, size, s, t]`, `["pb", k, t]`,
 // §14.10.2) reach the engine as the thread of malloc and of a use_mem_pool's PoolRoute. The order
-// of a batch of deferred frees is taken from the recording too (§14.10.3; deferred_frees below).
+// of a batch of deferred frees, and of the streams whose events one process_events walks, is taken
+// from the recording too (§14.10.3; deferred_frees and event_queues below).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cachet/config.h"
@@ -79,6 +81,16 @@ class ReplayEngine {
   virtual std::vector<std::uint64_t> deferred_frees() const { return {}; }
   virtual void set_deferred_free_order(const std::vector<std::uint64_t>&) {
     throw UsageError("this engine cannot take the order of deferred frees from a recording");
+  }
+  // The streams with pending events (§6), in the order the engine's next process_events walks
+  // them, each with the addresses of its events' blocks in FIFO order. PyTorch walks its
+  // cuda_events hash map keyed by cudaStream_t, an order of stream handles and no function of the
+  // ops (§14.10.3): `cachet conform` reads it from the recording (the order of the free_completed
+  // rows of the blocks the queues hold) and gives it with set_event_stream_order (those named
+  // first, in that order, the rest as they were). An engine that cannot be told lists none.
+  virtual std::vector<std::pair<StreamId, std::vector<std::uint64_t>>> event_queues() const { return {}; }
+  virtual void set_event_stream_order(const std::vector<StreamId>&) {
+    throw UsageError("this engine cannot take the order of streams' events from a recording");
   }
 
   // The device's side of a capture graph (docs/pytorch-allocator.md §14.10.1): streams[waiter].

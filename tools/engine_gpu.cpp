@@ -110,6 +110,16 @@ class GpuEngine final : public ReplayEngine {
     for (std::uint64_t p : order) ptrs.push_back(reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)));
     alloc_->set_deferred_free_order(ptrs);
   }
+  std::vector<std::pair<StreamId, std::vector<std::uint64_t>>> event_queues() const override {
+    std::vector<std::pair<StreamId, std::vector<std::uint64_t>>> out;
+    for (const auto& [s, ptrs] : alloc_->event_queues()) {
+      std::vector<std::uint64_t> addrs;
+      for (void* p : ptrs) addrs.push_back(static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(p)));
+      out.emplace_back(s, std::move(addrs));
+    }
+    return out;
+  }
+  void set_event_stream_order(const std::vector<StreamId>& order) override { alloc_->set_event_stream_order(order); }
   DeviceStats stats() const override { return alloc_->stats(); }
   Snapshot snapshot() const override { return alloc_->snapshot(); }
   // The snapshot events our own snapshot() calls add are not part of the replayed run.

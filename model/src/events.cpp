@@ -4,6 +4,9 @@
 // s so far as completed (what cudaEventQuery would then report). process_events() at the start
 // of malloc walks each stream's FIFO and stops at its first incomplete event (head-of-line,
 // issue #71616). synchronize_and_free_events() waits for all of them.
+#include <algorithm>
+#include <string>
+
 #include "cachet/errors.h"
 #include "cachet/model/allocator.h"
 #include "cachet/rule_flip.h"
@@ -16,6 +19,7 @@ void Allocator::insert_events(Block* block) {
   block->stream_uses.clear();
   for (StreamId s : streams) {
     ++block->event_count;
+    if (!cuda_events_.contains(s)) std::erase(event_stream_order_, s);  // a new queue: back to its id's place
     cuda_events_[s].push_back(Event{next_event_seq_++, block});
     if (events_when_recorded_) completed_upto_[s] = next_event_seq_;
   }
@@ -28,9 +32,50 @@ void Allocator::complete_all_events() {
   for (auto& [stream, events] : cuda_events_) completed_upto_[stream] = next_event_seq_;
 }
 
+// §14.10.3: the streams of set_event_stream_order first (those with events), the others by id.
+std::vector<StreamId> Allocator::event_walk_order() const {
+  std::vector<StreamId> out;
+  out.reserve(cuda_events_.size());
+  for (StreamId s : event_stream_order_)
+    if (cuda_events_.contains(s)) out.push_back(s);
+  for (const auto& [s, events] : cuda_events_)
+    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+  return out;
+}
+
+std::vector<std::pair<StreamId, std::vector<std::uint64_t>>> Allocator::event_queues() const {
+  std::vector<std::pair<StreamId, std::vector<std::uint64_t>>> out;
+  for (StreamId s : event_walk_order()) {
+    std::vector<std::uint64_t> blocks;
+    for (const Event& e : cuda_events_.at(s)) blocks.push_back(e.block->ptr);
+    out.emplace_back(s, std::move(blocks));
+  }
+  return out;
+}
+
+// Checked whole before the order changes.
+void Allocator::set_event_stream_order(const std::vector<StreamId>& order) {
+  std::vector<StreamId> first;
+  for (StreamId s : order) {
+    if (!cuda_events_.contains(s))
+      throw UsageError("set_event_stream_order: stream " + std::to_string(s) +
+                       " has no pending events (event_queues() lists the streams that have; "
+                       "docs/pytorch-allocator.md §14.10.3)");
+    if (std::find(first.begin(), first.end(), s) != first.end())
+      throw UsageError("set_event_stream_order: stream " + std::to_string(s) +
+                       " is named twice; name each stream once");
+    first.push_back(s);
+  }
+  for (StreamId s : event_walk_order())
+    if (std::find(first.begin(), first.end(), s) == first.end()) first.push_back(s);
+  event_stream_order_ = std::move(first);
+}
+
 void Allocator::process_events() {
   insert_events_deferred_until_no_capture();
-  for (auto it = cuda_events_.begin(); it != cuda_events_.end();) {
+  // PyTorch: its hash map's order of streams; by id, or as a replay's recording says (§14.10.3).
+  for (StreamId s : event_walk_order()) {
+    const auto it = cuda_events_.find(s);
     auto& events = it->second;
     const auto done = completed_upto_.find(it->first);
     const std::uint64_t upto = done == completed_upto_.end() ? 0 : done->second;
@@ -39,7 +84,10 @@ void Allocator::process_events() {
       events.pop_front();
       if (--block->event_count == 0) free_block(block);
     }
-    it = events.empty() ? cuda_events_.erase(it) : std::next(it);
+    if (events.empty()) {
+      cuda_events_.erase(it);
+      std::erase(event_stream_order_, s);
+    }
   }
 }
 
@@ -54,7 +102,8 @@ void Allocator::synchronize_and_free_events(const PrivatePool* pool) {
         "under way (\"captures_underway.empty() INTERNAL ASSERT FAILED\"): a MemPool was destroyed "
         "while another pool was active (docs/pytorch-allocator.md §14.8)");
   insert_events_deferred_until_no_capture();
-  for (auto it = cuda_events_.begin(); it != cuda_events_.end();) {
+  for (StreamId s : event_walk_order()) {  // PyTorch: its hash map's order (§14.10.3)
+    const auto it = cuda_events_.find(s);
     auto& events = it->second;
     // With a pool, only the events of that pool's blocks (§14.6).
     for (auto e = events.begin(); e != events.end();) {
@@ -66,8 +115,11 @@ void Allocator::synchronize_and_free_events(const PrivatePool* pool) {
       e = events.erase(e);
       if (--block->event_count == 0) free_block(block);
     }
-    if (pool == nullptr) completed_upto_[it->first] = next_event_seq_;
-    it = events.empty() ? cuda_events_.erase(it) : std::next(it);
+    if (pool == nullptr) completed_upto_[s] = next_event_seq_;
+    if (events.empty()) {
+      cuda_events_.erase(it);
+      std::erase(event_stream_order_, s);
+    }
   }
 }
 

@@ -172,4 +172,21 @@ TEST_F(ConformCli, DeferredOrderFollowsTheFreeCompletedRows) {
   EXPECT_NE(r.out.find("[impl] final stats: inactive_split.all.peak expected 3, got 4"), std::string::npos) << r.out;
 }
 
+// The order in which PyTorch walked the streams with pending events (its cuda_events hash map's,
+// keyed by cudaStream_t: no function of the ops, docs/pytorch-allocator.md §14.10.3) is taken from
+// the recording's free_completed rows and each engine says so. res_reuse_on, op 483: a block of
+// stream 2 (655902384) with its event on stream 1 (655849888), blocks of stream 1 with theirs on
+// stream 2; PyTorch walked stream 2's events first, the engines by stream value would take stream 1's.
+const std::string kReuseOp483 =
+    " op 483: the events of 2 streams walked in the recording's order (its free_completed rows: PyTorch's hash-map "
+    "order of streams, docs/pytorch-allocator.md §14.10.3) 655902384 655849888, not 655849888 655902384\n";
+
+TEST_F(ConformCli, StreamsWithEventsTakeTheRecordingsOrder) {
+  const CliRun r = cachet("conform " + kIssue23 + "/results/res_reuse_on.json.gz --engine both");
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("[model]" + kReuseOp483), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[impl]" + kReuseOp483), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("conform: 2322 ops, 0 mismatches"), std::string::npos) << r.out;
+}
+
 }  // namespace

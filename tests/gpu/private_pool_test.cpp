@@ -468,5 +468,77 @@ TEST(PrivatePoolsStreamUses, PolicyCachetRefusesAnOrderOfDeferredFrees) {
   a.end_allocate_to_pool(kGraph1);
 }
 
+// PyTorch walks its cuda_events hash map keyed by cudaStream_t: the streams of one process_events
+// come in the hash order of their handles (§14.10.3); a replay gives it (set_event_stream_order).
+// x (stream 1) used on stream 5 and y (stream 2) used on stream 4: one event each, both complete
+// when the next allocation walks the queues. By stream value, stream 4's queue first: y's free
+// completes before x's; stream 5 given first, x's before y's. Bad orders change nothing.
+TEST(PrivatePoolsStreamUses, StreamsWalkedInTheOrderGiven) {
+  for (const bool given : {false, true}) {
+    SCOPED_TRACE(given ? "stream 5 given first" : "by stream value");
+    auto hs = host_alloc();
+    CachingAllocator& a = *hs.a;
+    a.set_trace(true);
+    void* x = a.allocate(512, 1);
+    void* y = a.allocate(512, 2);
+    ASSERT_EQ(addr(x), kBase);
+    ASSERT_EQ(addr(y), kBase + 2 * MiB);
+    a.record_stream(x, 5);
+    a.record_stream(y, 4);
+    a.free(x);
+    a.free(y);
+    using Queues = std::vector<std::pair<StreamId, std::vector<void*>>>;
+    EXPECT_EQ(a.event_queues(), (Queues{{4, {y}}, {5, {x}}}));
+    try {
+      a.set_event_stream_order({5, 3});
+      ADD_FAILURE() << "a stream with no pending events was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "set_event_stream_order: stream 3 has no pending events (event_queues() lists the streams that have; "
+                "docs/pytorch-allocator.md §14.10.3)");
+    }
+    try {
+      a.set_event_stream_order({5, 5});
+      ADD_FAILURE() << "a stream named twice was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()), "set_event_stream_order: stream 5 is named twice; name each stream once");
+    }
+    a.set_event_stream_order({});  // nothing changes
+    EXPECT_EQ(a.event_queues(), (Queues{{4, {y}}, {5, {x}}}));
+    if (given) {
+      a.set_event_stream_order({5});  // stream 5 first, the rest (4) as it was
+      EXPECT_EQ(a.event_queues(), (Queues{{5, {x}}, {4, {y}}}));
+    }
+    hs.sim->complete_events(4);
+    hs.sim->complete_events(5);
+    const std::size_t rows = a.trace().size();
+    void* next = a.allocate(512, 1);  // process_events: both queues; then x's block again
+    EXPECT_EQ(next, x);
+    EXPECT_TRUE(a.event_queues().empty());
+    EXPECT_EQ(a.invariants(), std::vector<std::string>{});
+    const std::vector<TraceEvent> all = a.trace();
+    ASSERT_EQ(all.size(), rows + 3);  // two free_completed, alloc
+    const std::uint64_t first = addr(given ? x : y), second = addr(given ? y : x);
+    EXPECT_EQ(all[rows].action, TraceAction::FreeCompleted);
+    EXPECT_EQ(all[rows].addr, first);
+    EXPECT_EQ(all[rows].stream, given ? 1u : 2u);
+    EXPECT_EQ(all[rows + 1].action, TraceAction::FreeCompleted);
+    EXPECT_EQ(all[rows + 1].addr, second);
+    EXPECT_EQ(all[rows + 2].action, TraceAction::Alloc);
+    EXPECT_EQ(all[rows + 2].addr, addr(x));
+  }
+}
+
+// policy:cachet walks its own streams' events: no order of streams is taken.
+TEST(PrivatePoolsStreamUses, PolicyCachetRefusesAnOrderOfStreams) {
+  auto hs = host_alloc("policy:cachet");
+  CachingAllocator& a = *hs.a;
+  void* x = a.allocate(512, 1);
+  a.record_stream(x, 5);
+  a.free(x);
+  EXPECT_TRUE(a.event_queues().empty());
+  EXPECT_THROW(a.set_event_stream_order({5}), UsageError);
+}
+
 }  // namespace
 }  // namespace cachet::test

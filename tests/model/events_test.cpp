@@ -96,5 +96,57 @@ TEST(Events, RecordStreamOomIsAvoidedByTheRetrySync) {
   EXPECT_GT(d.alloc.stats().num_alloc_retries, 0);
 }
 
+// PyTorch walks its cuda_events hash map keyed by cudaStream_t: the streams of one process_events
+// come in the hash order of their handles (§14.10.3); a replay gives it (set_event_stream_order).
+// a (stream 1) used on stream 5 and b (stream 2) used on stream 4: one event each, both complete
+// when the next malloc walks the queues. By stream id, stream 4's queue first: b's free completes
+// before a's; stream 5 given first, a's before b's. Bad orders change nothing.
+TEST(Events, StreamsWalkedInTheOrderGiven) {
+  for (const bool given : {false, true}) {
+    SCOPED_TRACE(given ? "stream 5 given first" : "by stream id");
+    Device d;
+    const auto a = d.malloc(512, 1);
+    const auto b = d.malloc(512, 2);
+    d.alloc.record_stream(a, 5);
+    d.alloc.record_stream(b, 4);
+    d.free(a);
+    d.free(b);
+    using Queues = std::vector<std::pair<StreamId, std::vector<std::uint64_t>>>;
+    EXPECT_EQ(d.alloc.event_queues(), (Queues{{4, {b}}, {5, {a}}}));
+    try {
+      d.alloc.set_event_stream_order({5, 3});
+      ADD_FAILURE() << "a stream with no pending events was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "set_event_stream_order: stream 3 has no pending events (event_queues() lists the streams that have; "
+                "docs/pytorch-allocator.md §14.10.3)");
+    }
+    try {
+      d.alloc.set_event_stream_order({5, 5});
+      ADD_FAILURE() << "a stream named twice was accepted";
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()), "set_event_stream_order: stream 5 is named twice; name each stream once");
+    }
+    d.alloc.set_event_stream_order({});  // nothing changes
+    EXPECT_EQ(d.alloc.event_queues(), (Queues{{4, {b}}, {5, {a}}}));
+    if (given) {
+      d.alloc.set_event_stream_order({5});  // stream 5 first, the rest (4) as it was
+      EXPECT_EQ(d.alloc.event_queues(), (Queues{{5, {a}}, {4, {b}}}));
+    }
+    d.alloc.complete_events(4);
+    d.alloc.complete_events(5);
+    const std::size_t rows = d.alloc.trace().size();
+    d.malloc(512, 1);  // process_events: both queues; then a's block again
+    d.alloc.check_invariants();
+    EXPECT_TRUE(d.alloc.event_queues().empty());
+    const std::vector<TraceEvent> t(d.alloc.trace().begin() + static_cast<std::ptrdiff_t>(rows), d.alloc.trace().end());
+    ASSERT_EQ(t.size(), 3u);  // two free_completed, alloc
+    const TraceEvent ra{TraceAction::FreeCompleted, a, 512, 1, 0}, rb{TraceAction::FreeCompleted, b, 512, 2, 0};
+    EXPECT_EQ(t[0], given ? ra : rb);
+    EXPECT_EQ(t[1], given ? rb : ra);
+    EXPECT_EQ(t[2], (TraceEvent{TraceAction::Alloc, a, 512, 1, 0}));
+  }
+}
+
 }  // namespace
 }  // namespace cachet::model::test

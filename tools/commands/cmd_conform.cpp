@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,10 @@ class ModelEngine final : public ReplayEngine {
   void set_deferred_free_order(const std::vector<std::uint64_t>& order) override {
     alloc_.set_deferred_free_order(order);
   }
+  std::vector<std::pair<StreamId, std::vector<std::uint64_t>>> event_queues() const override {
+    return alloc_.event_queues();
+  }
+  void set_event_stream_order(const std::vector<StreamId>& order) override { alloc_.set_event_stream_order(order); }
   // The capture graph (docs/pytorch-allocator.md §14.10.1): the model's own.
   bool has_capture_graph() const override { return true; }
   void wait_stream(StreamId waiter, StreamId waited) override { alloc_.wait_stream(waiter, waited); }
@@ -206,6 +211,47 @@ std::vector<std::uint64_t> recorded_deferred_order(const std::vector<std::uint64
   return out;
 }
 
+// docs/pytorch-allocator.md §14.10.3: PyTorch walks the streams of its cuda_events map in the hash
+// order of their handles, which no rule of the engines can give. The streams of `queues` (the
+// engine's, in the order it would walk them) ordered as the recording completed their blocks: a
+// stream's place is the first free_completed row, from row `from` of `recorded` on, of a block
+// whose pending events are all on that stream (that row comes in that stream's walk); a stream
+// holding only blocks with events on other streams too is placed by the first row of any of its
+// blocks. A block awaiting events holds its address until its free completes, so the first
+// free_completed row at its address is its own. Streams the recording completes nothing of keep
+// their order, after the others.
+std::vector<StreamId> recorded_stream_order(const std::vector<std::pair<StreamId, std::vector<std::uint64_t>>>& queues,
+                                            const std::vector<TraceEvent>& recorded, std::size_t from) {
+  std::map<std::uint64_t, int> queues_of;  // address -> how many queues hold an event of its block
+  for (const auto& [s, addrs] : queues)
+    for (std::uint64_t p : std::set<std::uint64_t>(addrs.begin(), addrs.end())) ++queues_of[p];
+  auto first_row = [&](std::uint64_t p) {
+    for (std::size_t k = from; k < recorded.size(); ++k)
+      if (recorded[k].action == TraceAction::FreeCompleted && recorded[k].addr == p) return k;
+    return recorded.size();
+  };
+  std::vector<std::pair<std::size_t, StreamId>> at;  // (row, stream); row = size(): none
+  for (const auto& [s, addrs] : queues) {
+    std::size_t own = recorded.size(), any = recorded.size();
+    for (std::uint64_t p : addrs) {
+      const std::size_t row = first_row(p);
+      any = std::min(any, row);
+      if (queues_of[p] == 1) own = std::min(own, row);
+    }
+    at.emplace_back(own != recorded.size() ? own : any, s);
+  }
+  std::stable_sort(at.begin(), at.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<StreamId> out;
+  for (const auto& [row, s] : at) out.push_back(s);
+  return out;
+}
+
+std::string stream_list(const std::vector<StreamId>& v) {
+  std::string out;
+  for (StreamId s : v) out += (out.empty() ? "" : " ") + std::to_string(s);
+  return out;
+}
+
 std::string hex_list(const std::vector<std::uint64_t>& v) {
   std::string out;
   for (std::uint64_t p : v) out += (out.empty() ? "" : " ") + hex(p);
@@ -275,6 +321,26 @@ std::size_t conform_one(const std::string& engine_name, const EngineFactory& fac
               deferred_made.push_back(p);
         }
         deferred_seen = std::move(order);
+      }
+      // The op may walk the streams' pending events: give the engine the recording's order of streams.
+      if (const auto queues = engine->event_queues(); queues.size() >= 2) {
+        std::vector<StreamId> walk;
+        for (const auto& [s, addrs] : queues) walk.push_back(s);
+        const std::vector<StreamId> order =
+            recorded_stream_order(queues, recorded, without_snapshots(engine->trace()).size());
+        if (order != walk) {
+          engine->set_event_stream_order(order);
+          std::vector<StreamId> now;
+          for (const auto& [s, addrs] : engine->event_queues()) now.push_back(s);
+          if (now != order)
+            mismatch(fmt::format("op {}: the engine was given the recording's order of streams with pending events {} "
+                                 "but lists {}",
+                                 i, stream_list(order), stream_list(now)));
+          else
+            std::printf("[%s] op %zu: the events of %zu streams walked in the recording's order (its free_completed "
+                        "rows: PyTorch's hash-map order of streams, docs/pytorch-allocator.md §14.10.3) %s, not %s\n",
+                        engine_name.c_str(), i, order.size(), stream_list(order).c_str(), stream_list(walk).c_str());
+        }
       }
       if (const auto* a = std::get_if<ops::Allocate>(&ops[i])) {
         const ops::Allocate& op = *a;

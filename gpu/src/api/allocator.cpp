@@ -239,6 +239,35 @@ void CachingAllocator::set_deferred_free_order(const std::vector<void*>& order) 
   validate("set_deferred_free_order");
 }
 
+std::vector<std::pair<StreamId, std::vector<void*>>> CachingAllocator::event_queues() const {
+  std::lock_guard lock(mu_);
+  std::vector<std::pair<StreamId, std::vector<void*>>> out;
+  core_->with_policy([&](const auto& p) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(p)>, gpu::detail::PytorchPolicy>) {
+      for (const auto& [s, blocks] : p.event_queues()) {
+        std::vector<void*> ptrs;
+        ptrs.reserve(blocks.size());
+        for (gpu::DevicePtr d : blocks) ptrs.push_back(to_host(d));
+        out.emplace_back(s, std::move(ptrs));
+      }
+    }
+  });
+  return out;
+}
+
+void CachingAllocator::set_event_stream_order(const std::vector<StreamId>& order) {
+  std::lock_guard lock(mu_);
+  core_->with_policy([&](auto& p) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(p)>, gpu::detail::PytorchPolicy>) {
+      p.set_event_stream_order(order);
+    } else {
+      throw UsageError("set_event_stream_order: policy:cachet walks its streams' events in its own order; only "
+                       "policy:pytorch replays PyTorch's order (docs/pytorch-allocator.md §14.10.3)");
+    }
+  });
+  validate("set_event_stream_order");
+}
+
 void CachingAllocator::set_memory_fraction(double fraction) {
   std::lock_guard lock(mu_);
   core_->with_policy([fraction](auto& p) { p.set_memory_fraction(fraction); });

@@ -82,6 +82,7 @@ void PytorchPolicy::insert_events(Block* b, Before&& before) {
   b->stream_uses.clear();
   for (auto& [e, s] : events) {
     b->event_count += mutant(kMutantDoubleCountEvent) ? 2 : 1;
+    if (!cuda_events_.contains(s)) std::erase(event_stream_order_, s);  // a new queue: back to its value's place
     cuda_events_[s].emplace_back(e, b);
     ++pending_events_;
   }

@@ -233,6 +233,11 @@ class PytorchPolicy : public Shell {
   // that order set from a replay's recording (§14.10.3; CachingAllocator::set_deferred_free_order).
   std::vector<DevicePtr> deferred_frees() const;
   void set_deferred_free_order(const std::vector<DevicePtr>& order);
+  // The streams with pending events (§6), in the order the next process_events walks them, each
+  // with its events' blocks in FIFO order; and the order of streams set from a replay's recording
+  // (PyTorch: its cuda_events hash map's order, §14.10.3; CachingAllocator::set_event_stream_order).
+  std::vector<std::pair<StreamId, std::vector<DevicePtr>>> event_queues() const;
+  void set_event_stream_order(const std::vector<StreamId>& order);
   // PyTorch's CUDAAllocator calls beyond the pools (§15; torch_api.cpp, checkpoint.cpp).
   void create_or_incref_pool(PoolId id, std::shared_ptr<SegmentSource> source);
   void set_use_on_oom(PoolId id, bool on);
@@ -426,6 +431,9 @@ class PytorchPolicy : public Shell {
 
   // Per-stream FIFO of (event, block) (§6), ordered by stream value.
   std::map<StreamId, std::deque<std::pair<EventHandle, Block*>>> cuda_events_;
+  // Streams walked first, in this order (set_event_stream_order, §14.10.3); the others after, by value.
+  std::vector<StreamId> event_stream_order_;
+  std::vector<StreamId> event_walk_order() const;
   std::size_t pending_events_ = 0;
 
   // PYTORCH_NO_CUDA_MEMORY_CACHING: raw allocations, by address.

@@ -169,6 +169,17 @@ class CachingAllocator {
   // changes nothing. UsageError, nothing changed, for a pointer that is no pending deferred free or
   // is named twice, and under policy:cachet (which takes them in the order they were made).
   void set_deferred_free_order(const std::vector<void*>& order);
+  // The streams with events still pending (§6), in the order the next process_events walks them
+  // (by stream value unless set_event_stream_order said otherwise), each with its events' blocks
+  // in FIFO order. policy:cachet: none listed.
+  std::vector<std::pair<StreamId, std::vector<void*>>> event_queues() const;
+  // Replays (cachet conform): PyTorch walks its cuda_events hash map keyed by cudaStream_t, so the
+  // order of streams in one process_events is the hash order of stream handles, no function of
+  // the calls (§14.10.3); a replay takes it from its recording. The streams at `order` are walked
+  // first, in that order, then the others as event_queues() listed them; a stream keeps its place
+  // until its queue empties. An empty order changes nothing. UsageError, nothing changed, for a
+  // stream with no pending events or one named twice, and under policy:cachet.
+  void set_event_stream_order(const std::vector<StreamId>& order);
   // CUDA graph trees (§15.3). getCheckpointState: the pool's segments and blocks now (first
   // giving the frees deferred by a capture their events, as PyTorch does). UsageError for an
   // unknown or freeable pool, or a pool with a block still waiting for events.

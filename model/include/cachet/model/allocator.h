@@ -117,6 +117,17 @@ class Allocator {
   // order they were freed (frees deferred later come after them). An empty order changes nothing.
   // UsageError, nothing changed, for an address that is no pending deferred free or is named twice.
   void set_deferred_free_order(const std::vector<std::uint64_t>& order);
+  // The streams with events still pending (§6), in the order the next process_events walks them,
+  // each with the addresses of its events' blocks in its FIFO order: by stream id, unless
+  // set_event_stream_order said otherwise.
+  std::vector<std::pair<StreamId, std::vector<std::uint64_t>>> event_queues() const;
+  // PyTorch walks its cuda_events hash map keyed by cudaStream_t: the order of the streams in one
+  // process_events (or synchronize_and_free_events) is the hash order of stream handles, no
+  // function of the ops (§14.10.3); a replay takes it from its recording. The streams at `order`
+  // are walked first, in that order, then the others as event_queues() listed them; a stream
+  // keeps its place until its queue empties. An empty order changes nothing. UsageError, nothing
+  // changed, for a stream with no pending events or one named twice.
+  void set_event_stream_order(const std::vector<StreamId>& order);
   // torch.cuda.set_per_process_memory_fraction (§3.6): in [0, 1], else UsageError.
   void set_memory_fraction(double fraction);
   double memory_fraction() const;
@@ -271,6 +282,9 @@ class Allocator {
   std::vector<std::unique_ptr<ExpandableSegment>> expandable_segments_;
   // Per stream, FIFO: the events recorded on that stream (§6). Streams in id order.
   std::map<StreamId, std::deque<Event>> cuda_events_;
+  // Streams walked first, in this order (set_event_stream_order; §14.10.3); the others after, by id.
+  std::vector<StreamId> event_stream_order_;
+  std::vector<StreamId> event_walk_order() const;
   std::map<StreamId, std::uint64_t> completed_upto_;  // events with seq < this have completed
   std::uint64_t next_event_seq_ = 0;
   bool events_when_recorded_ = false;

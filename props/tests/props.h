@@ -242,11 +242,11 @@ class PSut {
     o.capacity = capacity_;
     o.events_complete_immediately = events_when_recorded_;
 #ifdef CACHET_PROPS_CUDA
-    // The backend CachingAllocator::for_cuda_device picks: the VMM calls for expandable segments
-    // and for cachet_sleep (docs/sleep-wake.md section 6), cudaMalloc otherwise.
-    std::unique_ptr<gpu::DeviceMemory> mem =
-        config_.expandable_segments || config_.sleep ? gpu::make_device_memory<gpu::CudaVmmBackend>(0)
-                                                     : gpu::make_device_memory<gpu::CudaRuntimeBackend>(0);
+    // The backend CachingAllocator::for_cuda_device picks: the VMM calls for expandable segments,
+    // policy:cachet and cachet_sleep (docs/sleep-wake.md section 6), cudaMalloc otherwise.
+    const bool vmm = config_.expandable_segments || config_.policy == Policy::Cachet || config_.sleep;
+    std::unique_ptr<gpu::DeviceMemory> mem = vmm ? gpu::make_device_memory<gpu::CudaVmmBackend>(0)
+                                                 : gpu::make_device_memory<gpu::CudaRuntimeBackend>(0);
     // The device's total: the capacity becomes a cap of the device (lockstep::Options::device_total).
     const auto info = mem->mem_get_info();
     if (!info.is_ok()) {

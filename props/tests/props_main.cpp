@@ -194,11 +194,10 @@ int main(int argc, char** argv) {
     std::printf("no CUDA device: skipped\n");
     return 77;
   }
-  (void)argv;  // no options on the device
-#else
+#endif
   for (bool more = true; more && argc >= 2;) {
     const std::string a = argv[1];
-    if (a == "--policy" && argc >= 3) {
+    if (a == "--policy" && argc >= 3) {  // on the device too (props_gpu_cachet_test)
       const std::string p = argv[2];
       if (p != "pytorch" && p != "cachet") {
         std::printf("--policy %s: expected pytorch or cachet\n", p.c_str());
@@ -207,6 +206,7 @@ int main(int argc, char** argv) {
       g_policy = p == "cachet" ? cachet::Policy::Cachet : cachet::Policy::PyTorch;
       argc -= 2;
       argv += 2;
+#ifndef CACHET_PROPS_CUDA
     } else if (a == "--device-total" && argc >= 3) {
       const std::string v = argv[2];
       char* end = nullptr;
@@ -224,10 +224,12 @@ int main(int argc, char** argv) {
       g_events_when_recorded = true;
       argc -= 1;
       argv += 1;
+#endif
     } else {
       more = false;
     }
   }
+#ifndef CACHET_PROPS_CUDA
   if (argc >= 2 && std::string(argv[1]) == "--replay") {
     std::printf("checks:");
     for (const auto& c : enabled_checks()) std::printf(" %s", c.c_str());

@@ -5,10 +5,12 @@
 //     least 99% of it), pointers are unchanged after wake, backed-up bytes are bitwise equal;
 //   - a segment over 512 MiB wakes in two pieces and keeps its contents;
 //   - a wake the cap refuses raises OutOfMemory, stays asleep, and a later wake succeeds;
-//   - 20 sleep/wake cycles leak no device memory (to within 2 MiB).
+//   - 20 sleep/wake cycles leak no device memory (to within 2 MiB);
+//   - giving back part of a woken piece keeps the contents of its other parts (the backend alone).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -137,6 +139,39 @@ TEST_P(SleepDevice, CyclesLeakNothing) {
   EXPECT_LE(now > free_after_first ? now - free_after_first : free_after_first - now, 2 * MiB);
   EXPECT_TRUE(holds(w, 0x7E, 256 * MiB));
   a->free(w);
+}
+
+// The props case that found it (an H200, 2026-11-28): sleep, wake (map_pieces: one 64 MiB piece),
+// then a sleep of some tags or a release gives back part of the piece. The other parts keep their
+// contents and their pages, and every page comes back to the driver at the end.
+TEST(SleepDeviceBackend, UnmappingPartOfAPieceKeepsTheRest) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device or driver";
+  auto mem = gpu::make_device_memory<gpu::CudaVmmBackend>(0);
+  const Bytes n = 64 * MiB;
+  auto r = mem->reserve(n);
+  ASSERT_TRUE(r.status.is_ok()) << r.status.message;
+  const gpu::DevicePtr p = r.value;
+  auto at = [&](Bytes off) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p + off)); };
+  const Bytes free_before = device_free();
+  ASSERT_TRUE(mem->map_pieces(p, n).is_ok());
+  for (Bytes off = 0; off < n; off += 2 * MiB) fill(at(off), static_cast<int>(off / (2 * MiB)) + 1, 2 * MiB);
+  // The middle (a part before and after it), then the end (a part before), then the start.
+  const gpu::Status mid = mem->unmap(p + 20 * MiB, 4 * MiB);
+  ASSERT_TRUE(mid.is_ok()) << mid.message;
+  const gpu::Status tail = mem->unmap(p + 60 * MiB, 4 * MiB);
+  ASSERT_TRUE(tail.is_ok()) << tail.message;
+  const gpu::Status head = mem->unmap(p, 2 * MiB);
+  ASSERT_TRUE(head.is_ok()) << head.message;
+  for (Bytes off = 2 * MiB; off < 60 * MiB; off += 2 * MiB) {
+    if (off >= 20 * MiB && off < 24 * MiB) continue;
+    EXPECT_TRUE(holds(at(off), static_cast<unsigned char>(off / (2 * MiB) + 1), 2 * MiB)) << "page at " << off;
+  }
+  EXPECT_FALSE(mem->unmap(p + 20 * MiB, 2 * MiB).is_ok());  // not mapped any more
+  ASSERT_TRUE(mem->unmap(p + 2 * MiB, 18 * MiB).is_ok());
+  ASSERT_TRUE(mem->unmap(p + 24 * MiB, 36 * MiB).is_ok());
+  const Bytes now = device_free();
+  EXPECT_LE(now > free_before ? now - free_before : free_before - now, 2 * MiB);
+  EXPECT_TRUE(mem->unreserve(p, n).is_ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, SleepDevice, ::testing::Values(0, 1, 2), [](const auto& info) {

@@ -6,8 +6,12 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <cstdint>
 #include <cstdio>
+#include <memory>
+#include <new>
 #include <string>
+#include <vector>
 
 #include "cachet/errors.h"
 
@@ -378,10 +382,10 @@ CudaVmmBackend::~CudaVmmBackend() {
   for (auto& [h, n] : pinned_size_) (void)cudaFreeHost(h);  // kept ones and any still lent
 }
 
-Status CudaVmmBackend::map_handle(DevicePtr at, Bytes size, unsigned long long handle, Bytes offset) {
-  Status st = cu_status("cuMemMap", drv_->map(static_cast<CUdeviceptr>(at), size, offset, handle, 0));
+Status CudaVmmBackend::map_handle(DevicePtr at, Bytes size, unsigned long long handle) {
+  Status st = cu_status("cuMemMap", drv_->map(static_cast<CUdeviceptr>(at), size, 0, handle, 0));
   if (!st.is_ok()) return st;
-  mappings_[at] = Mapping{handle, size, offset};
+  mappings_[at] = Mapping{handle, size};
   ++handle_uses_[handle];
   return st;
 }
@@ -408,7 +412,7 @@ Status CudaVmmBackend::map(DevicePtr p, Bytes n) {
     CUmemGenericAllocationHandle h = 0;
     st = cu_status("cuMemCreate", drv_->create(&h, granularity_, &prop, 0));
     if (!st.is_ok()) break;
-    st = map_handle(p + done, granularity_, h, 0);
+    st = map_handle(p + done, granularity_, h);
     if (!st.is_ok()) {
       drv_->release(h);
       break;
@@ -444,7 +448,7 @@ Status CudaVmmBackend::map_pieces(DevicePtr p, Bytes n) {
     CUmemGenericAllocationHandle h = 0;
     st = cu_status("cuMemCreate", drv_->create(&h, piece, &prop, 0));
     if (!st.is_ok()) break;
-    st = map_handle(p + done, piece, h, 0);
+    st = map_handle(p + done, piece, h);
     if (!st.is_ok()) {
       drv_->release(h);
       break;
@@ -477,24 +481,42 @@ Status CudaVmmBackend::unmap(DevicePtr p, Bytes n) {
     --it;
     const DevicePtr base = it->first;
     const Mapping m = it->second;
+    // A mapping only partly in [p, p+n) (a piece of map_pieces): its other parts keep their
+    // contents, through new physical allocations of their own. The driver may refuse to map a
+    // physical allocation from an offset (CUDA_ERROR_NOT_SUPPORTED, 801, on an H200 with driver
+    // 580), so every mapping maps a whole allocation from offset 0: the parts are copied to the
+    // host, the piece is unmapped and released, the parts mapped anew (map_pieces) and copied back.
+    struct Kept {
+      DevicePtr at;
+      Bytes size;
+      std::unique_ptr<unsigned char[]> host;
+    };
+    std::vector<Kept> kept;
+    if (base < p) kept.push_back({base, p - base, nullptr});
+    if (base + m.size > end) kept.push_back({end, base + m.size - end, nullptr});
+    for (Kept& k : kept) {
+      k.host.reset(new (std::nothrow) unsigned char[k.size]);
+      if (!k.host)
+        return Status::error("cuMemUnmap of part of a mapping: no host memory for the " + std::to_string(k.size) +
+                             " bytes of its other part at " + hex(k.at) + " (nothing was unmapped)");
+      if (Status st = status_of("cudaMemcpy", cudaMemcpy(k.host.get(), reinterpret_cast<const void*>(static_cast<std::uintptr_t>(k.at)), k.size,
+                                                         cudaMemcpyDeviceToHost));
+          !st.is_ok())
+        return st;
+    }
     if (Status st = cu_status("cuMemUnmap", drv_->unmap(static_cast<CUdeviceptr>(base), m.size)); !st.is_ok())
       return st;
     mappings_.erase(it);
-    // A mapping only partly in [p, p+n) (a piece of map_pieces): its other parts are mapped again
-    // from the same physical allocation, so their contents stay.
-    Status st;
-    if (base < p) st = map_handle(base, p - base, m.handle, m.offset);
-    if (st.is_ok() && base + m.size > end) st = map_handle(end, base + m.size - end, m.handle, m.offset + (end - base));
-    if (st.is_ok() && (base < p || base + m.size > end)) {
-      CUmemAccessDesc access{};
-      access.location = prop_for(device_).location;
-      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-      if (base < p) st = cu_status("cuMemSetAccess", drv_->set_access(static_cast<CUdeviceptr>(base), p - base, &access, 1));
-      if (st.is_ok() && base + m.size > end)
-        st = cu_status("cuMemSetAccess", drv_->set_access(static_cast<CUdeviceptr>(end), base + m.size - end, &access, 1));
-    }
     drop_handle(m.handle);
-    if (!st.is_ok()) return st;
+    for (const Kept& k : kept) {
+      Status st = map_pieces(k.at, k.size);
+      if (st.is_ok())
+        st = status_of("cudaMemcpy", cudaMemcpy(reinterpret_cast<void*>(static_cast<std::uintptr_t>(k.at)), k.host.get(), k.size,
+                                                cudaMemcpyHostToDevice));
+      if (!st.is_ok())
+        return Status::error("cuMemUnmap of part of a mapping: the other part at " + hex(k.at) + " (" +
+                             std::to_string(k.size) + " bytes) could not be mapped again: " + st.message);
+    }
     at = base + m.size;
   }
   return Status::ok();

@@ -8,9 +8,10 @@
 //                       own (after one cudaDeviceSynchronize, so work queued on any stream has
 //                       finished writing what is backed up), and map_pieces: one cuMemCreate +
 //                       cuMemMap per piece of up to 512 MiB, one cuMemSetAccess per call.
-//                       unmap of part of a piece unmaps the piece and maps its other parts again
-//                       from the same physical allocation (contents kept); the piece's memory
-//                       goes back to the driver when its last part is unmapped. Driver entry points are fetched at run time with
+//                       unmap of part of a piece copies its other parts to the host, unmaps and
+//                       releases the piece, maps the other parts anew and copies them back
+//                       (contents kept; the driver may refuse to map an allocation from an
+//                       offset). Driver entry points are fetched at run time with
 //                       cudaGetDriverEntryPointByVersion: nothing links libcuda, so binaries
 //                       start on machines without a driver.
 // Every call selects the backend's device for its duration and restores the caller's.
@@ -155,13 +156,12 @@ class CudaVmmBackend : public CudaRuntimeBackend {
 
  private:
   struct Driver;
-  // One cuMemMap: `size` bytes of the physical allocation `handle`, from `offset` in it.
+  // One cuMemMap: the whole physical allocation `handle` (`size` bytes), from offset 0.
   struct Mapping {
     unsigned long long handle;  // CUmemGenericAllocationHandle
     Bytes size;
-    Bytes offset;
   };
-  Status map_handle(DevicePtr at, Bytes size, unsigned long long handle, Bytes offset);
+  Status map_handle(DevicePtr at, Bytes size, unsigned long long handle);
   void drop_handle(unsigned long long handle);  // one mapping fewer; cuMemRelease at the last
   Status copy_prepare();                        // the copy stream, and the device idle once
   std::shared_ptr<Driver> drv_;

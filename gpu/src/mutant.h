@@ -1,25 +1,61 @@
 // Planted bugs for mutation testing (project issue 5). Each mutant is one decision of the
-// allocator, made at one line that reads `if constexpr (mutant(N))` or `mutant(N) ? a : b`.
-// A build selects one with the compile definition CACHET_MUTANT=N (0 = none, the real
-// allocator). The list, with what each breaks, is in gpu/README.md.
+// allocator, made at one line that reads `if (mutant(N))` or `mutant(N) ? a : b`. The list, with
+// what each breaks, is in gpu/README.md.
+//
+// Two ways to select one:
+//   - cachet_gpu (and the fuzz tree's planted-bug library) is compiled with CACHET_MUTANT=N, a
+//     constant: 0 (the default) is the real allocator, and every mutant() is false at compile
+//     time, so the real library pays nothing for the mutants;
+//   - cachet_gpu_mutants, the one library every mutant test links, is compiled with
+//     CACHET_MUTANT_RUNTIME: the environment variable CACHET_MUTANT=N picks the mutant when the
+//     program first asks (unset or 0: none). One build serves every mutant.
 //
 // Only the policies' mutated sources include this header: src/policy_pytorch/ (malloc.cpp,
-// free.cpp, release.cpp: mutants 1-16, 24-26; sleep.cpp: 29, 30) and src/policy_cachet/ (malloc.cpp, pages.cpp,
-// free.cpp: 17-23, 27, 28). Only those translation units are compiled with CACHET_MUTANT
-// (gpu/CMakeLists.txt: CACHET_GPU_MUTATED_SOURCES; the other sources are built once and shared by
-// every mutant library). Never include it from a header or from a checker
+// free.cpp, release.cpp: mutants 1-16, 24-26; sleep.cpp: 29, 30) and src/policy_cachet/ (malloc.cpp,
+// pages.cpp, free.cpp, sleep.cpp: 17-23, 27, 28, 30). Only those translation units are compiled per
+// selection (gpu/CMakeLists.txt: CACHET_GPU_MUTATED_SOURCES; the other sources are built once and
+// shared by both libraries). Never include it from a header or from a checker
 // (src/policy_pytorch/invariants.cpp, src/policy_cachet/check.cpp: built once, so the checker stays
 // the real one), and an inline function that calls mutant() in two TUs built with different
-// CACHET_MUTANT values would break the one-definition rule.
+// selections would break the one-definition rule.
 #pragma once
 
 #ifndef CACHET_MUTANT
 #define CACHET_MUTANT 0
 #endif
 
+#ifdef CACHET_MUTANT_RUNTIME
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#endif
+
 namespace cachet::gpu::detail {
 
+inline constexpr int kLastMutant = 30;  // the highest mutant number (the list below)
+
+#ifdef CACHET_MUTANT_RUNTIME
+// The mutant CACHET_MUTANT names, read once. A value that is not a mutant's number is refused
+// with a message (exit 2): a typo must not run the real allocator where a planted bug was meant.
+inline int active_mutant() {
+  static const int m = [] {
+    const char* v = std::getenv("CACHET_MUTANT");
+    if (v == nullptr || *v == '\0') return 0;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (*end != '\0' || n < 0 || n > kLastMutant) {
+      std::fprintf(stderr, "CACHET_MUTANT=%s: expected a mutant number from 1 to %d (gpu/src/mutant.h), or 0 for none\n",
+                   v, kLastMutant);
+      std::exit(2);
+    }
+    return static_cast<int>(n);
+  }();
+  return m;
+}
+inline bool mutant(int n) { return active_mutant() == n; }
+#else
 constexpr bool mutant(int n) { return CACHET_MUTANT == n; }
+#endif
 
 // The mutants (numbers are stable; README lists them).
 inline constexpr int kMutantSkipMergeNext = 1;       // free_block never merges with the next block
@@ -57,5 +93,6 @@ inline constexpr int kMutantCachetFreeStaysInReleasedPool = 28;  // a block free
 // Sleep and wake (issue 24, docs/sleep-wake.md section 8; src/policy_pytorch/sleep.cpp).
 inline constexpr int kMutantSleepingBlockFound = 29;  // an allocation placed in a sleeping range (its free blocks stay findable)
 inline constexpr int kMutantBackupNotRestored = 30;   // a backup not restored (wake maps but skips the copy back)
+static_assert(kMutantBackupNotRestored == kLastMutant, "a new mutant raises kLastMutant");
 
 }  // namespace cachet::gpu::detail

@@ -1,12 +1,12 @@
-# Mutants (label mutants): props_mutant_<n> is the property binary linked with
-# cachet_gpu_mutant_<n> (gpu/src/mutant.h). Each ctest runs it with a fixed seed and ONE check
+# Mutants (label mutants): props_mutants is the property binary linked with cachet_gpu_mutants
+# (gpu/src/mutant.h); the ctests props_mutant_<n>_<check> run it under CACHET_MUTANT=<n>. Each runs it with a fixed seed and ONE check
 # (CACHET_PROPS_CHECKS), the lockstep comparison off, and passes only when that check failed
 # ("property failed: <check>" in the output): the table below is which check kills which mutant.
 # An entry "<n>:sut-invariants:<ID>" also requires that gpu's invariants() reported [<ID>] (an ID
 # of docs/invariants.md) in that failure.
 # An entry "<n>:lockstep:trace" requires that the lockstep failure was the trace-event order
 # ("trace events differ": cachet/lockstep.h compares each op's trace events in order).
-# Mutants 17-23 (policy:cachet) run `props_mutant_<n> --policy cachet`: the same properties
+# Mutants 17-23 (policy:cachet) run `props_mutants --policy cachet`: the same properties
 # against model::CachetPolicy. Mutants 25-26 are policy:pytorch's private pools: killed in the
 # machine's cases that generate pool and capture ops (props/README.md). Mutants 29-30 are
 # sleep's (an allocation placed in a sleeping range; a backup not restored): killed in the
@@ -43,7 +43,7 @@ set(CACHET_PROPS_MUTANT_KILLS
 set(CACHET_PROPS_MUTANT_REGRESSIONS "24:gc_largest_first.ops:trace events differ"
   "23:cachet_retry_skips_best_fit.ops:device calls differ"
   "25:private_block_to_default.ops:result differs" "26:release_frees_live_block.ops:trace events differ")
-set(_built "")
+cachet_props_binary(props_mutants ${CACHET_GPU_MUTANTS_TARGET})
 foreach(pair IN LISTS CACHET_PROPS_MUTANT_KILLS)
   string(REPLACE ":" ";" pl "${pair}")
   list(GET pl 0 n)
@@ -62,29 +62,22 @@ foreach(pair IN LISTS CACHET_PROPS_MUTANT_KILLS)
       set(expect "property failed: ${check}\nsut invariants\\(\\) violated\n(  [^\n]*\n)*  \\[${inv}\\]")
     endif()
   endif()
-  cachet_gpu_mutant(${n})
-  if(NOT n IN_LIST _built)
-    cachet_props_binary(props_mutant_${n} ${CACHET_GPU_MUTANT_TARGET})
-    set_target_properties(props_mutant_${n} PROPERTIES EXCLUDE_FROM_ALL FALSE)
-    list(APPEND _built ${n})
-  endif()
   # Mutants 17-23 are policy:cachet's (gpu/src/mutant.h): its properties run them.
   set(policy_args "")
   if(n GREATER_EQUAL 17 AND n LESS_EQUAL 23)
     set(policy_args --policy cachet)
   endif()
-  add_test(NAME props_mutant_${n}_${name} COMMAND props_mutant_${n} ${policy_args})
-  set_tests_properties(props_mutant_${n}_${name} PROPERTIES LABELS mutants TIMEOUT 600
-    ENVIRONMENT "RC_PARAMS=seed=20250501 max_success=1000 max_size=300;CACHET_PROPS_CHECKS=${check};CACHET_PROPS_SKIP=coverage"
-    PASS_REGULAR_EXPRESSION "${expect}")
+  cachet_mutant_test(props_mutant_${n}_${name} ${n} COMMAND props_mutants ${policy_args}
+    ENVIRONMENT "RC_PARAMS=seed=20250501 max_success=1000 max_size=300" CACHET_PROPS_CHECKS=${check} CACHET_PROPS_SKIP=coverage
+    PROPERTIES TIMEOUT 600 PASS_REGULAR_EXPRESSION "${expect}")
 endforeach()
 foreach(pair IN LISTS CACHET_PROPS_MUTANT_REGRESSIONS)
   string(REPLACE ":" ";" pl "${pair}")
   list(GET pl 0 n)
   list(GET pl 1 file)
   list(GET pl 2 first_line)
-  add_test(NAME props_mutant_${n}_regressions
-    COMMAND props_mutant_${n} --replay ${PROJECT_SOURCE_DIR}/props/regressions/${file})
-  set_tests_properties(props_mutant_${n}_regressions PROPERTIES LABELS mutants TIMEOUT 600
-    ENVIRONMENT "CACHET_PROPS_CHECKS=lockstep" PASS_REGULAR_EXPRESSION "property failed: lockstep\n${first_line}")
+  cachet_mutant_test(props_mutant_${n}_regressions ${n}
+    COMMAND props_mutants --replay ${PROJECT_SOURCE_DIR}/props/regressions/${file}
+    ENVIRONMENT CACHET_PROPS_CHECKS=lockstep
+    PROPERTIES TIMEOUT 600 PASS_REGULAR_EXPRESSION "property failed: lockstep\n${first_line}")
 endforeach()

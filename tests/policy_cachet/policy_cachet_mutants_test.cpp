@@ -17,8 +17,9 @@
 //   no-overlap, align   live blocks are disjoint and 512-aligned
 //   [INV-...]      an invariant of CachetPolicy::invariants(), by its ID (docs/invariants.md)
 //
-// On the real library (cachet_gpu) no check fires. Linked against cachet_gpu_mutant_<n> with
-// CACHET_EXPECT_MUTANT=<n> in the environment (ctest policy_cachet_mutant_<n>_test, label
+// On the real library (cachet_gpu) no check fires. Linked against cachet_gpu_mutants
+// (policy_cachet_mutants_planted) with CACHET_MUTANT=<n> and CACHET_EXPECT_MUTANT=<n> in the
+// environment (ctest policy_cachet_mutant_<n>_test, label
 // mutants), the test passes only when the check named for n in kKilledBy fires on at least one
 // of the sequences (each sequence stops at its first firing check) or on the scripted retry.
 #include <gtest/gtest.h>

@@ -46,7 +46,7 @@ DevicePtr CachetPolicy::malloc(Bytes orig_size, StreamId stream) {
 CBlock* CachetPolicy::take_best_fit(StreamId stream, PoolId pool, Bytes size) {
   CFreeSet* set = &free_set(pool);  // R10: the pool's own free blocks
   auto it = set->lower_bound(SizeKey{stream, size, 0}, SizeOrder{});
-  if constexpr (mutant(kMutantCachetPoolBlockToDefault))
+  if (mutant(kMutantCachetPoolBlockToDefault))
     if ((it == set->end() || it->stream != stream) && pool.is_default() && !pools_.empty()) {
       set = &pools_.begin()->second.free;
       it = set->lower_bound(SizeKey{stream, size, 0}, SizeOrder{});

@@ -364,7 +364,7 @@ void CachetPolicy::wake(const TagList& tags) {
       continue;
     }
     restored += c.size;
-    if constexpr (mutant(kMutantBackupNotRestored)) continue;  // planted: mapped but not restored
+    if (mutant(kMutantBackupNotRestored)) continue;  // planted: mapped but not restored
     copied = true;
     if (Status st = mem_->copy_to_device(c.ptr, c.host, c.size); !st.is_ok())
       throw DeviceError(device_error("cudaMemcpyAsync (host to device)", c.size, device_, st));

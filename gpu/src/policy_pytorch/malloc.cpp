@@ -106,7 +106,7 @@ Bytes roundup_power2_next_division(Bytes size, std::uint32_t divisions) {
 }  // namespace
 
 Bytes PytorchPolicy::round_size(Bytes size) const {
-  constexpr Bytes min_block = mutant(kMutantRound256) ? 256 : kMinBlockSize;  // §1.1
+  const Bytes min_block = mutant(kMutantRound256) ? 256 : kMinBlockSize;  // §1.1
   const Bytes quantum = flipped(RuleFlip::Round1024) ? 2 * min_block : min_block;  // rule flip round_1024
   if (size < quantum) return quantum;
   const std::uint32_t divisions = roundup_divisions(config_, size);
@@ -164,7 +164,7 @@ DevicePtr PytorchPolicy::malloc(Bytes orig_size, StreamId stream) {
   p.expandable_active = config_.expandable_segments && (pool.owner == nullptr || pool.owner->source == nullptr);
 
   bool found = get_free_block(p);  // (no free-memory callbacks are registered: §3.1 step 4)
-  if constexpr (mutant(kMutantPrivateBlockToDefault))  // planted: the default pools borrow a private pool's free block
+  if (mutant(kMutantPrivateBlockToDefault))  // planted: the default pools borrow a private pool's free block
     for (auto it = graph_pools_.begin(); !found && pool.owner == nullptr && it != graph_pools_.end(); ++it) {
       AllocParams q = p;
       q.pool = size <= kSmallSize ? &it->second->small : &it->second->large;
@@ -229,7 +229,7 @@ bool PytorchPolicy::foreign(const Block& b, std::uint32_t tag) {
 bool PytorchPolicy::find_free_block(AllocParams& p) {
   BlockPool& pool = *p.pool;
   auto it = pool.blocks.lower_bound(SizeKey{p.stream, p.size, 0}, SizeOrder{});  // equal sizes: lowest address
-  if constexpr (mutant(kMutantCrossStreamReuse)) {
+  if (mutant(kMutantCrossStreamReuse)) {
     if (it == pool.blocks.end() || it->stream != p.stream) {
       it = pool.blocks.begin();
       while (it != pool.blocks.end() && it->size < p.size) ++it;
@@ -302,7 +302,7 @@ bool PytorchPolicy::should_split(const Block* b, Bytes size, bool expandable_act
   const bool like_large = flipped(RuleFlip::ExpandableSplitsLikeLarge) && !b->is_small;
   if ((b->is_small || expandable_active) && !like_large)
     return flipped(RuleFlip::SmallSplitRestAbove512) ? remaining > kMinBlockSize : remaining >= kMinBlockSize;
-  if constexpr (mutant(kMutantSplitBelowLimit)) return size < config_.max_split_size && remaining >= kMinBlockSize;
+  if (mutant(kMutantSplitBelowLimit)) return size < config_.max_split_size && remaining >= kMinBlockSize;
   // Rule flips oversize_splits, large_split_rest_at_least_1mib.
   const bool below_max = flipped(RuleFlip::OversizeSplits) || size < config_.max_split_size;
   return below_max && (flipped(RuleFlip::LargeSplitRestAtLeast1MiB) ? remaining >= kSmallSize : remaining > kSmallSize);

@@ -26,7 +26,7 @@ void PytorchPolicy::empty_cache() {
 
 void PytorchPolicy::release_cached_blocks(PoolId id) {
   refuse_release_where_pytorch_fails(id);  // §14.8, before anything changes
-  if constexpr (mutant(kMutantReleaseFreesLiveBlock)) {  // planted: a freeable pool's live blocks are freed with it
+  if (mutant(kMutantReleaseFreesLiveBlock)) {  // planted: a freeable pool's live blocks are freed with it
     std::vector<DevicePtr> live;
     for (const auto& [base, seg] : segments_)
       if (const PrivatePool* owner = seg->pool->owner;
@@ -83,7 +83,7 @@ void PytorchPolicy::release_block(Block* b) {
   if (pool.owner != nullptr) --pool.owner->segments;
   accounting_.segment_freed(stat_type(pool), b->size, is_oversize(b->size));
   record(TraceAction::SegmentFree, b->ptr, b->size, b->stream);
-  if constexpr (!mutant(kMutantReleaseKeepsReserved)) total_allocated_memory_ -= b->size;
+  if (!mutant(kMutantReleaseKeepsReserved)) total_allocated_memory_ -= b->size;
   pool.blocks.erase(pool.blocks.iterator_to(*b));
   segments_.erase(b->segment->base);
   arena_.release(b);
@@ -157,7 +157,7 @@ void PytorchPolicy::garbage_collect_cached_blocks() {
   while (reclaimed < target && freed && freeable > 0) {
     const double age_threshold = static_cast<double>(total_age) / freeable;
     freed = false;
-    if constexpr (mutant(kMutantGcLargestFirst)) {  // the same blocks, released largest first
+    if (mutant(kMutantGcLargestFirst)) {  // the same blocks, released largest first
       std::vector<Block*> round;
       for (Block& b : large_blocks_.blocks)
         if (!b.is_split() && !b.expandable() &&

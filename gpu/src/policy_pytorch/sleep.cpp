@@ -323,7 +323,7 @@ void PytorchPolicy::wake(const TagList& tags) {
   bool copied = false;
   for (const DevicePtr base : waking)
     for (const BackupCopy& c : sleeping_.at(base).copies) {
-      if constexpr (mutant(kMutantBackupNotRestored)) continue;  // planted: mapped but not restored
+      if (mutant(kMutantBackupNotRestored)) continue;  // planted: mapped but not restored
       copied = true;
       if (Status st = mem_->copy_to_device(c.ptr, c.host, c.size); !st.is_ok())
         throw DeviceError(device_error("cudaMemcpyAsync (host to device)", c.size, device_, st));

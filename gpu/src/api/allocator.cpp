@@ -19,6 +19,20 @@ namespace cachet {
 namespace {
 gpu::DevicePtr to_dev(void* p) { return static_cast<gpu::DevicePtr>(reinterpret_cast<std::uintptr_t>(p)); }
 void* to_host(gpu::DevicePtr p) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)); }
+
+// The calls that replay PyTorch's own orders (docs/pytorch-allocator.md §14.10.3) are
+// policy:pytorch's alone: f runs on it; under policy:cachet, `cachet_refusal` (when given) is
+// raised as a UsageError, else nothing happens.
+template <class Core, class F>
+void on_pytorch_policy(Core& core, const char* cachet_refusal, F&& f) {
+  core.with_policy([&](auto& p) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(p)>, gpu::detail::PytorchPolicy>) {
+      f(p);
+    } else if (cachet_refusal != nullptr) {
+      throw UsageError(cachet_refusal);
+    }
+  });
+}
 }  // namespace
 
 CachingAllocator::CachingAllocator(std::unique_ptr<gpu::DeviceMemory> memory, Config config)
@@ -228,28 +242,22 @@ void CachingAllocator::set_deferred_free_order(const std::vector<void*>& order) 
   ptrs.reserve(order.size());
   for (void* p : order) ptrs.push_back(to_dev(p));
   std::lock_guard lock(mu_);
-  core_->with_policy([&](auto& p) {
-    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(p)>, gpu::detail::PytorchPolicy>) {
-      p.set_deferred_free_order(ptrs);
-    } else {
-      throw UsageError("set_deferred_free_order: policy:cachet takes deferred frees in the order they were made "
-                       "(R12); only policy:pytorch replays PyTorch's order (docs/pytorch-allocator.md §14.10.3)");
-    }
-  });
+  on_pytorch_policy(*core_,
+                    "set_deferred_free_order: policy:cachet takes deferred frees in the order they were made (R12); "
+                    "only policy:pytorch replays PyTorch's order (docs/pytorch-allocator.md §14.10.3)",
+                    [&](auto& p) { p.set_deferred_free_order(ptrs); });
   validate("set_deferred_free_order");
 }
 
 std::vector<std::pair<StreamId, std::vector<void*>>> CachingAllocator::event_queues() const {
   std::lock_guard lock(mu_);
   std::vector<std::pair<StreamId, std::vector<void*>>> out;
-  core_->with_policy([&](const auto& p) {
-    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(p)>, gpu::detail::PytorchPolicy>) {
-      for (const auto& [s, blocks] : p.event_queues()) {
-        std::vector<void*> ptrs;
-        ptrs.reserve(blocks.size());
-        for (gpu::DevicePtr d : blocks) ptrs.push_back(to_host(d));
-        out.emplace_back(s, std::move(ptrs));
-      }
+  on_pytorch_policy(*core_, nullptr, [&](const auto& p) {
+    for (const auto& [s, blocks] : p.event_queues()) {
+      std::vector<void*> ptrs;
+      ptrs.reserve(blocks.size());
+      for (gpu::DevicePtr d : blocks) ptrs.push_back(to_host(d));
+      out.emplace_back(s, std::move(ptrs));
     }
   });
   return out;
@@ -257,14 +265,10 @@ std::vector<std::pair<StreamId, std::vector<void*>>> CachingAllocator::event_que
 
 void CachingAllocator::set_event_stream_order(const std::vector<StreamId>& order) {
   std::lock_guard lock(mu_);
-  core_->with_policy([&](auto& p) {
-    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(p)>, gpu::detail::PytorchPolicy>) {
-      p.set_event_stream_order(order);
-    } else {
-      throw UsageError("set_event_stream_order: policy:cachet walks its streams' events in its own order; only "
-                       "policy:pytorch replays PyTorch's order (docs/pytorch-allocator.md §14.10.3)");
-    }
-  });
+  on_pytorch_policy(*core_,
+                    "set_event_stream_order: policy:cachet walks its streams' events in its own order; only "
+                    "policy:pytorch replays PyTorch's order (docs/pytorch-allocator.md §14.10.3)",
+                    [&](auto& p) { p.set_event_stream_order(order); });
   validate("set_event_stream_order");
 }
 

@@ -69,6 +69,19 @@ double one_window(int ops) {
   return std::chrono::duration<double, std::nano>(t1 - t0).count() / ops;
 }
 
+// One repeat: ns per allocate() + drop of the DataPtr it returns, through the current
+// CUDAAllocator: the allocator's part of torch.empty + free (at::empty_cuda asks the same atomic
+// for its allocator, and the tensor's storage drops the DataPtr, whose deleter frees).
+double one_dataptr(const Pattern& p, int pairs) {
+  CCA::CUDAAllocator* a = CCA::allocator.load();
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < pairs; ++i) {
+    c10::DataPtr d = a->allocate(p.sizes[static_cast<size_t>(i) % p.sizes.size()]);
+  }
+  auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::nano>(t1 - t0).count() / pairs;
+}
+
 // One repeat of the same pairs straight on a cachet::CachingAllocator of this process (no c10
 // adapter): what the adapter adds is the difference between this column and the c10 one.
 double one_core(cachet::CachingAllocator& a, const Pattern& p, int pairs) {
@@ -134,6 +147,12 @@ int main(int argc, char** argv) {
       {"same-size pair, 64 MiB", {64 << 20}},
       {"mixed sizes 512 B..8 MiB, pairs", {512, 4096, 65536, 1 << 20, 3 << 20, 8 << 20}},
   };
+  // The allocator's part of torch.empty + free (bench/c10_empty.py measures the whole).
+  const std::vector<Pattern> dataptr_patterns = {
+      {"allocate() + DataPtr drop, 512 B", {512}},
+      {"allocate() + DataPtr drop, 1 MiB", {1 << 20}},
+      {"allocate() + DataPtr drop, 64 MiB", {64 << 20}},
+  };
   // Interleaved rounds: in each round every pattern runs once through cachet, once through native
   // (both initialised; the atomic is switched between them) and once on cachet's core, so drift of
   // the machine (frequency, neighbours) falls on both sides alike. Round 0 warms up and is
@@ -144,16 +163,21 @@ int main(int argc, char** argv) {
   CCA::allocator.store(native);
   native->init(devices);
   auto core = cachet::CachingAllocator::for_cuda_device(0);
-  const size_t n_rows = patterns.size() + 1;
+  // Rows: the raw patterns, the 64-live window, the DataPtr patterns.
+  const size_t n_rows = patterns.size() + 1 + dataptr_patterns.size();
+  auto measure = [&](size_t i) {
+    if (i < patterns.size()) return one_pairs(patterns[i], pairs);
+    if (i == patterns.size()) return one_window(pairs);
+    return one_dataptr(dataptr_patterns[i - patterns.size() - 1], pairs);
+  };
   std::vector<std::vector<double>> c_reps(n_rows), n_reps(n_rows), core_reps(n_rows), ratio_reps(n_rows);
   for (int r = 0; r < rounds; ++r) {
     for (size_t i = 0; i < n_rows; ++i) {
-      const bool window = i == patterns.size();
       CCA::allocator.store(cachet);
-      const double c = window ? one_window(pairs) : one_pairs(patterns[i], pairs);
+      const double c = measure(i);
       CCA::allocator.store(native);
-      const double n = window ? one_window(pairs) : one_pairs(patterns[i], pairs);
-      const double k = window ? 0.0 : one_core(*core, patterns[i], pairs);
+      const double n = measure(i);
+      const double k = i < patterns.size() ? one_core(*core, patterns[i], pairs) : 0.0;
       if (r == 0) continue;
       c_reps[i].push_back(c);
       n_reps[i].push_back(n);
@@ -174,8 +198,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> names;
   for (const Pattern& p : patterns) names.emplace_back(p.name);
   names.emplace_back("64 live, mixed sizes, per op");
+  for (const Pattern& p : dataptr_patterns) names.emplace_back(p.name);
   std::printf("%d interleaved rounds of %d pairs (ops) each\n", kRounds, pairs);
-  std::printf("| raw_alloc + raw_delete | cachet ns | native ns | cachet/native (median of rounds) | range over rounds | cachet core ns (no adapter) |\n"
+  std::printf("| raw_alloc + raw_delete (unless named) | cachet ns | native ns | cachet/native (median of rounds) | range over rounds | cachet core ns (no adapter) |\n"
               "|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < names.size(); ++i) {
     char core[32] = "—";

@@ -9,7 +9,13 @@ Every process runs pinned to one CPU (--cpu, default the highest the bench may u
 process's whole run came out either about 2.2 or about 4.1 us a pair on an H200 host (both
 allocators alike, 2026-11-28), which is where the scheduler put it, not the allocator.
 
-usage: bench/c10_empty.py [--backends c10,plugin] [--rounds N (default 7)] [--cpu N] [--json FILE]
+--in-process: one process instead, cachet's c10 backend installed, that switches PyTorch's allocator
+atomic between cachet and the native allocator it replaced (cachet_c10_bench_select, a bench-only
+entry of libcachet_c10) before each timed loop, in alternating order each round: both allocators
+then share the process's speed, whichever mode it drew (only the c10 backend: the plug-in path
+cannot be switched).
+
+usage: bench/c10_empty.py [--backends c10,plugin | --in-process] [--rounds N (default 7)] [--cpu N] [--json FILE]
 Environment: CACHET_TORCH_LIB / CACHET_C10_LIB as for cachet_torch.install(); PYTHONPATH holding
 python/ (cachet_torch).
 """
@@ -24,14 +30,9 @@ LOOPS = 20000
 REPEATS = 9
 
 
-def child(mode, cpu):
-    os.sched_setaffinity(0, {cpu})
-    if mode != "native":
-        import cachet_torch
-        cachet_torch.install(backend=mode)
+def time_sizes(torch):
+    """ns per torch.empty + free pair for each size: the median of REPEATS loops (a dropped warm-up)."""
     import time
-    import torch
-    torch.empty(1, device="cuda")
     out = {}
     for name, n in SIZES.items():
         reps = []
@@ -42,13 +43,56 @@ def child(mode, cpu):
                 del x
             reps.append((time.perf_counter() - t0) / LOOPS * 1e9)
         out[name] = statistics.median(reps[1:])
-    print(json.dumps(out))
+    return out
+
+
+def child(mode, cpu):
+    os.sched_setaffinity(0, {cpu})
+    if mode != "native":
+        import cachet_torch
+        cachet_torch.install(backend=mode)
+    import torch
+    torch.empty(1, device="cuda")
+    print(json.dumps(time_sizes(torch)))
+    return 0
+
+
+def child_in_process(cpu, rounds):
+    os.sched_setaffinity(0, {cpu})
+    import ctypes
+    import cachet_torch
+    if cachet_torch.install(backend="c10") != "c10":
+        print("--in-process needs the c10 backend (libcachet_c10.so for this torch)", file=sys.stderr)
+        return 1
+    lib = ctypes.CDLL(cachet_torch._lib_path)
+    lib.cachet_c10_bench_select.restype = ctypes.c_int
+    lib.cachet_c10_bench_select.argtypes = [ctypes.c_int]
+    import torch
+
+    def select(mode):
+        if lib.cachet_c10_bench_select(1 if mode == "native" else 0) != 0:
+            raise RuntimeError(f"cachet_c10_bench_select({mode}) failed: {cachet_torch.last_error()}")
+
+    for mode in ("native", "c10"):  # both initialised and warm before the first timed round
+        select(mode)
+        torch.empty(1, device="cuda")
+        time_sizes(torch)
+    runs = {"native": [], "c10": []}
+    for r in range(rounds):
+        for mode in (("native", "c10") if r % 2 == 0 else ("c10", "native")):
+            select(mode)
+            runs[mode].append(time_sizes(torch))
+    select("c10")
+    print(json.dumps(runs))
     return 0
 
 
 def main():
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
         return child(sys.argv[2], int(sys.argv[3]))
+    if len(sys.argv) == 4 and sys.argv[1] == "--child-in-process":
+        return child_in_process(int(sys.argv[2]), int(sys.argv[3]))
+    in_process = "--in-process" in sys.argv
     backends = ["c10", "plugin"]
     if "--backends" in sys.argv:
         backends = sys.argv[sys.argv.index("--backends") + 1].split(",")
@@ -62,8 +106,17 @@ def main():
     if cpu not in allowed:
         print(f"--cpu {cpu}: this process may run on CPUs {allowed} only", file=sys.stderr)
         return 2
-    runs = {m: [] for m in ["native"] + backends}
-    for r in range(rounds):
+    if in_process:
+        backends = ["c10"]
+        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child-in-process", str(cpu), str(rounds)],
+                           capture_output=True, text=True, timeout=3600)
+        if p.returncode != 0:
+            print(f"in-process: exited {p.returncode}: {p.stderr[-1500:]}", file=sys.stderr)
+            return 1
+        runs = json.loads(p.stdout.strip().splitlines()[-1])
+    else:
+        runs = {m: [] for m in ["native"] + backends}
+    for r in range(0 if in_process else rounds):
         for mode in ["native"] + backends:
             p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", mode, str(cpu)],
                                capture_output=True, text=True, timeout=900)
@@ -75,7 +128,8 @@ def main():
     med = {m: {n: statistics.median(x[n] for x in runs[m]) for n in SIZES} for m in runs}
     ratios = {b: {n: [runs[b][i][n] / runs["native"][i][n] for i in range(rounds)] for n in SIZES}
               for b in backends}
-    print(f"{rounds} rounds, every process on CPU {cpu}; ns are medians over rounds, ratios the median of the "
+    where = "one process switching between both allocators" if in_process else "every process"
+    print(f"{rounds} rounds, {where} on CPU {cpu}; ns are medians over rounds, ratios the median of the "
           "rounds' ratios (range)")
     print("| torch.empty + free | native ns | " + " | ".join(f"{b} ns | {b}/native" for b in backends) + " |")
     print("|---|---|" + "---|---|" * len(backends))
@@ -85,7 +139,7 @@ def main():
             rs = ratios[b][name]
             row += [f"{med[b][name]:.0f}", f"{statistics.median(rs):.2f} ({min(rs):.2f}-{max(rs):.2f})"]
         print(f"| {name} | " + " | ".join(row) + " |")
-    results = {"rounds": rounds, "cpu": cpu, "median_ns": med, "runs": runs,
+    results = {"rounds": rounds, "cpu": cpu, "in_process": in_process, "median_ns": med, "runs": runs,
                "ratio_median": {b: {n: statistics.median(v) for n, v in ratios[b].items()} for b in backends}}
     if json_out:
         with open(json_out, "w") as f:

@@ -1143,6 +1143,13 @@ CACHET_TORCH_API int cachet_c10_installed(void) {
   return c10::cuda::CUDACachingAllocator::allocator.load() == &the_allocator() ? 1 : 0;
 }
 
+namespace {
+// The allocator install() took PyTorch's atomic from (native's, uninitialised), for
+// cachet_c10_bench_select; native_ready: it has been initialised.
+std::atomic<cc::CUDAAllocator*> replaced_allocator{nullptr};
+std::atomic<bool> native_ready{false};
+}  // namespace
+
 // Makes cachet PyTorch's CUDA allocator. `running_torch_version`: torch.__version__. 0 on success
 // (and when already installed); otherwise 1 with the reason in cachet_torch_last_error: another
 // torch minor version than the one built against, a refused configuration (the parser's
@@ -1176,12 +1183,45 @@ CACHET_TORCH_API int cachet_c10_install(const char* running_torch_version) {
       return 1;
     }
     cachet::gpu::CurrentStream::set_provider(&current_stream_for_device_calls);
+    replaced_allocator.store(current);
     c10::cuda::CUDACachingAllocator::allocator.store(ours);
     c10::SetAllocator(c10::DeviceType::CUDA, ours);
     (void)follow_allocator_settings();
     return 0;
   } catch (const std::exception& e) {
     tc::set_error(std::string("install: ") + e.what(), false);
+    return 1;
+  }
+}
+
+// For benchmarks only (bench/c10_empty.py --in-process): points PyTorch's allocator atomic at the
+// allocator install() replaced (use_native = 1; initialised for every device on first use) or back
+// at cachet (0), so that one process can time torch.empty under both (at::empty_cuda asks the
+// atomic). Memory keeps the deleter of the allocator that made it, so each block goes back to its
+// own allocator whichever is current; c10::GetAllocator(kCUDA), the memory stats and everything
+// else still speak of the one current at the call. 0 on success; 1 with the reason in
+// cachet_torch_last_error when cachet is not installed or replaced nothing.
+CACHET_TORCH_API int cachet_c10_bench_select(int use_native) {
+  try {
+    cc::CUDAAllocator* native = replaced_allocator.load();
+    if (c10::cuda::CUDACachingAllocator::allocator.load() != &the_allocator() &&
+        c10::cuda::CUDACachingAllocator::allocator.load() != native) {
+      tc::set_error("cachet_c10_bench_select: cachet is not PyTorch's CUDA allocator (install it first)", false);
+      return 1;
+    }
+    if (native == nullptr) {
+      tc::set_error("cachet_c10_bench_select: install() replaced no allocator, so there is none to select", false);
+      return 1;
+    }
+    if (use_native == 0) {
+      c10::cuda::CUDACachingAllocator::allocator.store(&the_allocator());
+      return 0;
+    }
+    if (!native_ready.exchange(true)) native->init(c10::cuda::device_count());
+    c10::cuda::CUDACachingAllocator::allocator.store(native);
+    return 0;
+  } catch (const std::exception& e) {
+    tc::set_error(std::string("cachet_c10_bench_select: ") + e.what(), false);
     return 1;
   }
 }

@@ -36,7 +36,7 @@ SHARED = ("cachet_torch_init", "cachet_torch_config_error", "cachet_torch_last_e
           "cachet_torch_stats_json", "cachet_torch_reset_peak_stats",
           "cachet_torch_reset_accumulated_stats", "cachet_torch_summary",
           "cachet_torch_snapshot_json", "cachet_torch_trace_json", "cachet_torch_settings_json")
-C10 = ("cachet_c10_torch_version", "cachet_c10_install", "cachet_c10_installed")
+C10 = ("cachet_c10_torch_version", "cachet_c10_install", "cachet_c10_installed", "cachet_c10_bench_select")
 
 PRELUDE = """
 import ctypes, os
@@ -141,6 +141,21 @@ def main():
     check(r.returncode == 0 and r.stdout.count("installed: 1") == 2 and "rc: 0" in r.stdout
           and "again: 0" in r.stdout,
           f"cachet_c10_install('{built}.0+cu130') installs, a second call is a no-op: "
+          f"{r.stdout.strip()} {r.stderr.strip()[-300:]}")
+
+    # 6. the bench-only switch (bench/c10_empty.py --in-process): refused before install; after it,
+    # PyTorch's atomic goes to the replaced allocator and back
+    r = run_py(f"""
+        print("before:", lib.cachet_c10_bench_select(0))
+        print("error:", last_error())
+        print("rc:", lib.cachet_c10_install(b"{built}.0"))
+        print("native:", lib.cachet_c10_bench_select(1), lib.cachet_c10_installed())
+        print("cachet:", lib.cachet_c10_bench_select(0), lib.cachet_c10_installed())
+        """, {}, lib)
+    check(r.returncode == 0 and "before: 1" in r.stdout
+          and "error: cachet_c10_bench_select: cachet is not PyTorch's CUDA allocator (install it first)" in r.stdout
+          and "native: 0 0" in r.stdout and "cachet: 0 1" in r.stdout,
+          f"cachet_c10_bench_select is refused before install, then switches both ways: "
           f"{r.stdout.strip()} {r.stderr.strip()[-300:]}")
 
     print(f"\n{len(failures)} failure(s)")

@@ -130,6 +130,14 @@ std::optional<Op> decode_op(FuzzedDataProvider& p, const LS& ls, Bytes capacity,
   // Sleep mode (the pair runs tag, sleep and wake: cachet_sleep:True, docs/sleep-wake.md section 8):
   // [242,248) are those ops instead of empty_cache.
   if (sel >= 242 && sel < 248 && ls.runs_sleep_ops()) return decode_sleep_op(p, sel);
+  // Pool mode where the pair runs wait_stream and kernel (policy:pytorch on the host backend,
+  // docs/pytorch-allocator.md §14.10.1): 240 is wait_stream (waiter, waited), 241 a kernel,
+  // instead of empty_cache.
+  if (pool_mode && (sel == 240 || sel == 241) && ls.runs_stream_ops()) {
+    const StreamId a = p.ConsumeIntegralInRange<StreamId>(0, kStreams - 1);
+    if (sel == 241) return ops::Kernel{a};
+    return ops::WaitStream{a, p.ConsumeIntegralInRange<StreamId>(0, kStreams - 1)};
+  }
   if (sel < 248) return lockstep::EmptyCache{};
   return lockstep::SetMemoryFraction{kFractions[p.ConsumeIntegral<std::uint8_t>() % kFractions.size()]};
 }
@@ -146,6 +154,10 @@ void count(const Op& op, const lockstep::Outcome& o) {
   ++g_mix.ops;
   if (ops::is_pool_op(op)) {
     ++(o.kind == K::Ok ? g_mix.pool_ops : g_mix.pool_refused);
+    return;
+  }
+  if (ops::is_stream_op(op)) {
+    ++(o.kind != K::Ok ? g_mix.stream_refused : std::holds_alternative<ops::WaitStream>(op) ? g_mix.waits : g_mix.kernels);
     return;
   }
   if (ops::is_sleep_op(op)) {
@@ -301,7 +313,8 @@ std::string show_mix() {
                 "%llu size-0 allocs, %llu OOMs, %llu frees, %llu usage errors, %llu record_stream, "
                 "%llu complete, %llu empty_cache, %llu fraction, %llu no-ops, %llu pool ops "
                 "(%llu refused or failed), %llu cases ended at a PyTorch failure (§14.8), %llu tag, "
-                "%llu sleep, %llu wake (%llu refused or out of memory)",
+                "%llu sleep, %llu wake (%llu refused or out of memory), %llu wait_stream, %llu kernel "
+                "(%llu refused)",
                 static_cast<unsigned long long>(m.cases), static_cast<unsigned long long>(m.skipped_cases),
                 static_cast<unsigned long long>(m.ops), static_cast<unsigned long long>(m.alloc_ptr),
                 static_cast<unsigned long long>(m.alloc_zero), static_cast<unsigned long long>(m.alloc_oom),
@@ -311,7 +324,9 @@ std::string show_mix() {
                 static_cast<unsigned long long>(m.noops), static_cast<unsigned long long>(m.pool_ops),
                 static_cast<unsigned long long>(m.pool_refused), static_cast<unsigned long long>(m.ended_cases),
                 static_cast<unsigned long long>(m.tags), static_cast<unsigned long long>(m.sleeps),
-                static_cast<unsigned long long>(m.wakes), static_cast<unsigned long long>(m.sleep_refused));
+                static_cast<unsigned long long>(m.wakes), static_cast<unsigned long long>(m.sleep_refused),
+                static_cast<unsigned long long>(m.waits), static_cast<unsigned long long>(m.kernels),
+                static_cast<unsigned long long>(m.stream_refused));
   return buf;
 }
 

@@ -54,6 +54,8 @@ struct Mix {
   std::uint64_t ended_cases = 0;    // cases ended at a PyTorch failure (§14.8) both reported
   std::uint64_t tags = 0, sleeps = 0, wakes = 0;  // sleep mode's ops both sides applied
   std::uint64_t sleep_refused = 0;                // sleep mode's ops refused (or OOM) on both sides
+  std::uint64_t waits = 0, kernels = 0;            // wait_stream and kernel both sides applied
+  std::uint64_t stream_refused = 0;                // wait_stream refused on both sides
 };
 
 // Runs one case from bytes. Returns "" when both sides agreed after every op, else a readable

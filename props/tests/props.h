@@ -47,6 +47,13 @@ inline constexpr bool kDrawThreads = false;
 #else
 inline constexpr bool kDrawThreads = true;
 #endif
+// wait_stream and kernel (docs/pytorch-allocator.md §14.10.1): the lockstep runs them on the host
+// backend's simulated capture graph only (props_pools.cpp StreamCmd).
+#ifdef CACHET_PROPS_CUDA
+inline constexpr bool kDrawStreamOps = false;
+#else
+inline constexpr bool kDrawStreamOps = true;
+#endif
 
 using lockstep::Handle;
 using lockstep::Op;
@@ -116,13 +123,16 @@ struct Coverage {
   // Private pools (cases that generate pool ops): a block handed out from a private pool's
   // segment; a capture begun; a PyTorch failure (docs/pytorch-allocator.md §14.8) that ended the case.
   bool pool_alloc = false, capture = false, pytorch_failure = false;
+  // graph_capture_record_stream_reuse:True: an allocation during a capture that first completed
+  // the free of a block freed during it (docs/pytorch-allocator.md §14.10.1).
+  bool capture_reuse = false;
   // Sleep and wake (cases under cachet_sleep:True, docs/sleep-wake.md): sleeps and wakes that
   // returned, frees of sleeping blocks, wakes that ran out of memory (the sleep.* counts).
   std::size_t sleeps = 0, wakes = 0, frees_while_asleep = 0, wake_ooms = 0;
 };
 struct CoverageTotals {
   std::size_t cases = 0, oversize = 0, gc = 0, retry = 0, oom = 0, deferred_free = 0, exp_map = 0, exp_unmap = 0;
-  std::size_t pool_cases = 0, pool_alloc = 0, capture = 0, pytorch_failure = 0;
+  std::size_t pool_cases = 0, pool_alloc = 0, capture = 0, pytorch_failure = 0, capture_reuse = 0;
   // Over the cases that drew sleep ops: the cases with at least one of each, and the totals.
   std::size_t sleep_cases = 0, slept = 0, woke = 0, freed_asleep = 0, wake_oomed = 0;
   std::size_t sleeps = 0, wakes = 0, frees_while_asleep = 0, wake_ooms = 0;
@@ -143,6 +153,7 @@ struct CoverageTotals {
       pool_alloc += c.pool_alloc;
       capture += c.capture;
       pytorch_failure += c.pytorch_failure;
+      capture_reuse += c.capture_reuse;
     }
     ++cases;
     oversize += c.oversize;
@@ -178,6 +189,10 @@ struct PoolsModel {
   };
   std::map<int, Graph> graphs;
   int next_mempool = 0, next_graph = 0;
+  // Streams that joined a capture by wait_stream (stream -> graph), as far as the generator can
+  // tell (a wait the device refuses is not undone here): the record_stream commands during a
+  // capture lean on them. Only generation reads it, never a check.
+  std::map<int, int> joined;
 };
 
 // RapidCheck's model: what the commands may name. A slot is one Allocate command; the

@@ -123,6 +123,11 @@ void PSut::step(const Op& op, std::optional<std::size_t> new_slot) {
   if (std::holds_alternative<ops::CaptureBegin>(op) && out.kind == lockstep::Outcome::Kind::Ok)
     cov_.capture = true;
   if (ls_->ended()) cov_.pytorch_failure = true;
+  // No event is queried during a capture: a free completed by an allocation then is the reuse
+  // of §14.10.1 (the sut's trace holds this op's events only).
+  if (underway && config_.graph_capture_record_stream_reuse && std::holds_alternative<lockstep::Allocate>(op))
+    for (const TraceEvent& e : ls_->sut().trace())
+      if (e.action == TraceAction::FreeCompleted) cov_.capture_reuse = true;
   const SleepStats sleep_st = ls_->sut().sleep_stats();
   cov_.sleeps += static_cast<std::size_t>(sleep_st.num_sleeps - sleep_before.num_sleeps);
   cov_.wakes += static_cast<std::size_t>(sleep_st.num_wakes - sleep_before.num_wakes);

@@ -158,7 +158,12 @@ rc::Gen<std::shared_ptr<const Cmd>> gen_command(const PModel& m) {
     for (std::size_t i = 0; i < m.slots.size(); ++i)
       if (!m.slots[i].freed) live.push_back(i);
     const int k = *rc::gen::inRange(0, 100);
-    if (m.pools.enabled && *rc::gen::inRange(0, 100) < 12) return gen_pool_command(m);
+    // Pool commands: 12 in 100, 25 while a graph captures where wait_stream and kernel are drawn
+    // (they are pool commands: props_pools.cpp).
+    bool capturing = false;
+    for (const auto& [k, g] : m.pools.graphs) capturing = capturing || !g.ended;
+    const int pool_share = capturing && kDrawStreamOps && g_policy == Policy::PyTorch ? 25 : 12;
+    if (m.pools.enabled && *rc::gen::inRange(0, 100) < pool_share) return gen_pool_command(m);
     if (m.sleep.enabled && *rc::gen::inRange(0, 100) < 15) return gen_sleep_command(m);
     const auto stream = rc::gen::weightedOneOf<int>({{4, rc::gen::just(0)}, {3, rc::gen::inRange(1, kStreams)}});
     if (k < 45 || (live.empty() && k < 85)) {
@@ -169,7 +174,14 @@ rc::Gen<std::shared_ptr<const Cmd>> gen_command(const PModel& m) {
       return std::make_shared<AllocCmd>(*gen_size(m.config), *stream, thread);
     }
     if (k < 78 && !live.empty()) return std::make_shared<FreeCmd>(*rc::gen::elementOf(live));
-    if (k < 85 && !live.empty()) return std::make_shared<RecordCmd>(*rc::gen::elementOf(live), *stream);
+    if (k < 85 && !live.empty()) {
+      // During a capture, half the uses go to a stream that joined it (what reuse during a
+      // capture needs, docs/pytorch-allocator.md §14.10.1).
+      std::vector<int> joined;
+      for (const auto& [s, g] : m.pools.joined) joined.push_back(s);
+      const int use = !joined.empty() && *rc::gen::inRange(0, 2) == 0 ? *rc::gen::elementOf(joined) : *stream;
+      return std::make_shared<RecordCmd>(*rc::gen::elementOf(live), use);
+    }
     if (k < 93) return std::make_shared<CompleteCmd>(*stream);
     if (k < 96) return std::make_shared<EmptyCacheCmd>();
     return std::make_shared<FractionCmd>(*gen_fraction());

@@ -106,7 +106,8 @@ bool coverage_property() {
     std::printf("over the %zu cases with private pools:\n", t.pool_cases);
     for (const auto& [name, k, required] :
          {std::tuple{"private pool block", t.pool_alloc, true}, std::tuple{"graph capture", t.capture, true},
-          std::tuple{"PyTorch failure (§14.8)", t.pytorch_failure, false}}) {
+          std::tuple{"PyTorch failure (§14.8)", t.pytorch_failure, false},
+          std::tuple{"reuse during a capture", t.capture_reuse, false}}) {
       const double pct = 100.0 * static_cast<double>(k) / np;
       const bool low = required && pct < 1.0;
       std::printf("  %-22s %6.2f%%%s\n", name, pct, low ? "  < 1%: FAIL" : "");

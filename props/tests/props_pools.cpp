@@ -68,6 +68,7 @@ struct PoolCmd : Cmd {
       p.next_graph = std::max(p.next_graph, int(o->graph) + 1);
     } else if (const auto* o = std::get_if<ops::CaptureEnd>(&op)) {
       p.graphs.at(int(o->graph)).ended = true;
+      std::erase_if(p.joined, [&](const auto& j) { return j.second == int(o->graph); });
     } else if (const auto* o = std::get_if<ops::GraphReset>(&op)) {
       p.graphs.erase(int(o->graph));
     }
@@ -89,6 +90,42 @@ struct PoolCmd : Cmd {
                                lockstep::show(sut.ls().with([](auto& l) { return l.last_model(); })));
   }
   void show(std::ostream& os) const override { os << (refused ? "refused: " : "") << lockstep::show(op); }
+};
+
+// wait_stream and kernel (docs/pytorch-allocator.md §14.10.1): streams join a capture, do work
+// in it and are joined back, which is when graph_capture_record_stream_reuse:True lets a block
+// freed during the capture go back to its pool before the capture ends. The lockstep runs them on
+// the host backend only (Lockstep::runs_stream_ops); the PoolsModel does not follow joins, so a
+// capture_begin on a joined stream, or a capture_end before the joins are undone, is refused on
+// both sides and makes the pools inexact (PoolCmd::run).
+struct StreamCmd : Cmd {
+  Op op;  // streams as indices into the sut's streams
+  explicit StreamCmd(Op o) : op(std::move(o)) {}
+  void checkPreconditions(const PModel& m) const override { RC_PRE(m.pools.enabled); }
+  void apply(PModel& m) const override {
+    const auto* w = std::get_if<ops::WaitStream>(&op);
+    if (w == nullptr) return;
+    PoolsModel& p = m.pools;
+    auto graph_of = [&](int s) -> std::optional<int> {
+      for (const auto& [k, g] : p.graphs)
+        if (!g.ended && g.stream == s) return k;
+      if (auto j = p.joined.find(s); j != p.joined.end()) return j->second;
+      return std::nullopt;
+    };
+    if (auto g = graph_of(int(w->waited)); g && !graph_of(int(w->waiter))) p.joined[int(w->waiter)] = *g;
+  }
+  void run(const PModel&, PSut& sut) const override {
+    if (!sut.ls().with([](auto& l) { return l.runs_stream_ops(); })) return;
+    Op real = op;
+    if (auto* w = std::get_if<ops::WaitStream>(&real)) {
+      w->waiter = sut.stream(int(w->waiter));
+      w->waited = sut.stream(int(w->waited));
+    } else if (auto* k = std::get_if<ops::Kernel>(&real)) {
+      k->stream = sut.stream(int(k->stream));
+    }
+    sut.step(real);
+  }
+  void show(std::ostream& os) const override { os << lockstep::show(op); }
 };
 
 template <class T>
@@ -118,6 +155,25 @@ std::shared_ptr<const Cmd> gen_pool_command(const PModel& m) {
     (busy ? busy_pool : shareable).push_back(k);
   }
   auto make = [](Op op, bool refused) { return std::make_shared<PoolCmd>(std::move(op), refused); };
+  // Where the lockstep runs them, a wait_stream or a kernel: one pool command in three, one in two
+  // while a graph captures. Then most name the capture's stream: a kernel there (the node a
+  // free's markers are), a stream joining it, the capture's stream waiting on another (a join
+  // back), so that reuse during a capture happens.
+  if (kDrawStreamOps && g_policy == Policy::PyTorch && *rc::gen::inRange(0, capturing.empty() ? 3 : 2) == 0) {
+    auto any_stream = [] { return StreamId(*rc::gen::inRange(0, kStreams)); };
+    const auto c = any_of(capturing);
+    const bool at_origin = c && *rc::gen::inRange(0, 4) != 0;
+    const StreamId origin = c ? StreamId(p.graphs.at(*c).stream) : 0;
+    if (*rc::gen::inRange(0, 3) == 0) return std::make_shared<StreamCmd>(ops::Kernel{at_origin ? origin : any_stream()});
+    StreamId waiter = any_stream(), waited = any_stream();
+    if (at_origin) {
+      if (*rc::gen::inRange(0, 2) == 0)
+        waited = origin;  // a stream joins the capture
+      else
+        waiter = origin;  // the capture's stream waits on another: a join back
+    }
+    return std::make_shared<StreamCmd>(ops::WaitStream{waiter, waited});
+  }
   // use_mem_pool is entered by the main thread, or one time in four by thread 1 or 2
   // (docs/pytorch-allocator.md §14.10.2).
   auto enter_thread = [] {

@@ -70,6 +70,14 @@ concept HasSleep = requires(A& a, const A& c, const TagList& t) {
   c.sleeping();
 };
 
+// The model keeps a capture graph (wait_stream, kernel; docs/pytorch-allocator.md §14.10.1):
+// model::Allocator does, model::CachetPolicy does not.
+template <class A>
+concept HasCaptureGraph = requires(A& a, StreamId s) {
+  a.wait_stream(s, s);
+  a.kernel(s);
+};
+
 template <class Model, class Impl>
 struct Lockstep<Model, Impl>::State {
   struct Bound {  // one allocation a handle names
@@ -96,7 +104,7 @@ struct Lockstep<Model, Impl>::State {
   std::size_t model_trace_mark = 0;  // the model's trace events before the current op
   // The pool and capture ops: one front end, its calls made on both sides.
   OpThreads threads;  // the op list's threads (t<k>): declared before the calls that use it
-  BothSides<Model, Impl> calls{model, sut, threads};
+  BothSides<Model, Impl> calls{model, sut, threads, sim};
   front_end::PoolFrontEnd pools{calls};
   bool ended = false;  // a PyTorch failure (§14.8) ended the case
   std::set<ThreadIndex> threads_used;  // the op threads other than the runner's
@@ -173,10 +181,12 @@ struct Lockstep<Model, Impl>::State {
         return apply_pool_op(op);
       }
     }
+    if (ops::is_stream_op(op) && stream_ops_run()) return apply_stream_op(op);
     if (ops::is_stream_op(op) || std::holds_alternative<ops::SetAllocatorSettings>(op)) {
       last_sut = last_model = {Outcome::Kind::Unsupported, 0, show(op)};
-      return "not supported by the lockstep: " + show(op) + "\n  wait_stream, kernel and cfg are replayed by `cachet "
-             "conform` (docs/pytorch-allocator.md §14.10.1); nothing was applied\n";
+      return "not supported by this pair: " + show(op) + "\n  the lockstep runs wait_stream and kernel on the host "
+             "backend under policy:pytorch with private pools; cfg, and the rest, are replayed by `cachet conform` "
+             "(docs/pytorch-allocator.md §14.10.1); nothing was applied\n";
     }
     if (ops::is_sleep_op(op)) {  // issue 24: where both sides have them (docs/sleep-wake.md section 8)
       if (sleep_runs()) return apply_sleep_op(op);
@@ -251,6 +261,35 @@ struct Lockstep<Model, Impl>::State {
     last_model = m;
     if (m.kind == Outcome::Kind::PyTorchFailure) return end_case(sut_before);
     return compare();
+  }
+
+  // Where wait_stream and kernel run: the host backend's simulated capture graph beside the
+  // model's (policy:pytorch with private pools).
+  bool stream_ops_run() const {
+    if constexpr (kPools && HasCaptureGraph<Model>) return sim != nullptr;
+    return false;
+  }
+
+  // wait_stream and kernel (docs/pytorch-allocator.md §14.10.1): the simulated device's graph and
+  // the model's. A wait the device refuses (a capturing stream waiting on one outside its capture,
+  // two captures joined) is the user's error on both sides.
+  std::optional<std::string> apply_stream_op(const Op& op) {
+    if constexpr (kPools && HasCaptureGraph<Model>) {
+      Outcome s, m;
+      if (const auto* w = std::get_if<ops::WaitStream>(&op)) {
+        s = capture([&](Outcome&) {
+          if (gpu::Status st = sim->wait_stream(w->waiter, w->waited); !st.is_ok()) throw UsageError(st.message);
+        });
+        m = capture([&](Outcome&) { model->wait_stream(w->waiter, w->waited); });
+      } else if (const auto* k = std::get_if<ops::Kernel>(&op)) {
+        s = capture([&](Outcome&) { sim->kernel(k->stream); });
+        m = capture([&](Outcome&) { model->kernel(k->stream); });
+      }
+      last_sut = s;
+      last_model = m;
+      return compare();
+    }
+    return std::nullopt;
   }
 
   // Where tag, sleep and wake ops run: both sides sleep, under cachet_sleep:True (docs/sleep-wake.md
@@ -600,6 +639,11 @@ bool Lockstep<Model, Impl>::ended() const {
 template <class Model, class Impl>
 bool Lockstep<Model, Impl>::runs_sleep_ops() const {
   return s_->sleep_runs();
+}
+
+template <class Model, class Impl>
+bool Lockstep<Model, Impl>::runs_stream_ops() const {
+  return s_->stream_ops_run();
 }
 template <class Model, class Impl>
 const front_end::PoolFrontEnd& Lockstep<Model, Impl>::pools() const {

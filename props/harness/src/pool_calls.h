@@ -4,13 +4,16 @@
 // the front end go on only while both succeeded alike.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "cachet/errors.h"
 #include "cachet/front_end/pool_front_end.h"
+#include "cachet/gpu/host_backend.h"
 #include "cachet/lockstep.h"
 #include "cachet/op_threads.h"
 #include "cachet/snapshot.h"
@@ -48,8 +51,12 @@ class BothSides final : public front_end::AllocatorCalls {
   // A pair without private pools never reaches the pool calls (the runner answers Unsupported).
   static constexpr bool kPools = HasPrivatePools<Model> && HasPrivatePools<Impl>;
 
-  BothSides(std::unique_ptr<Model>& model, std::unique_ptr<Impl>& sut, OpThreads& threads)
-      : model_(model), sut_(sut), threads_(threads) {}
+  // `sim`: the host backend's simulation when the pair runs on it (else null): a capture begins
+  // and ends on its simulated device too, as on a GPU, so that gpu/ reads the same capture graph
+  // the model keeps (docs/pytorch-allocator.md §14.10.1).
+  BothSides(std::unique_ptr<Model>& model, std::unique_ptr<Impl>& sut, OpThreads& threads,
+            std::shared_ptr<gpu::HostSim>& sim)
+      : model_(model), sut_(sut), threads_(threads), sim_(sim) {}
 
   void begin_op() {
     failure_.reset();
@@ -81,17 +88,40 @@ class BothSides final : public front_end::AllocatorCalls {
           "create_or_incref_pool(" + show_pool(id) + ")", [&](Outcome&) { sut_->create_or_incref_pool(id); },
           [&](Outcome&) { model_->create_or_incref_pool(id); });
   }
+  // A capture on the simulated device: a stream that captures already (it joined another
+  // capture) is refused first, nothing changed; then beginAllocateToPool, then the device begins
+  // capturing (as tools/engine_gpu.cpp replays a recording).
   void begin_allocate_to_pool(PoolId id, PoolRoute route) override {
     if constexpr (kPools)
       call(
-          "begin_allocate_to_pool(" + show_pool(id) + ")", [&](Outcome&) { sut_->begin_allocate_to_pool(id, route); },
+          "begin_allocate_to_pool(" + show_pool(id) + ")",
+          [&](Outcome&) {
+            const bool device = sim_ && route.is_capture();
+            if (device && sim_->capture_info(route.stream).value.capturing)
+              throw UsageError("capture_begin on stream " + std::to_string(route.stream) +
+                               ": the stream captures already (it joined another capture)");
+            sut_->begin_allocate_to_pool(id, route);
+            if (device) {
+              if (gpu::Status st = sim_->capture_begin(route.stream); !st.is_ok()) throw UsageError(st.message);
+              capture_origin_[id] = route.stream;
+            }
+          },
           [&](Outcome&) { model_->begin_allocate_to_pool(id, route); },
           route.is_capture() ? 0 : route.thread);  // gpu/'s use_mem_pool filter: the calling thread
   }
+  // cudaStreamEndCapture first (refused, nothing changed, while a stream that joined the capture
+  // is not joined back), then endAllocateToPool.
   void end_allocate_to_pool(PoolId id) override {
     if constexpr (kPools)
       call(
-          "end_allocate_to_pool(" + show_pool(id) + ")", [&](Outcome&) { sut_->end_allocate_to_pool(id); },
+          "end_allocate_to_pool(" + show_pool(id) + ")",
+          [&](Outcome&) {
+            if (auto it = capture_origin_.find(id); it != capture_origin_.end()) {
+              if (gpu::Status st = sim_->capture_end(it->second); !st.is_ok()) throw UsageError(st.message);
+              capture_origin_.erase(it);
+            }
+            sut_->end_allocate_to_pool(id);
+          },
           [&](Outcome&) { model_->end_allocate_to_pool(id); });
   }
   void release_pool(PoolId id) override {
@@ -105,6 +135,17 @@ class BothSides final : public front_end::AllocatorCalls {
       call(
           "empty_cache(" + show_pool(id) + ")", [&](Outcome&) { sut_->empty_cache(id); },
           [&](Outcome&) { model_->empty_cache(id); });
+  }
+  // The capture prologue's kernels (seed and offset, docs/pytorch-allocator.md §14.10.1): on the
+  // simulated device and in the model's graph, where the pair runs on the host backend (on a GPU
+  // the lockstep begins no capture on the device, so neither side gets them).
+  void kernel(StreamId stream) override {
+    if constexpr (requires(Model& m) { m.kernel(stream); }) {
+      if (sim_) {
+        sim_->kernel(stream);
+        model_->kernel(stream);
+      }
+    }
   }
   // Only live_pools() asks, which the runner does not use: the sut's count (the runner compares
   // both sides' counts after every op).
@@ -136,6 +177,8 @@ class BothSides final : public front_end::AllocatorCalls {
   std::unique_ptr<Model>& model_;
   std::unique_ptr<Impl>& sut_;
   OpThreads& threads_;
+  std::shared_ptr<gpu::HostSim>& sim_;
+  std::map<PoolId, StreamId> capture_origin_;  // the captures begun on the simulated device
   std::optional<CallFailure> failure_;
   bool stopped_ = false;
 };

@@ -329,6 +329,53 @@ TEST(Lockstep, PoolAndCaptureOpsRunOnBothSides) {
   EXPECT_EQ(segments_of(PoolId{}), (Segs{{2 * MiB, 0}, {2 * MiB, 2}}));
 }
 
+// wait_stream and kernel on both sides (docs/pytorch-allocator.md §14.10.1): PyTorch's
+// test_graph_capture_reclaim_2_streams as ops (tests/gpu/capture_reuse_test.cpp has it on gpu/
+// alone). With graph_capture_record_stream_reuse:True, h4 takes h1's block during the capture
+// once stream 1 waited on stream 2's kernel; without it, h1 waits for the end of the capture. A
+// capturing stream waiting on a stream outside every capture is refused on both sides.
+TEST(Lockstep, WaitStreamAndKernelRunOnBothSides) {
+  const char* ops = "capture_begin g0 s1 pool new\nalloc 32 s1\nalloc 32 s1\nwait_stream s2 s1\nalloc 32 s2\n"
+                    "kernel s2\nrecord h1 s2\nfree h1\nalloc 32 s1\nwait_stream s1 s2\nkernel s1\nalloc 32 s1\n";
+  for (const bool reuse : {true, false}) {
+    SCOPED_TRACE(reuse ? "reuse" : "no reuse");
+    Options o;
+    o.config = parse_config(reuse ? "graph_capture_record_stream_reuse:True" : "").config;
+    PytorchLockstep ls(o);
+    ASSERT_TRUE(ls.runs_stream_ops());
+    ASSERT_EQ(ls.run(parse_ops(ops)), std::nullopt);
+    // The handles' addresses (the generator's seed and offset are in a default segment).
+    std::vector<std::uint64_t> ptrs;
+    for (Handle h = 0; h < ls.handle_count(); ++h) ptrs.push_back(ls.address(h));
+    ASSERT_EQ(ptrs.size(), 5u);
+    EXPECT_EQ(ptrs[1] - ptrs[0], 512u);
+    EXPECT_EQ(ptrs[3] - ptrs[0], 1024u);  // stream 1 not yet ordered after stream 2's kernel
+    // The last op's trace events (the lockstep keeps each op's only; its checks' snapshot comes
+    // last): under reuse the free of h1 completed, then the allocation.
+    std::vector<TraceAction> last;
+    for (const TraceEvent& e : ls.sut().trace()) last.push_back(e.action);
+    if (reuse) {
+      EXPECT_EQ(last, (std::vector<TraceAction>{TraceAction::FreeCompleted, TraceAction::Alloc, TraceAction::Snapshot}));
+      EXPECT_EQ(ptrs[4], ptrs[1]);  // h1's block, reused during the capture
+    } else {
+      EXPECT_EQ(last, (std::vector<TraceAction>{TraceAction::Alloc, TraceAction::Snapshot}));
+      EXPECT_EQ(ptrs[4] - ptrs[0], 1536u);
+    }
+  }
+  PytorchLockstep ls(Options{});
+  ASSERT_EQ(ls.run(parse_ops("capture_begin g0 s1 pool new\n")), std::nullopt);
+  EXPECT_EQ(ls.apply(*parse_op("wait_stream s1 s3")), std::nullopt);  // refused alike
+  EXPECT_EQ(ls.last_sut().kind, Outcome::Kind::UsageError);
+  EXPECT_EQ(ls.last_model().kind, Outcome::Kind::UsageError);
+  // Under policy:cachet the pair has no capture graph: not applied.
+  Options c;
+  c.config = parse_config("policy:cachet").config;
+  CachetLockstep cl(c);
+  EXPECT_FALSE(cl.runs_stream_ops());
+  EXPECT_NE(cl.apply(*parse_op("kernel s1")), std::nullopt);
+  EXPECT_EQ(cl.last_sut().kind, Outcome::Kind::Unsupported);
+}
+
 // The thread filter (docs/pytorch-allocator.md §14.10.2): use_mem_pool takes only the allocations
 // of the thread that entered it, whatever the stream, even when another pool is newer; other
 // threads' allocations go to their own pools or the default ones. The sut's calls of thread k run

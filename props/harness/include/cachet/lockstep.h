@@ -204,6 +204,10 @@ class Lockstep {
   // this pair): both sides sleep and the configuration is one the lockstep runs them under
   // (docs/sleep-wake.md section 8).
   bool runs_sleep_ops() const;
+  // Whether wait_stream and kernel run here (the host backend, policy:pytorch with private pools:
+  // both sides keep a capture graph, docs/pytorch-allocator.md §14.10.1); elsewhere they are
+  // answered Unsupported.
+  bool runs_stream_ops() const;
   // The front end of the pool and capture ops (what is entered, capturing, alive).
   const front_end::PoolFrontEnd& pools() const;
 

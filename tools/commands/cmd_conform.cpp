@@ -4,6 +4,7 @@
 // segments and blocks, the memory_summary() text, the trace, and OOMs (same ops, same message
 // with the driver figures masked). Exit 0: no mismatch; 1: mismatches; 2: bad input.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -246,12 +247,6 @@ std::vector<StreamId> recorded_stream_order(const std::vector<std::pair<StreamId
   return out;
 }
 
-std::string stream_list(const std::vector<StreamId>& v) {
-  std::string out;
-  for (StreamId s : v) out += (out.empty() ? "" : " ") + std::to_string(s);
-  return out;
-}
-
 std::string hex_list(const std::vector<std::uint64_t>& v) {
   std::string out;
   for (std::uint64_t p : v) out += (out.empty() ? "" : " ") + hex(p);
@@ -335,11 +330,11 @@ std::size_t conform_one(const std::string& engine_name, const EngineFactory& fac
           if (now != order)
             mismatch(fmt::format("op {}: the engine was given the recording's order of streams with pending events {} "
                                  "but lists {}",
-                                 i, stream_list(order), stream_list(now)));
+                                 i, fmt::join(order, " "), fmt::join(now, " ")));
           else
-            std::printf("[%s] op %zu: the events of %zu streams walked in the recording's order (its free_completed "
-                        "rows: PyTorch's hash-map order of streams, docs/pytorch-allocator.md §14.10.3) %s, not %s\n",
-                        engine_name.c_str(), i, order.size(), stream_list(order).c_str(), stream_list(walk).c_str());
+            fmt::print("[{}] op {}: the events of {} streams walked in the recording's order (its free_completed "
+                       "rows: PyTorch's hash-map order of streams, docs/pytorch-allocator.md §14.10.3) {}, not {}\n",
+                       engine_name, i, order.size(), fmt::join(order, " "), fmt::join(walk, " "));
         }
       }
       if (const auto* a = std::get_if<ops::Allocate>(&ops[i])) {

@@ -49,6 +49,7 @@ class DeviceGuard {
 
 cudaStream_t stream_of(StreamId s) { return reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(s)); }
 cudaEvent_t event_of(EventHandle e) { return reinterpret_cast<cudaEvent_t>(static_cast<std::uintptr_t>(e)); }
+void* ptr_of(DevicePtr p) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)); }
 
 std::string hex(std::uint64_t v) {
   char buf[32];
@@ -161,7 +162,7 @@ Status CudaRuntimeBackend::free(DevicePtr p) {
   if (auto why = refusal("cudaFree", current_capture(), "the current stream", kGiveBack); !why.empty())
     return Status::error(why);
   DeviceGuard g(device_);
-  return status_of("cudaFree", cudaFree(reinterpret_cast<void*>(static_cast<std::uintptr_t>(p))));
+  return status_of("cudaFree", cudaFree(ptr_of(p)));
 }
 
 Result<MemInfo> CudaRuntimeBackend::mem_get_info() {
@@ -499,8 +500,7 @@ Status CudaVmmBackend::unmap(DevicePtr p, Bytes n) {
       if (!k.host)
         return Status::error("cuMemUnmap of part of a mapping: no host memory for the " + std::to_string(k.size) +
                              " bytes of its other part at " + hex(k.at) + " (nothing was unmapped)");
-      if (Status st = status_of("cudaMemcpy", cudaMemcpy(k.host.get(), reinterpret_cast<const void*>(static_cast<std::uintptr_t>(k.at)), k.size,
-                                                         cudaMemcpyDeviceToHost));
+      if (Status st = status_of("cudaMemcpy", cudaMemcpy(k.host.get(), ptr_of(k.at), k.size, cudaMemcpyDeviceToHost));
           !st.is_ok())
         return st;
     }
@@ -511,8 +511,7 @@ Status CudaVmmBackend::unmap(DevicePtr p, Bytes n) {
     for (const Kept& k : kept) {
       Status st = map_pieces(k.at, k.size);
       if (st.is_ok())
-        st = status_of("cudaMemcpy", cudaMemcpy(reinterpret_cast<void*>(static_cast<std::uintptr_t>(k.at)), k.host.get(), k.size,
-                                                cudaMemcpyHostToDevice));
+        st = status_of("cudaMemcpy", cudaMemcpy(ptr_of(k.at), k.host.get(), k.size, cudaMemcpyHostToDevice));
       if (!st.is_ok())
         return Status::error("cuMemUnmap of part of a mapping: the other part at " + hex(k.at) + " (" +
                              std::to_string(k.size) + " bytes) could not be mapped again: " + st.message);
@@ -576,15 +575,15 @@ Status CudaVmmBackend::copy_prepare() {
 Status CudaVmmBackend::copy_to_host(void* h, DevicePtr p, Bytes n) {
   DeviceGuard g(device_);
   if (Status st = copy_prepare(); !st.is_ok()) return st;
-  return status_of("cudaMemcpyAsync", cudaMemcpyAsync(h, reinterpret_cast<const void*>(static_cast<std::uintptr_t>(p)),
-                                                      n, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(copy_stream_)));
+  return status_of("cudaMemcpyAsync",
+                   cudaMemcpyAsync(h, ptr_of(p), n, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(copy_stream_)));
 }
 
 Status CudaVmmBackend::copy_to_device(DevicePtr p, const void* h, Bytes n) {
   DeviceGuard g(device_);
   if (Status st = copy_prepare(); !st.is_ok()) return st;
-  return status_of("cudaMemcpyAsync", cudaMemcpyAsync(reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)), h, n,
-                                                      cudaMemcpyHostToDevice, static_cast<cudaStream_t>(copy_stream_)));
+  return status_of("cudaMemcpyAsync",
+                   cudaMemcpyAsync(ptr_of(p), h, n, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(copy_stream_)));
 }
 
 Status CudaVmmBackend::copy_synchronize() {

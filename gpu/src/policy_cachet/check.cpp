@@ -218,7 +218,7 @@ std::vector<std::string> CachetPolicy::invariants() const {
     std::size_t asleep_pages = 0;
     std::size_t last_asleep = ~std::size_t{0};
     for (const CBlock* b = head_; b != nullptr; b = b->next) {
-      const std::size_t first = (b->ptr - base_) / kPage, last = (b->end() - 1 - base_) / kPage;
+      const std::size_t first = page_index(b->ptr), last = page_index(b->end() - 1);
       if (b->asleep)
         for (std::size_t p = first; p <= last; ++p) {
           if (p != last_asleep) ++asleep_pages;

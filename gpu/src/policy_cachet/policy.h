@@ -150,6 +150,7 @@ class CachetPolicy : public Shell {
   void free_while_asleep(CBlock* b);
   void release_sleeping_free_pages();  // R9 for sleeping pages with no live block (empty_cache)
   void free_unused_backup_buffers();   // the pinned buffers no backup copy lies in any more
+  void forget_sleeping_pages(DevicePtr lo, DevicePtr hi);  // [lo, hi) is no longer asleep
   // A sleeping page (docs/sleep-wake.md section 3): the tag of the live blocks touching it when it
   // went to sleep (none: it held no live block; it then wakes with any wake), and whether that
   // tag was backed up. Kept until it wakes or empty_cache gives it back.
@@ -163,6 +164,8 @@ class CachetPolicy : public Shell {
   std::map<void*, Bytes> backup_buffers_;  // pinned buffers (one per backed-up tag per sleep)
   std::map<std::size_t, SleepingPage> sleeping_pages_;  // by page index from base_
   int sleeping_runs() const;               // runs of adjacent sleeping blocks (recount)
+  // The index of the page holding `p`, from the reservation's base.
+  std::size_t page_index(DevicePtr p) const { return static_cast<std::size_t>((p - base_) / kCachetPageSize); }
   // SLEEP-R1 (docs/sleep-wake.md section 2): [lo, hi), which lies in free or unmapped blocks, may
   // take a block of `tag`: no live block of another tag touches its pages. Only its first and
   // last pages can be touched (by the live blocks beside it), and those are a live block's end
@@ -170,7 +173,7 @@ class CachetPolicy : public Shell {
   bool tag_fits(DevicePtr lo, DevicePtr hi, std::uint32_t tag) const {
     if (!tags_seen()) [[likely]]
       return true;
-    const std::size_t first = (lo - base_) / kCachetPageSize, last = (hi - 1 - base_) / kCachetPageSize;
+    const std::size_t first = page_index(lo), last = page_index(hi - 1);
     return (page_live_[first] == 0 || page_tag_[first] == tag) && (page_live_[last] == 0 || page_tag_[last] == tag);
   }
   struct CPool {

@@ -45,7 +45,21 @@ void set_current(Stat& s, std::int64_t to) {
   else if (to < s.current)
     s.decrease(s.current - to);
 }
+
+// Runs of adjacent pages, (start, bytes), built from pages given in ascending order.
+using PageRuns = std::vector<std::pair<DevicePtr, Bytes>>;
+void add_page(PageRuns& runs, DevicePtr page) {
+  if (!runs.empty() && runs.back().first + runs.back().second == page)
+    runs.back().second += kPage;
+  else
+    runs.emplace_back(page, kPage);
+}
 }  // namespace
+
+// [lo, hi) sleeps no more (it woke, or empty_cache gave its pages back).
+void CachetPolicy::forget_sleeping_pages(DevicePtr lo, DevicePtr hi) {
+  for (DevicePtr a = lo; a < hi; a += kPage) sleeping_pages_.erase(page_index(a));
+}
 
 // ===================================================================== sleep (section 3)
 
@@ -110,15 +124,14 @@ Bytes CachetPolicy::sleep(const TagList& tags, const TagList& backup_tags) {
 
   // 5. The pages to sleep (section 3 step 3): every awake mapped page touched by a live block of a
   //    named tag, and every awake mapped page no live block touches. page_state: 0 not an awake
-  //    mapped page, 1 sleeps, 2 stays awake; page_tag: the live blocks' tag (kNone: none).
+  //    mapped page, 1 sleeps, 2 stays awake; live_tag: the live blocks' tag (kNone: none).
   constexpr std::uint32_t kNone = ~std::uint32_t{0};
   const std::size_t npages = base_ == 0 ? 0 : va_size_ / kPage;
   std::vector<unsigned char> page_state(npages, 0);
   std::vector<std::uint32_t> live_tag(npages, kNone);
-  auto page_of = [this](DevicePtr p) { return static_cast<std::size_t>((p - base_) / kPage); };
   for (const CBlock* b = head_; b != nullptr; b = b->next) {
     if (!b->is_mapped() || b->asleep) continue;
-    for (std::size_t p = page_of(b->ptr), last = page_of(b->end() - 1); p <= last; ++p) {
+    for (std::size_t p = page_index(b->ptr), last = page_index(b->end() - 1); p <= last; ++p) {
       if (page_state[p] == 0) page_state[p] = 1;
       if (!b->is_live()) continue;
       live_tag[p] = b->tag;
@@ -127,24 +140,20 @@ Bytes CachetPolicy::sleep(const TagList& tags, const TagList& backup_tags) {
   }
   // Free blocks are cut where a page that sleeps meets one that stays awake, so that every block
   // is wholly awake or wholly asleep (a live block's pages all carry its tag: never cut).
+  // first_change: the first page of `b` whose state differs from the page before it (0: none).
+  auto first_change = [&](const CBlock* b) -> std::size_t {
+    for (std::size_t p = page_index(b->ptr) + 1, last = page_index(b->end() - 1); p <= last; ++p)
+      if (page_state[p] != page_state[p - 1]) return p;
+    return 0;
+  };
   std::vector<CBlock*> cut;
-  for (CBlock* b = head_; b != nullptr; b = b->next) {
-    if (!b->is_awake_free()) continue;
-    for (std::size_t p = page_of(b->ptr) + 1, last = page_of(b->end() - 1); p <= last; ++p)
-      if (page_state[p] != page_state[p - 1]) {
-        cut.push_back(b);
-        break;
-      }
-  }
+  for (CBlock* b = head_; b != nullptr; b = b->next)
+    if (b->is_awake_free() && first_change(b) != 0) cut.push_back(b);
   for (CBlock* x : cut) {
     free_set_of(x).erase(free_set_of(x).iterator_to(*x));
     while (x != nullptr) {  // x: not in its free set; each piece goes back in, still awake
-      CBlock* rest = nullptr;
-      for (std::size_t p = page_of(x->ptr) + 1, last = page_of(x->end() - 1); p <= last; ++p)
-        if (page_state[p] != page_state[p - 1]) {
-          rest = split_at(x, base_ + p * kPage);
-          break;
-        }
+      const std::size_t p = first_change(x);
+      CBlock* rest = p != 0 ? split_at(x, base_ + p * kPage) : nullptr;
       free_set_of(x).insert(*x);
       x = rest;
     }
@@ -158,7 +167,7 @@ Bytes CachetPolicy::sleep(const TagList& tags, const TagList& backup_tags) {
     for (const auto& [t, h] : buffers) backup_buffers_[h] = need.at(t);
     set_current(sleep_stats_.sleeping_segments, sleeping_runs());
   };
-  auto sleeps = [&](const CBlock* b) { return b->is_mapped() && !b->asleep && page_state[page_of(b->ptr)] == 1; };
+  auto sleeps = [&](const CBlock* b) { return b->is_mapped() && !b->asleep && page_state[page_index(b->ptr)] == 1; };
   for (CBlock* b = head_; b != nullptr;) {
     if (!sleeps(b)) {
       b = b->next;
@@ -181,7 +190,7 @@ Bytes CachetPolicy::sleep(const TagList& tags, const TagList& backup_tags) {
       }
       x->asleep = true;
     }
-    for (std::size_t p = page_of(first->ptr), last = page_of(first->ptr + size - 1); p <= last; ++p) {
+    for (std::size_t p = page_index(first->ptr), last = page_index(first->ptr + size - 1); p <= last; ++p) {
       SleepingPage sp;
       if (live_tag[p] != kNone) {
         sp.tag = live_tag[p];
@@ -249,21 +258,15 @@ void CachetPolicy::release_sleeping_free_pages() {
   for (const auto& [p, sp] : sleeping_pages_) gone.emplace(p, true);
   for (const CBlock* b = head_; b != nullptr; b = b->next) {
     if (!b->asleep || (b->is_mapped_free() && b->pool.is_default())) continue;
-    for (std::size_t p = (b->ptr - base_) / kPage, last = (b->end() - 1 - base_) / kPage; p <= last; ++p)
-      gone[p] = false;
+    for (std::size_t p = page_index(b->ptr), last = page_index(b->end() - 1); p <= last; ++p) gone[p] = false;
   }
-  std::vector<std::pair<DevicePtr, DevicePtr>> runs;  // [lo, hi), ascending
-  for (const auto& [p, ok] : gone) {
-    if (!ok) continue;
-    const DevicePtr lo = base_ + p * kPage;
-    if (!runs.empty() && runs.back().second == lo)
-      runs.back().second += kPage;
-    else
-      runs.emplace_back(lo, lo + kPage);
-  }
+  PageRuns runs;  // ascending
+  for (const auto& [p, ok] : gone)
+    if (ok) add_page(runs, base_ + p * kPage);
   if (runs.empty()) return;
   CBlock* b = head_;
-  for (const auto& [lo, hi] : runs) {
+  for (const auto& [lo, n] : runs) {
+    const DevicePtr hi = lo + n;
     while (b->end() <= lo) b = b->next;
     // The run's blocks (sleeping free blocks of the default pool; the ones reaching past it are
     // cut, their outer parts stay asleep) become one unmapped block.
@@ -286,7 +289,7 @@ void CachetPolicy::release_sleeping_free_pages() {
     b->stream = 0;
     b->pool = PoolId{};
     b = merge_free(b);
-    for (DevicePtr a = lo; a < hi; a += kPage) sleeping_pages_.erase((a - base_) / kPage);
+    forget_sleeping_pages(lo, hi);
     sleeping_bytes_ -= hi - lo;
     sleep_stats_.sleeping_bytes.decrease(static_cast<std::int64_t>(hi - lo));
     set_current(sleep_stats_.sleeping_segments, sleeping_runs());  // run by run (a run may split one)
@@ -313,15 +316,9 @@ void CachetPolicy::free_unused_backup_buffers() {
 void CachetPolicy::wake(const TagList& tags) {
   check_sleep_call("wake()", tags, nullptr);
   // The pages that wake: those of a named tag, and those that slept with no live block.
-  std::vector<std::pair<DevicePtr, Bytes>> runs;  // ascending
-  for (const auto& [p, sp] : sleeping_pages_) {
-    if (sp.has_tag && !names_tag(tags, tag_name(sp.tag))) continue;
-    const DevicePtr lo = base_ + p * kPage;
-    if (!runs.empty() && runs.back().first + runs.back().second == lo)
-      runs.back().second += kPage;
-    else
-      runs.emplace_back(lo, kPage);
-  }
+  PageRuns runs;  // ascending
+  for (const auto& [p, sp] : sleeping_pages_)
+    if (!sp.has_tag || names_tag(tags, tag_name(sp.tag))) add_page(runs, base_ + p * kPage);
   if (runs.empty()) {  // nothing of these tags asleep: nothing to do (section 4)
     ++sleep_stats_.num_wakes;
     return;
@@ -393,7 +390,7 @@ void CachetPolicy::wake(const TagList& tags) {
         allocated += b->size;
       if (b->end() == hi) break;
     }
-    for (DevicePtr a = lo; a < hi; a += kPage) sleeping_pages_.erase((a - base_) / kPage);
+    forget_sleeping_pages(lo, hi);
   }
   for (CBlock* b : frees) merge_free(b);
   mapped_ += bytes;

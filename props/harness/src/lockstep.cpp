@@ -70,14 +70,6 @@ concept HasSleep = requires(A& a, const A& c, const TagList& t) {
   c.sleeping();
 };
 
-// The model keeps a capture graph (wait_stream, kernel; docs/pytorch-allocator.md §14.10.1):
-// model::Allocator does, model::CachetPolicy does not.
-template <class A>
-concept HasCaptureGraph = requires(A& a, StreamId s) {
-  a.wait_stream(s, s);
-  a.kernel(s);
-};
-
 template <class Model, class Impl>
 struct Lockstep<Model, Impl>::State {
   struct Bound {  // one allocation a handle names

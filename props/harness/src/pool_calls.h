@@ -45,6 +45,14 @@ struct CallFailure {
   SutState sut_before;  // the sut's state before that call (the §14.8 check)
 };
 
+// The model keeps a capture graph (wait_stream, kernel; docs/pytorch-allocator.md §14.10.1):
+// model::Allocator does, model::CachetPolicy does not.
+template <class A>
+concept HasCaptureGraph = requires(A& a, StreamId s) {
+  a.wait_stream(s, s);
+  a.kernel(s);
+};
+
 template <class Model, class Impl>
 class BothSides final : public front_end::AllocatorCalls {
  public:
@@ -140,7 +148,7 @@ class BothSides final : public front_end::AllocatorCalls {
   // simulated device and in the model's graph, where the pair runs on the host backend (on a GPU
   // the lockstep begins no capture on the device, so neither side gets them).
   void kernel(StreamId stream) override {
-    if constexpr (requires(Model& m) { m.kernel(stream); }) {
+    if constexpr (HasCaptureGraph<Model>) {
       if (sim_) {
         sim_->kernel(stream);
         model_->kernel(stream);

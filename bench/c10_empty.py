@@ -11,9 +11,10 @@ allocators alike, 2026-11-28), which is where the scheduler put it, not the allo
 
 --in-process: one process instead, cachet's c10 backend installed, that switches PyTorch's allocator
 atomic between cachet and the native allocator it replaced (cachet_c10_bench_select, a bench-only
-entry of libcachet_c10) before each timed loop, in alternating order each round: both allocators
-then share the process's speed, whichever mode it drew (only the c10 backend: the plug-in path
-cannot be switched).
+entry of libcachet_c10) before each timed loop: every repeat runs one loop under each, back to
+back in alternating order, and the ratio of that adjacent pair is kept. Both allocators then share
+the process's speed, whichever mode it drew and however often it changes (a process's speed also
+changed mid-run, for seconds at a time); only the c10 backend (the plug-in path cannot be switched).
 
 usage: bench/c10_empty.py [--backends c10,plugin | --in-process] [--rounds N (default 7)] [--cpu N] [--json FILE]
 Environment: CACHET_TORCH_LIB / CACHET_C10_LIB as for cachet_torch.install(); PYTHONPATH holding
@@ -61,7 +62,8 @@ def child_in_process(cpu, rounds):
     os.sched_setaffinity(0, {cpu})
     import ctypes
     import cachet_torch
-    if cachet_torch.install(backend="c10") != "c10":
+    cachet_torch.install(backend="c10")
+    if cachet_torch.backend() != "c10":
         print("--in-process needs the c10 backend (libcachet_c10.so for this torch)", file=sys.stderr)
         return 1
     lib = ctypes.CDLL(cachet_torch._lib_path)
@@ -77,13 +79,38 @@ def child_in_process(cpu, rounds):
         select(mode)
         torch.empty(1, device="cuda")
         time_sizes(torch)
+    # Interleaved at the finest grain that still times whole loops: every repeat of every size
+    # runs one loop under each allocator, back to back, in alternating order, and the ratio of
+    # that adjacent pair is kept; speed changes of the process (which last seconds) then fall on
+    # both halves of nearly every pair.
+    import time
     runs = {"native": [], "c10": []}
+    pair_ratios = {name: [] for name in SIZES}
     for r in range(rounds):
-        for mode in (("native", "c10") if r % 2 == 0 else ("c10", "native")):
-            select(mode)
-            runs[mode].append(time_sizes(torch))
+        per_mode = {"native": {}, "c10": {}}
+        for name, n in SIZES.items():
+            reps = {"native": [], "c10": []}
+            for rep in range(REPEATS + 1):
+                order = ("native", "c10") if (r + rep) % 2 == 0 else ("c10", "native")
+                t = {}
+                for mode in order:
+                    select(mode)
+                    t0 = time.perf_counter()
+                    for _ in range(LOOPS):
+                        x = torch.empty(n, dtype=torch.uint8, device="cuda")
+                        del x
+                    t[mode] = (time.perf_counter() - t0) / LOOPS * 1e9
+                if rep == 0:
+                    continue  # warm-up after the switch of sizes
+                for mode in t:
+                    reps[mode].append(t[mode])
+                pair_ratios[name].append(t["c10"] / t["native"])
+            for mode in reps:
+                per_mode[mode][name] = statistics.median(reps[mode])
+        for mode in per_mode:
+            runs[mode].append(per_mode[mode])
     select("c10")
-    print(json.dumps(runs))
+    print(json.dumps({"runs": runs, "pair_ratios": pair_ratios}))
     return 0
 
 
@@ -113,7 +140,8 @@ def main():
         if p.returncode != 0:
             print(f"in-process: exited {p.returncode}: {p.stderr[-1500:]}", file=sys.stderr)
             return 1
-        runs = json.loads(p.stdout.strip().splitlines()[-1])
+        child_out = json.loads(p.stdout.strip().splitlines()[-1])
+        runs, pair_ratios = child_out["runs"], child_out["pair_ratios"]
     else:
         runs = {m: [] for m in ["native"] + backends}
     for r in range(0 if in_process else rounds):
@@ -126,11 +154,18 @@ def main():
             runs[mode].append(json.loads(p.stdout.strip().splitlines()[-1]))
         print(f"round {r + 1} of {rounds} done", file=sys.stderr, flush=True)
     med = {m: {n: statistics.median(x[n] for x in runs[m]) for n in SIZES} for m in runs}
-    ratios = {b: {n: [runs[b][i][n] / runs["native"][i][n] for i in range(rounds)] for n in SIZES}
-              for b in backends}
-    where = "one process switching between both allocators" if in_process else "every process"
-    print(f"{rounds} rounds, {where} on CPU {cpu}; ns are medians over rounds, ratios the median of the "
-          "rounds' ratios (range)")
+    if in_process:  # the adjacent pairs' ratios (rounds x repeats of them)
+        ratios = {"c10": pair_ratios}
+    else:  # one ratio a round, of the processes' medians
+        ratios = {b: {n: [runs[b][i][n] / runs["native"][i][n] for i in range(rounds)] for n in SIZES}
+                  for b in backends}
+    if in_process:
+        print(f"{rounds} rounds, one process switching between both allocators on CPU {cpu}, each of "
+              f"{REPEATS} repeats a pair of adjacent loops of {LOOPS}; ns are medians over rounds, ratios "
+              "the median of the adjacent pairs' ratios (range)")
+    else:
+        print(f"{rounds} rounds, every process on CPU {cpu}; ns are medians over rounds, ratios the median "
+              "of the rounds' ratios (range)")
     print("| torch.empty + free | native ns | " + " | ".join(f"{b} ns | {b}/native" for b in backends) + " |")
     print("|---|---|" + "---|---|" * len(backends))
     for name in SIZES:
@@ -141,6 +176,8 @@ def main():
         print(f"| {name} | " + " | ".join(row) + " |")
     results = {"rounds": rounds, "cpu": cpu, "in_process": in_process, "median_ns": med, "runs": runs,
                "ratio_median": {b: {n: statistics.median(v) for n, v in ratios[b].items()} for b in backends}}
+    if in_process:
+        results["pair_ratios"] = pair_ratios
     if json_out:
         with open(json_out, "w") as f:
             json.dump(results, f, indent=1)

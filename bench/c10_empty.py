@@ -15,6 +15,9 @@ entry of libcachet_c10) before each timed loop: every repeat runs one loop under
 back in alternating order, and the ratio of that adjacent pair is kept. Both allocators then share
 the process's speed, whichever mode it drew and however often it changes (a process's speed also
 changed mid-run, for seconds at a time); only the c10 backend (the plug-in path cannot be switched).
+Each repeat also times torch.empty(0) under cachet, the floor: PyTorch's own part of the pair
+(tensor, storage, dispatcher, device guard) with no allocator work; "floor/native" is the lowest
+ratio any allocator could reach on that machine.
 
 usage: bench/c10_empty.py [--backends c10,plugin | --in-process] [--rounds N (default 7)] [--cpu N] [--json FILE]
 Environment: CACHET_TORCH_LIB / CACHET_C10_LIB as for cachet_torch.install(); PYTHONPATH holding
@@ -86,6 +89,15 @@ def child_in_process(cpu, rounds):
     import time
     runs = {"native": [], "c10": []}
     pair_ratios = {name: [] for name in SIZES}
+    floor_ratios = {name: [] for name in SIZES}
+
+    def loop(n):
+        t0 = time.perf_counter()
+        for _ in range(LOOPS):
+            x = torch.empty(n, dtype=torch.uint8, device="cuda")
+            del x
+        return (time.perf_counter() - t0) / LOOPS * 1e9
+
     for r in range(rounds):
         per_mode = {"native": {}, "c10": {}}
         for name, n in SIZES.items():
@@ -95,22 +107,23 @@ def child_in_process(cpu, rounds):
                 t = {}
                 for mode in order:
                     select(mode)
-                    t0 = time.perf_counter()
-                    for _ in range(LOOPS):
-                        x = torch.empty(n, dtype=torch.uint8, device="cuda")
-                        del x
-                    t[mode] = (time.perf_counter() - t0) / LOOPS * 1e9
+                    t[mode] = loop(n)
+                # The floor: torch.empty(0) under cachet asks the allocator for nothing (PyTorch
+                # still calls allocate(0)), so it is what the pair costs PyTorch without any
+                # allocator work: no allocator could bring the pair below it.
+                floor = loop(0)
                 if rep == 0:
                     continue  # warm-up after the switch of sizes
                 for mode in t:
                     reps[mode].append(t[mode])
                 pair_ratios[name].append(t["c10"] / t["native"])
+                floor_ratios[name].append(floor / t["native"])
             for mode in reps:
                 per_mode[mode][name] = statistics.median(reps[mode])
         for mode in per_mode:
             runs[mode].append(per_mode[mode])
     select("c10")
-    print(json.dumps({"runs": runs, "pair_ratios": pair_ratios}))
+    print(json.dumps({"runs": runs, "pair_ratios": pair_ratios, "floor_ratios": floor_ratios}))
     return 0
 
 
@@ -141,7 +154,7 @@ def main():
             print(f"in-process: exited {p.returncode}: {p.stderr[-1500:]}", file=sys.stderr)
             return 1
         child_out = json.loads(p.stdout.strip().splitlines()[-1])
-        runs, pair_ratios = child_out["runs"], child_out["pair_ratios"]
+        runs, pair_ratios, floor_ratios = child_out["runs"], child_out["pair_ratios"], child_out["floor_ratios"]
     else:
         runs = {m: [] for m in ["native"] + backends}
     for r in range(0 if in_process else rounds):
@@ -166,18 +179,24 @@ def main():
     else:
         print(f"{rounds} rounds, every process on CPU {cpu}; ns are medians over rounds, ratios the median "
               "of the rounds' ratios (range)")
-    print("| torch.empty + free | native ns | " + " | ".join(f"{b} ns | {b}/native" for b in backends) + " |")
-    print("|---|---|" + "---|---|" * len(backends))
+    floor_head = " floor/native (torch.empty(0)) |" if in_process else ""
+    print("| torch.empty + free | native ns | " + " | ".join(f"{b} ns | {b}/native" for b in backends) + " |"
+          + floor_head)
+    print("|---|---|" + "---|---|" * len(backends) + ("---|" if in_process else ""))
     for name in SIZES:
         row = [f"{med['native'][name]:.0f}"]
         for b in backends:
             rs = ratios[b][name]
             row += [f"{med[b][name]:.0f}", f"{statistics.median(rs):.2f} ({min(rs):.2f}-{max(rs):.2f})"]
+        if in_process:
+            fs = floor_ratios[name]
+            row += [f"{statistics.median(fs):.2f} ({min(fs):.2f}-{max(fs):.2f})"]
         print(f"| {name} | " + " | ".join(row) + " |")
     results = {"rounds": rounds, "cpu": cpu, "in_process": in_process, "median_ns": med, "runs": runs,
                "ratio_median": {b: {n: statistics.median(v) for n, v in ratios[b].items()} for b in backends}}
     if in_process:
         results["pair_ratios"] = pair_ratios
+        results["floor_ratios"] = floor_ratios
     if json_out:
         with open(json_out, "w") as f:
             json.dump(results, f, indent=1)

@@ -13,9 +13,12 @@ count (Ir(2N) - Ir(N)) / N is the instructions per steady-state iteration (pair:
 one free; window: one free + one allocate), warm-up and first-touch costs cancelled out.
 
 usage: bench/callgrind_builds.py OLD_BUILD NEW_BUILD [--iterations N] [--filter REGEX]
-                                 [--cache-sim] [--keep DIR] [--json OUT.json]
+                                 [--cache-sim] [--cold] [--keep DIR] [--json OUT.json]
   --cache-sim  also simulate caches and branches (callgrind --cache-sim=yes --branch-sim=yes):
                adds L1 data misses and mispredicted branches per iteration (slower)
+  --cold       (implies --cache-sim) 128 KiB of other data is written before every iteration
+               (hot_path_count's `cold`), as PyTorch's own work does between two allocations:
+               the L1 data misses per iteration are then the cache lines it touches
   --keep DIR   keep the callgrind output files (DIR/<side>-<pattern>-<n>.out) for
                callgrind_annotate
 Prints a markdown table (Ir per iteration old, new, new/old). Exit 0, or 2 on bad input.
@@ -79,12 +82,13 @@ def build_driver(build, exe):
     return compile_against(build, ["hot_path_count.cpp"], exe)
 
 
-def count(exe, pattern, n, sim, keep, tag):
-    out = os.path.join(keep, f"{tag}-{pattern.replace('/', '_')}-{n}.out")
+def count(exe, pattern, n, sim, keep, tag, cold=False):
+    out = os.path.join(keep, f"{tag}-{pattern.replace('/', '_')}-{n}{'-cold' if cold else ''}.out")
     cmd = ["valgrind", "--tool=callgrind", "--toggle-collect=cachet_count_*", f"--callgrind-out-file={out}"]
     if sim:
-        cmd += ["--cache-sim=yes", "--branch-sim=yes"]
-    r = subprocess.run(cmd + [exe, pattern, str(n)], capture_output=True, text=True)
+        # The caches of the machines the figures come from (H100/H200 hosts: 48 KiB L1d, 2 MiB L2).
+        cmd += ["--cache-sim=yes", "--branch-sim=yes", "--D1=49152,12,64", "--LL=2097152,16,64"]
+    r = subprocess.run(cmd + [exe, pattern, str(n)] + (["cold"] if cold else []), capture_output=True, text=True)
     if r.returncode != 0:
         die(f"`{' '.join(cmd)} {exe} {pattern} {n}` exited {r.returncode}:\n{r.stderr[-2000:]}")
     events = totals = None
@@ -106,6 +110,7 @@ def main():
     ap.add_argument("--iterations", type=int, default=100000)
     ap.add_argument("--filter", default="")
     ap.add_argument("--cache-sim", action="store_true")
+    ap.add_argument("--cold", action="store_true")
     ap.add_argument("--keep")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -113,6 +118,8 @@ def main():
         die("valgrind not found (Debian package valgrind)")
     if a.iterations < 1:
         die("--iterations must be at least 1")
+    if a.cold:
+        a.cache_sim = True
     pats = [p for p in PATTERNS if re.search(a.filter, p)]
     if not pats:
         die(f"--filter {a.filter!r} matches none of {', '.join(PATTERNS)}")
@@ -128,12 +135,15 @@ def main():
     for p in pats:
         per = {}
         for side in ("old", "new"):
-            c1 = count(exes[side], p, n, a.cache_sim, keep, side)
-            c2 = count(exes[side], p, 2 * n, a.cache_sim, keep, side)
+            c1 = count(exes[side], p, n, a.cache_sim, keep, side, a.cold)
+            c2 = count(exes[side], p, 2 * n, a.cache_sim, keep, side, a.cold)
             per[side] = {k: (c2[k] - c1[k]) / n for k in c2}
         rows.append({"pattern": p, "old": per["old"], "new": per["new"]})
         print(f"callgrind_builds: {p} done", file=sys.stderr, flush=True)
     cols = ["Ir"] + (["D1mr", "D1mw", "Bcm", "Bim"] if a.cache_sim else [])
+    if a.cold:
+        print("cold: 128 KiB of other data written before every iteration; D1mr + D1mw are the "
+              "cache lines one iteration touches")
     head = " | ".join(f"{c} old | {c} new | {c} new/old" for c in cols)
     print(f"| pattern | {head} |")
     print("|---|" + "---|" * (3 * len(cols)))

@@ -5,14 +5,21 @@
 // builds of the allocator can be compared to well under 1% (bench/callgrind_builds.py builds
 // this file against each build and runs it).
 //
-//   hot_path_count PATTERN ITERATIONS
+//   hot_path_count PATTERN ITERATIONS [cold]
 //
 // Only the loop runs inside the extern "C" function cachet_count_loop, so
 // `valgrind --tool=callgrind --toggle-collect=cachet_count_*` counts the loop alone (the
 // allocator's construction, the warm-up and the process start are outside it). Exit 0, or 2 on
 // bad input.
+//
+// cold: before every iteration, 128 KiB of other data is written (outside the counted function,
+// cachet_count_one), as the Python interpreter and ATen do between two allocations inside
+// PyTorch; under `--cache-sim=yes` the first-level data-cache misses per iteration are then the
+// cache lines one allocate + free touches, which is what makes it slower inside PyTorch than in a
+// tight loop (bench/RESULTS.md, "The c10 backend").
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <stdexcept>
 
@@ -21,10 +28,21 @@
 using cachet::bench::hot_path::Run;
 
 extern "C" __attribute__((noinline)) void cachet_count_loop(Run& run, long n) { run.iterate(n); }
+extern "C" __attribute__((noinline)) void cachet_count_one(Run& run) { run.iterate(1); }
+
+namespace {
+// Evicts the first-level data cache (and part of the second): one write per 64-byte line.
+char other_data[128 << 10];
+__attribute__((noinline)) void touch_other_data() {
+  for (std::size_t i = 0; i < sizeof(other_data); i += 64) other_data[i] = static_cast<char>(other_data[i] + 1);
+  asm volatile("" : : "g"(other_data) : "memory");
+}
+}  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: hot_path_count PATTERN ITERATIONS\n%s\n", cachet::bench::hot_path::kUsage);
+  const bool cold = argc == 4 && std::strcmp(argv[3], "cold") == 0;
+  if (argc != 3 && !cold) {
+    std::fprintf(stderr, "usage: hot_path_count PATTERN ITERATIONS [cold]\n%s\n", cachet::bench::hot_path::kUsage);
     return 2;
   }
   char* end = nullptr;
@@ -35,7 +53,14 @@ int main(int argc, char** argv) {
   }
   try {
     Run run(argv[1]);
-    cachet_count_loop(run, n);
+    if (cold) {
+      for (long i = 0; i < n; ++i) {
+        touch_other_data();
+        cachet_count_one(run);
+      }
+    } else {
+      cachet_count_loop(run, n);
+    }
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "hot_path_count: %s\n", e.what());
     return 2;

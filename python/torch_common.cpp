@@ -57,6 +57,19 @@ void load_config() {
   });
 }
 
+void register_allocator(int device, cachet::CachingAllocator* a) {
+  State& s = state();
+  s.allocators[device].store(a, std::memory_order_release);
+  // The sole allocator: this one if it is the first, none once there is a second. The device is
+  // written once, before the pointer that publishes it (a reader that saw the pointer reads it).
+  if (s.created.fetch_add(1, std::memory_order_acq_rel) == 0) {
+    g_sole_device.store(device, std::memory_order_relaxed);
+    g_sole_allocator.store(a, std::memory_order_release);
+  } else {
+    g_sole_allocator.store(nullptr, std::memory_order_release);
+  }
+}
+
 cachet::CachingAllocator* allocator_for(int device, bool print_errors) {
   if (device < 0 || device >= kMaxDevices) {
     set_error("device index " + std::to_string(device) + " out of range", print_errors);
@@ -79,8 +92,7 @@ cachet::CachingAllocator* allocator_for(int device, bool print_errors) {
   try {
     auto a = cachet::CachingAllocator::for_cuda_device(device, s.config);
     a->set_trace(s.trace_on.load());
-    s.allocators[device].store(a.get(), std::memory_order_release);
-    s.created.fetch_add(1, std::memory_order_acq_rel);
+    register_allocator(device, a.get());
     return a.release();
   } catch (const std::exception& e) {
     s.last_error = std::string("cannot create the allocator for device ") + std::to_string(device) +

@@ -58,9 +58,27 @@ void load_config();
 void set_error(std::string msg, bool print);
 std::string last_error_copy();
 
+// Makes `a` the allocator of `device` (allocator_for's last step, under create_mu; tests give a
+// host-simulated one): allocators[device], created and the sole allocator.
+void register_allocator(int device, cachet::CachingAllocator* a);
+
 // The allocator of `device`, created on first use; nullptr (and last_error) on failure:
 // a device index out of range, a refused configuration, a device that cannot be used.
 cachet::CachingAllocator* allocator_for(int device, bool print_errors = true);
+
+// While exactly one allocator exists (the usual case: one device per process), it and its
+// device, else nullptr and -1. Written by allocator_for under create_mu; read without a call or a
+// lock by the c10 backend's allocate and free (the hot path asks no device of a pointer then).
+struct SoleAllocator {
+  cachet::CachingAllocator* allocator;
+  int device;
+};
+inline std::atomic<cachet::CachingAllocator*> g_sole_allocator{nullptr};
+inline std::atomic<int> g_sole_device{-1};
+inline SoleAllocator sole_allocator() {
+  cachet::CachingAllocator* a = g_sole_allocator.load(std::memory_order_acquire);
+  return {a, a != nullptr ? g_sole_device.load(std::memory_order_relaxed) : -1};
+}
 
 // The allocator of `device` if it exists, else nullptr (creates nothing).
 inline cachet::CachingAllocator* existing_allocator(int device) {

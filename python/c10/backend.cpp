@@ -782,6 +782,8 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   // ---- per-device allocators -----------------------------------------------------------------
 
   cachet::CachingAllocator* allocator(int device) {
+    if (const tc::SoleAllocator s = tc::sole_allocator(); s.allocator != nullptr && s.device == device) [[likely]]
+      return s.allocator;
     if (cachet::CachingAllocator* a = tc::existing_allocator(device)) return a;
     cachet::CachingAllocator* a = tc::allocator_for(device, false);
     TORCH_CHECK(a, "cachet: ", tc::last_error_copy());
@@ -791,18 +793,8 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   // The allocator that handed out `ptr`, and its device. One allocator (the usual case, one
   // device per process): that one. Several: the device the pointer belongs to.
   std::pair<cachet::CachingAllocator*, int> owner(void* ptr) {
-    tc::State& s = tc::state();
-    if (s.created.load(std::memory_order_acquire) == 1) {
-      const int d = only_device_.load(std::memory_order_relaxed);
-      if (d >= 0) {
-        if (auto* a = tc::existing_allocator(d)) return {a, d};
-      }
-      for (int i = 0; i < tc::kMaxDevices; ++i)
-        if (auto* a = tc::existing_allocator(i)) {
-          only_device_.store(i, std::memory_order_relaxed);
-          return {a, i};
-        }
-    }
+    if (const tc::SoleAllocator s = tc::sole_allocator(); s.allocator != nullptr) [[likely]]
+      return {s.allocator, s.device};
     cudaPointerAttributes attr{};
     if (cudaPointerGetAttributes(&attr, ptr) == cudaSuccess && attr.type == cudaMemoryTypeDevice) {
       if (auto* a = tc::existing_allocator(attr.device)) return {a, attr.device};
@@ -1031,7 +1023,6 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
 
   std::atomic<int> device_count_{0};
   std::atomic<bool> enabled_{true};
-  std::atomic<int> only_device_{-1};
 
   // Lock order: mu_ before a History's mu (set_trace_all), never the reverse; cachet's own lock
   // is taken inside either, and no user callback runs under mu_ or a History's mu.

@@ -52,9 +52,7 @@ Device& device0() {
     cachet::gpu::HostOptions o;
     o.capacity = 512 * MiB;
     auto a = std::make_unique<cachet::CachingAllocator>(cachet::gpu::make_host_memory(o, &r.sim));
-    auto& s = cachet::torch_common::state();
-    s.allocators[0].store(a.get());
-    s.created.fetch_add(1);
+    cachet::torch_common::register_allocator(0, a.get());
     r.a = a.release();
     return r;
   }();

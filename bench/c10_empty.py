@@ -28,26 +28,25 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 SIZES = {"512 B": 512, "1 MiB": 1 << 20, "64 MiB": 64 << 20}
 LOOPS = 20000
 REPEATS = 9
 
 
+def loop_ns(torch, n):
+    """ns per torch.empty(n) + free pair over one loop of LOOPS pairs."""
+    t0 = time.perf_counter()
+    for _ in range(LOOPS):
+        x = torch.empty(n, dtype=torch.uint8, device="cuda")
+        del x
+    return (time.perf_counter() - t0) / LOOPS * 1e9
+
+
 def time_sizes(torch):
     """ns per torch.empty + free pair for each size: the median of REPEATS loops (a dropped warm-up)."""
-    import time
-    out = {}
-    for name, n in SIZES.items():
-        reps = []
-        for _ in range(REPEATS + 1):
-            t0 = time.perf_counter()
-            for _ in range(LOOPS):
-                x = torch.empty(n, dtype=torch.uint8, device="cuda")
-                del x
-            reps.append((time.perf_counter() - t0) / LOOPS * 1e9)
-        out[name] = statistics.median(reps[1:])
-    return out
+    return {name: statistics.median([loop_ns(torch, n) for _ in range(REPEATS + 1)][1:]) for name, n in SIZES.items()}
 
 
 def child(mode, cpu):
@@ -86,18 +85,9 @@ def child_in_process(cpu, rounds):
     # runs one loop under each allocator, back to back, in alternating order, and the ratio of
     # that adjacent pair is kept; speed changes of the process (which last seconds) then fall on
     # both halves of nearly every pair.
-    import time
     runs = {"native": [], "c10": []}
     pair_ratios = {name: [] for name in SIZES}
     floor_ratios = {name: [] for name in SIZES}
-
-    def loop(n):
-        t0 = time.perf_counter()
-        for _ in range(LOOPS):
-            x = torch.empty(n, dtype=torch.uint8, device="cuda")
-            del x
-        return (time.perf_counter() - t0) / LOOPS * 1e9
-
     for r in range(rounds):
         per_mode = {"native": {}, "c10": {}}
         for name, n in SIZES.items():
@@ -107,11 +97,13 @@ def child_in_process(cpu, rounds):
                 t = {}
                 for mode in order:
                     select(mode)
-                    t[mode] = loop(n)
+                    t[mode] = loop_ns(torch, n)
                 # The floor: torch.empty(0) under cachet asks the allocator for nothing (PyTorch
-                # still calls allocate(0)), so it is what the pair costs PyTorch without any
-                # allocator work: no allocator could bring the pair below it.
-                floor = loop(0)
+                # still calls allocate(0), which cachet answers without a device or stream
+                # lookup), so it is what the pair costs PyTorch without allocator work: no
+                # allocator could bring the pair below it.
+                select("c10")
+                floor = loop_ns(torch, 0)
                 if rep == 0:
                     continue  # warm-up after the switch of sizes
                 for mode in t:

@@ -161,14 +161,12 @@ def main():
     med = {m: {n: statistics.median(x[n] for x in runs[m]) for n in SIZES} for m in runs}
     if in_process:  # the adjacent pairs' ratios (rounds x repeats of them)
         ratios = {"c10": pair_ratios}
-    else:  # one ratio a round, of the processes' medians
-        ratios = {b: {n: [runs[b][i][n] / runs["native"][i][n] for i in range(rounds)] for n in SIZES}
-                  for b in backends}
-    if in_process:
         print(f"{rounds} rounds, one process switching between both allocators on CPU {cpu}, each of "
               f"{REPEATS} repeats a pair of adjacent loops of {LOOPS}; ns are medians over rounds, ratios "
               "the median of the adjacent pairs' ratios (range)")
-    else:
+    else:  # one ratio a round, of the processes' medians
+        ratios = {b: {n: [runs[b][i][n] / runs["native"][i][n] for i in range(rounds)] for n in SIZES}
+                  for b in backends}
         print(f"{rounds} rounds, every process on CPU {cpu}; ns are medians over rounds, ratios the median "
               "of the rounds' ratios (range)")
     floor_head = " floor/native (torch.empty(0)) |" if in_process else ""

@@ -88,9 +88,10 @@ def count(exe, pattern, n, sim, keep, tag, cold=False):
     if sim:
         # The caches of the machines the figures come from (H100/H200 hosts: 48 KiB L1d, 2 MiB L2).
         cmd += ["--cache-sim=yes", "--branch-sim=yes", "--D1=49152,12,64", "--LL=2097152,16,64"]
-    r = subprocess.run(cmd + [exe, pattern, str(n)] + (["cold"] if cold else []), capture_output=True, text=True)
+    cmd += [exe, pattern, str(n)] + (["cold"] if cold else [])
+    r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
-        die(f"`{' '.join(cmd)} {exe} {pattern} {n}` exited {r.returncode}:\n{r.stderr[-2000:]}")
+        die(f"`{' '.join(cmd)}` exited {r.returncode}:\n{r.stderr[-2000:]}")
     events = totals = None
     with open(out) as f:
         for line in f:

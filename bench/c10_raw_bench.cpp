@@ -3,7 +3,10 @@
 // PyTorch 2.11's native CUDACachingAllocator and with cachet's c10 backend, in one process, one
 // run (issue 22, bench/RESULTS.md "The c10 backend").
 //
-//   cachet_c10_raw_bench LIBCACHET_C10 [--json FILE]
+//   cachet_c10_raw_bench LIBCACHET_C10 [--json FILE] [--pollute]
+//
+// --pollute: instead, the allocate() + DataPtr drop pairs after evicting one kind of CPU cache
+// (see pollute_table).
 //
 // Order: cachet first (installed with cachet_c10_install, as cachet_torch.install() does, while the
 // native allocator is not yet initialised), then the native allocator, stored back into the atomic
@@ -14,6 +17,8 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <sys/mman.h>
+#include <x86intrin.h>
 
 #include <algorithm>
 #include <chrono>
@@ -105,14 +110,148 @@ double per_call(F&& f, int n = 1000000) {
   return median(reps);
 }
 
+// ---- --pollute: what evicting each kind of CPU cache between two pairs costs each allocator --------
+//
+// PyTorch runs about 1.7 us of its own code between two allocator calls of torch.empty + free; the
+// allocator then finds its code and data evicted from some of the CPU's caches. Which ones: each
+// mode below evicts one kind before every pair (L1 data lines, data TLB entries, L1 instruction
+// lines, instruction TLB entries), and the pair (allocate() + DataPtr drop, as torch.empty +
+// free calls them) is timed alone with the TSC, the timing's own cost subtracted.
+struct Polluter {
+  std::vector<unsigned char> lines = std::vector<unsigned char>(96 << 10);  // 1536 lines, 24 pages
+  unsigned char* pages = nullptr;      // 4096 pages: one line touched in each
+  unsigned char* code_lines = nullptr;  // 512 `ret`s, one per line, 8 pages
+  unsigned char* code_pages = nullptr;  // 4096 `ret`s, one per page
+  static constexpr size_t kPages = 4096;
+  Polluter() {
+    pages = static_cast<unsigned char*>(mmap(nullptr, kPages * 4096 + 4096, PROT_READ | PROT_WRITE,
+                                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    for (size_t i = 0; i < kPages; ++i) pages[i * 4096 + (i % 64) * 64] = 1;
+    code_lines = static_cast<unsigned char*>(mmap(nullptr, 512 * 64, PROT_READ | PROT_WRITE | PROT_EXEC,
+                                                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    for (size_t i = 0; i < 512; ++i) code_lines[i * 64] = 0xC3;
+    code_pages = static_cast<unsigned char*>(mmap(nullptr, kPages * 4096 + 4096, PROT_READ | PROT_WRITE | PROT_EXEC,
+                                                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    for (size_t i = 0; i < kPages; ++i) code_pages[i * 4096 + (i % 64) * 64] = 0xC3;
+  }
+  void run(int mode) {
+    using Fn = void (*)();
+    switch (mode) {
+      case 1:
+        for (size_t i = 0; i < lines.size(); i += 64) lines[i] = static_cast<unsigned char>(lines[i] + 1);
+        break;
+      case 2:
+        for (size_t i = 0; i < kPages; ++i) pages[i * 4096 + (i % 64) * 64] += 1;
+        break;
+      case 3:
+        for (size_t i = 0; i < 512; ++i) reinterpret_cast<Fn>(code_lines + i * 64)();
+        break;
+      case 4:
+        for (size_t i = 0; i < kPages; ++i) reinterpret_cast<Fn>(code_pages + i * 4096 + (i % 64) * 64)();
+        break;
+      case 5:
+        run(1);
+        run(3);
+        break;
+      case 6:
+        run(2);
+        run(4);
+        break;
+      default:
+        break;
+    }
+  }
+};
+
+inline std::uint64_t tsc() {
+  _mm_lfence();
+  const std::uint64_t t = __rdtsc();
+  _mm_lfence();
+  return t;
+}
+
+// TSC ticks per ns, against steady_clock over 200 ms.
+double tsc_per_ns() {
+  const auto c0 = std::chrono::steady_clock::now();
+  const std::uint64_t t0 = __rdtsc();
+  while (std::chrono::steady_clock::now() - c0 < std::chrono::milliseconds(200)) {
+  }
+  const auto c1 = std::chrono::steady_clock::now();
+  const std::uint64_t t1 = __rdtsc();
+  return static_cast<double>(t1 - t0) / std::chrono::duration<double, std::nano>(c1 - c0).count();
+}
+
+// Median ticks of one pair of `a` (nullptr: nothing, the timing's own cost) after pollution `mode`.
+double polluted_ticks(Polluter& pol, int mode, CCA::CUDAAllocator* a, size_t size, int n) {
+  std::vector<std::uint64_t> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    pol.run(mode);
+    const std::uint64_t t0 = tsc();
+    if (a != nullptr) {
+      c10::DataPtr d = a->allocate(size);
+    }
+    t[static_cast<size_t>(i)] = tsc() - t0;
+  }
+  std::sort(t.begin(), t.end());
+  return static_cast<double>(t[t.size() / 2]);
+}
+
+int pollute_table(CCA::CUDAAllocator* native, CCA::CUDAAllocator* cachet) {
+  Polluter pol;
+  const double per_ns = tsc_per_ns();
+  const char* modes[] = {"none",     "L1 data (96 KiB of lines)", "data TLB (4096 pages)", "L1 code (512 lines)",
+                         "code TLB (4096 pages)", "L1 data + L1 code", "data TLB + code TLB"};
+  const size_t sizes[] = {512, 64 << 20};
+  std::printf("\n--pollute: ns of one allocate() + DataPtr drop after evicting one kind of cache, median of "
+              "7 rounds of the median of 2000 pairs (TSC %.3f ticks/ns; the timing's own cost subtracted)\n",
+              per_ns);
+  std::printf("| evicted before each pair | 512 B cachet | native | cachet/native | 64 MiB cachet | native | cachet/native |\n"
+              "|---|---|---|---|---|---|---|\n");
+  for (int mode = 0; mode < 7; ++mode) {
+    double c_ns[2], n_ns[2], r[2];
+    for (int si = 0; si < 2; ++si) {
+      std::vector<double> cs, ns, rs;
+      for (int round = 0; round < 8; ++round) {
+        const double base = polluted_ticks(pol, mode, nullptr, 0, 2000);
+        CCA::allocator.store(cachet);
+        const double c = polluted_ticks(pol, mode, cachet, sizes[si], 2000) - base;
+        CCA::allocator.store(native);
+        const double n = polluted_ticks(pol, mode, native, sizes[si], 2000) - base;
+        if (round == 0) continue;
+        cs.push_back(c / per_ns);
+        ns.push_back(n / per_ns);
+        rs.push_back(c / n);
+      }
+      c_ns[si] = median(cs);
+      n_ns[si] = median(ns);
+      r[si] = median(rs);
+    }
+    std::printf("| %s | %.0f | %.0f | %.2f | %.0f | %.0f | %.2f |\n", modes[mode], c_ns[0], n_ns[0], r[0], c_ns[1],
+                n_ns[1], r[1]);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s LIBCACHET_C10 [--json FILE]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s LIBCACHET_C10 [--json FILE] [--pollute]\n", argv[0]);
     return 2;
   }
-  const char* json = (argc >= 4 && std::strcmp(argv[2], "--json") == 0) ? argv[3] : nullptr;
+  const char* json = nullptr;
+  bool pollute = false;
+  for (int i = 2; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
+      json = argv[++i];
+    } else if (std::strcmp(argv[i], "--pollute") == 0) {
+      pollute = true;
+    } else {
+      std::fprintf(stderr, "%s: unknown argument %s (usage: %s LIBCACHET_C10 [--json FILE] [--pollute])\n", argv[0],
+                   argv[i], argv[0]);
+      return 2;
+    }
+  }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("skipped: no CUDA device\n");
@@ -162,6 +301,7 @@ int main(int argc, char** argv) {
   const int rounds = 1 + kRounds;
   CCA::allocator.store(native);
   native->init(devices);
+  if (pollute) return pollute_table(native, cachet);
   auto core = cachet::CachingAllocator::for_cuda_device(0);
   // Rows: the raw patterns, the 64-live window, the DataPtr patterns.
   const size_t n_rows = patterns.size() + 1 + dataptr_patterns.size();

@@ -78,7 +78,7 @@ class PtrMap {
     while (slots_[i].key != 0) i = (i + 1) & mask();
     slots_[i] = Slot{key, value};
   }
-  void grow() {
+  [[gnu::cold, gnu::noinline]] void grow() {
     std::vector<Slot> old(slots_.size() * 2);
     old.swap(slots_);
     for (const Slot& s : old)

@@ -92,7 +92,7 @@ cachet::PoolId pool_id(MempoolId_t id) { return cachet::PoolId{id.first, id.seco
 // Every cachet refusal as PyTorch's error type: out of memory -> OutOfMemoryError with PyTorch's
 // text; anything else -> c10::Error (RuntimeError) with cachet's message.
 template <class F>
-auto call(const char* what, F&& f) -> decltype(f()) {
+[[gnu::always_inline]] inline auto call(const char* what, F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (const c10::Error&) {
@@ -273,7 +273,7 @@ CtxGetCurrentFn ctx_get_current() {
   return f;
 }
 
-c10::DeviceIndex current_device() {
+[[gnu::hot]] c10::DeviceIndex current_device() {
   // A process that sees one device (CUDA_VISIBLE_DEVICES=N, a one-GPU machine) is always on
   // device 0: nothing to ask. c10 counts the devices once per process.
   static const bool single = [] {
@@ -318,7 +318,7 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
  public:
   // ---- c10::Allocator ----------------------------------------------------------------------
 
-  c10::DataPtr allocate(size_t size) override {
+  [[gnu::hot]] c10::DataPtr allocate(size_t size) override {
     TORCH_CHECK_WITH(OutOfMemoryError, size < kOneExaByte,
                      "CUDA out of memory. Tried to allocate more than 1EB memory.");
     const c10::DeviceIndex device = current_device();
@@ -760,14 +760,23 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
 
   // ---- used by the deleter -------------------------------------------------------------------
 
-  void free(void* ptr) {
+  // The common case inline and hot (gpu/src/policy_pytorch/malloc.cpp, "The hot path's layout");
+  // with history on, free_traced.
+  [[gnu::hot]] void free(void* ptr) {
     if (!ptr) return;
     auto [a, device] = owner(ptr);
-    const bool tracing = history_on_.load(std::memory_order_relaxed);
-    Ctx ctx;
-    if (tracing) ctx = gather(cc::RecordContext::ALL);  // outside every lock
+    if (history_on_.load(std::memory_order_relaxed)) [[unlikely]] {
+      free_traced(a, device, ptr);
+      return;
+    }
     call("free", [&] { a->free(ptr); });
-    if (tracing) {
+    if (has_trackers_.load(std::memory_order_relaxed)) [[unlikely]] dispatch_trackers(device);
+  }
+
+  [[gnu::noinline]] void free_traced(cachet::CachingAllocator* a, int device, void* ptr) {
+    Ctx ctx = gather(cc::RecordContext::ALL);  // outside every lock
+    call("free", [&] { a->free(ptr); });
+    {
       const size_t max_n = max_entries();  // lock order: mu_ is never taken under a History's mu
       History& h = history(device);
       std::lock_guard<std::mutex> lock(h.mu);
@@ -781,7 +790,7 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
  private:
   // ---- per-device allocators -----------------------------------------------------------------
 
-  cachet::CachingAllocator* allocator(int device) {
+  [[gnu::hot]] cachet::CachingAllocator* allocator(int device) {
     if (const tc::SoleAllocator s = tc::sole_allocator(); s.allocator != nullptr && s.device == device) [[likely]]
       return s.allocator;
     if (cachet::CachingAllocator* a = tc::existing_allocator(device)) return a;
@@ -792,7 +801,7 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
 
   // The allocator that handed out `ptr`, and its device. One allocator (the usual case, one
   // device per process): that one. Several: the device the pointer belongs to.
-  std::pair<cachet::CachingAllocator*, int> owner(void* ptr) {
+  [[gnu::hot]] std::pair<cachet::CachingAllocator*, int> owner(void* ptr) {
     if (const tc::SoleAllocator s = tc::sole_allocator(); s.allocator != nullptr) [[likely]]
       return {s.allocator, s.device};
     cudaPointerAttributes attr{};
@@ -809,24 +818,39 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
         c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream());
   }
 
-  void* malloc(c10::DeviceIndex device, size_t size, cudaStream_t stream) {
+  [[gnu::hot]] void* malloc(c10::DeviceIndex device, size_t size, cudaStream_t stream) {
     cachet::CachingAllocator* a = allocator(device);
-    const bool tracing = history_on_.load(std::memory_order_relaxed);
-    Ctx ctx;
-    if (tracing) ctx = gather(cc::RecordContext::STATE);  // outside every lock
-    const auto s = reinterpret_cast<cachet::StreamId>(stream);
+    if (history_on_.load(std::memory_order_relaxed)) [[unlikely]]
+      return malloc_traced(a, device, size, stream);
     void* p = nullptr;
     try {
       // Device calls follow the capture status of PyTorch's current stream, asked only when one
       // is made (current_stream_for_device_calls, registered at install), as native's
       // cudaMallocMaybeCapturing asks it.
-      p = a->allocate(size, s);
+      p = a->allocate(size, reinterpret_cast<cachet::StreamId>(stream));
     } catch (const cachet::OutOfMemory& e) {
-      out_of_memory(device, size, std::move(ctx), tracing, e.what());
+      out_of_memory(device, size, Ctx{}, false, e.what());
     } catch (const std::exception& e) {
-      TORCH_CHECK(false, "cachet: allocate ", size, " bytes on device ", static_cast<int>(device), ": ", e.what());
+      allocate_failed(device, size, e);
     }
-    if (tracing) {
+    if (has_trackers_.load(std::memory_order_relaxed)) [[unlikely]] dispatch_trackers(device);
+    return p;
+  }
+
+  // malloc with history on: the context is gathered outside every lock, and the allocation (or
+  // the out-of-memory) goes into the device's history.
+  [[gnu::noinline]] void* malloc_traced(cachet::CachingAllocator* a, c10::DeviceIndex device, size_t size,
+                                        cudaStream_t stream) {
+    Ctx ctx = gather(cc::RecordContext::STATE);
+    void* p = nullptr;
+    try {
+      p = a->allocate(size, reinterpret_cast<cachet::StreamId>(stream));
+    } catch (const cachet::OutOfMemory& e) {
+      out_of_memory(device, size, std::move(ctx), true, e.what());
+    } catch (const std::exception& e) {
+      allocate_failed(device, size, e);
+    }
+    {
       const size_t max_n = max_entries();
       History& h = history(device);
       std::lock_guard<std::mutex> lock(h.mu);
@@ -839,11 +863,16 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
     return p;
   }
 
+  [[noreturn, gnu::cold, gnu::noinline]] static void allocate_failed(c10::DeviceIndex device, size_t size,
+                                                                    const std::exception& e) {
+    TORCH_CHECK(false, "cachet: allocate ", size, " bytes on device ", static_cast<int>(device), ": ", e.what());
+  }
+
   // cachet refused: its message is PyTorch's, word for word. Observers are called with no lock
   // held, as native calls them after unlocking: (device, the segment size asked of the device,
   // the memory allowed (the cap set by a fraction, else the device's total), the device's free
   // memory).
-  [[noreturn]] void out_of_memory(c10::DeviceIndex device, size_t size, Ctx ctx, bool tracing,
+  [[noreturn, gnu::cold, gnu::noinline]] void out_of_memory(c10::DeviceIndex device, size_t size, Ctx ctx, bool tracing,
                                   const std::string& message) {
     if (tracing) {
       const size_t max_n = max_entries();
@@ -1048,7 +1077,7 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   std::unordered_map<std::string, IpcEntry> ipc_;
 };
 
-CachetCUDAAllocator& the_allocator() {
+[[gnu::hot]] CachetCUDAAllocator& the_allocator() {
   static CachetCUDAAllocator* a = [] {
     auto* p = new CachetCUDAAllocator;  // never destroyed, as native's
     // cachet_torch_clear_trace (python/cachet_torch.py) drops the contexts kept for the trace too.
@@ -1058,7 +1087,7 @@ CachetCUDAAllocator& the_allocator() {
   return *a;
 }
 
-void raw_delete_fn(void* ptr) { the_allocator().free(ptr); }
+[[gnu::hot]] void raw_delete_fn(void* ptr) { the_allocator().free(ptr); }
 
 void uncached_delete_fn(void* ptr) { C10_CUDA_CHECK(cudaFree(ptr)); }
 

@@ -59,7 +59,7 @@ void CachingAllocator::validate(const char* op) const {
   throw InvariantViolation(m);
 }
 
-void* CachingAllocator::allocate(Bytes size, StreamId stream) {
+[[gnu::hot]] void* CachingAllocator::allocate(Bytes size, StreamId stream) {
   std::lock_guard lock(mu_);
   return core_->with_policy([&](auto& p) -> void* {
     if (!validate_) {
@@ -78,7 +78,7 @@ void* CachingAllocator::allocate(Bytes size, StreamId stream) {
   });
 }
 
-void CachingAllocator::free(void* ptr) {
+[[gnu::hot]] void CachingAllocator::free(void* ptr) {
   std::lock_guard lock(mu_);
   core_->with_policy([&](auto& p) {
     p.free(to_dev(ptr));

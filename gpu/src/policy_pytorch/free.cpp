@@ -15,31 +15,51 @@ namespace cachet::gpu::detail {
 
 // ===================================================================== Free and merge (§2.5)
 
-void PytorchPolicy::free(DevicePtr ptr) {
+[[gnu::hot]] void PytorchPolicy::free(DevicePtr ptr) {
   if (ptr == 0) return;
-  if (config_.no_caching) {
-    auto it = uncached_.find(ptr);
-    if (it == uncached_.end())
-      throw UsageError("free(" + hex(ptr) + "): not an allocation of this allocator (device " +
-                       std::to_string(device_) + ", caching disabled); pass a pointer allocate() returned");
-    auto st = mem_->free(ptr);
-    if (!st.is_ok()) throw DeviceError(device_error("cudaFree", it->second, device_, st));
-    uncached_.erase(it);
+  if (config_.no_caching) [[unlikely]] {
+    free_uncached(ptr);
     return;
   }
   Block* b = find_active(ptr, "free");
-  if (!b->is_allocated())
-    throw UsageError("free(" + hex(ptr) + "): double free: the block was already freed and is waiting for " +
-                     (b->state() == BlockState::Deferred ? std::string("the end of a capture (§14.7)")
-                                                         : std::to_string(b->event_count) + " stream-use event(s)") +
-                     "; free each pointer once");
+  if (!b->is_allocated()) [[unlikely]]
+    throw_double_free(b);
   if (b->segment->sleeping_runs != 0 && asleep(b)) [[unlikely]] {  // docs/sleep-wake.md section 4
     free_while_asleep(b);
     return;
   }
+  if (!b->stream_uses.empty() && !mutant(kMutantIgnorePendingEvent)) [[unlikely]] {
+    free_with_stream_uses(b);
+    return;
+  }
+  accounting_.free_requested(stat_type(pool_for(b)), b->size, is_oversize(b->size));
+  record(TraceAction::FreeRequested, b->ptr, b->requested_size, b->stream);
+  b->stream_uses.clear();
+  free_block(b);
+}
 
-  const bool wait_for_uses = !b->stream_uses.empty() && !mutant(kMutantIgnorePendingEvent);
-  if (wait_for_uses && capture_underway()) {
+// §4.1 PYTORCH_NO_CUDA_MEMORY_CACHING: the device's free, no stats.
+void PytorchPolicy::free_uncached(DevicePtr ptr) {
+  auto it = uncached_.find(ptr);
+  if (it == uncached_.end())
+    throw UsageError("free(" + hex(ptr) + "): not an allocation of this allocator (device " +
+                     std::to_string(device_) + ", caching disabled); pass a pointer allocate() returned");
+  auto st = mem_->free(ptr);
+  if (!st.is_ok()) throw DeviceError(device_error("cudaFree", it->second, device_, st));
+  uncached_.erase(it);
+}
+
+void PytorchPolicy::throw_double_free(const Block* b) const {
+  throw UsageError("free(" + hex(b->ptr) + "): double free: the block was already freed and is waiting for " +
+                   (b->state() == BlockState::Deferred ? std::string("the end of a capture (§14.7)")
+                                                       : std::to_string(b->event_count) + " stream-use event(s)") +
+                   "; free each pointer once");
+}
+
+// A free of a block that other streams used (§6): it waits for their events, or during a capture
+// for the capture's end.
+void PytorchPolicy::free_with_stream_uses(Block* b) {
+  if (capture_underway()) {
     // graph_capture_record_stream_reuse: where PyTorch's record_free_markers would assert, refuse
     // before anything changes (§14.8, §14.10.1).
     std::vector<GraphNode> markers;
@@ -56,17 +76,10 @@ void PytorchPolicy::free(DevicePtr ptr) {
     if (!markers.empty()) free_markers_[b] = std::move(markers);
     return;
   }
-  if (wait_for_uses) {
-    insert_events(b, [&] {
-      accounting_.free_requested(stat_type(pool_for(b)), b->size, is_oversize(b->size));
-      record(TraceAction::FreeRequested, b->ptr, b->requested_size, b->stream);
-    });
-  } else {
+  insert_events(b, [&] {
     accounting_.free_requested(stat_type(pool_for(b)), b->size, is_oversize(b->size));
     record(TraceAction::FreeRequested, b->ptr, b->requested_size, b->stream);
-    b->stream_uses.clear();
-    free_block(b);
-  }
+  });
 }
 
 // One event per using stream, recorded before anything changes, so a failing event call leaves
@@ -93,7 +106,7 @@ void PytorchPolicy::insert_events(Block* b) {
   insert_events(b, [] {});
 }
 
-void PytorchPolicy::free_block(Block* b) {
+[[gnu::hot]] void PytorchPolicy::free_block(Block* b) {
   CACHET_ASSERT(b->event_count == 0 && b->stream_uses.empty());
   b->set_state(BlockState::Free);  // from Allocated, or AwaitingEvents once its last event completed
   record(TraceAction::FreeCompleted, b->ptr, b->requested_size, b->stream);
@@ -127,7 +140,7 @@ void PytorchPolicy::free_block(Block* b) {
     net_blocks -= 1;
     net_bytes -= static_cast<std::int64_t>(next->size);
     if (in_tree) {
-      pool.blocks.erase(pool.blocks.iterator_to(*next));
+      pool.erase_free(*next);
       b->size += next->size;
       b->next = next->next;
       if (b->next) b->next->prev = b;
@@ -150,8 +163,8 @@ void PytorchPolicy::free_block(Block* b) {
     b->gc_count_base = pool.get_free_blocks_call_count;
     auto it = pool.blocks.iterator_to(*b);
     if (auto nx = std::next(it); !mutant(kMutantMergeKeepsTreePlace) && nx != pool.blocks.end() && !SizeOrder{}(*b, *nx)) {
-      pool.blocks.erase(it);
-      pool.blocks.insert(*b);
+      pool.erase_free(*b);
+      pool.insert_free(*b);
     }
   } else {
     pool.insert_into_blocks(b);

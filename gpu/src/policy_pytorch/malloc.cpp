@@ -105,7 +105,19 @@ Bytes roundup_power2_next_division(Bytes size, std::uint32_t divisions) {
 }
 }  // namespace
 
-Bytes PytorchPolicy::round_size(Bytes size) const {
+// ===================================================================== The hot path's layout
+//
+// Inside PyTorch, 1-2 us of other code run between two allocator calls and evict the allocator's
+// code from the CPU's instruction caches and TLB; what an allocate + free then costs grows with
+// the number of code pages it runs on (bench/RESULTS.md, "The c10 backend"). The functions of the
+// common allocate and free are therefore marked hot ([[gnu::hot]]: the compiler groups them in
+// one section), their rare branches are out of line ([[gnu::cold]]), and the free set's tree
+// operations are compiled once, here, among them.
+
+[[gnu::hot, gnu::noinline, gnu::flatten]] void BlockPool::insert_free(Block& b) { blocks.insert(b); }
+[[gnu::hot, gnu::noinline, gnu::flatten]] void BlockPool::erase_free(Block& b) { blocks.erase(blocks.iterator_to(b)); }
+
+[[gnu::hot]] Bytes PytorchPolicy::round_size(Bytes size) const {
   const Bytes min_block = mutant(kMutantRound256) ? 256 : kMinBlockSize;  // §1.1
   const Bytes quantum = flipped(RuleFlip::Round1024) ? 2 * min_block : min_block;  // rule flip round_1024
   if (size < quantum) return quantum;
@@ -117,7 +129,7 @@ Bytes PytorchPolicy::round_size(Bytes size) const {
   return quantum * ((size + quantum - 1) / quantum);
 }
 
-Bytes PytorchPolicy::allocation_size(Bytes size) const {
+[[gnu::hot]] Bytes PytorchPolicy::allocation_size(Bytes size) const {
   if (is_small_size(size)) return flipped(RuleFlip::SmallSegment4MiB) ? 2 * kSmallBuffer : kSmallBuffer;
   if (size < kMinLargeAlloc || (flipped(RuleFlip::MidSegmentTo10MiB) && size == kMinLargeAlloc))
     return config_.large_segment_size;
@@ -127,26 +139,12 @@ Bytes PytorchPolicy::allocation_size(Bytes size) const {
 
 // ===================================================================== Allocation (§2.2-2.4, §3.1, §3.2)
 
-DevicePtr PytorchPolicy::malloc(Bytes orig_size, StreamId stream) {
+[[gnu::hot]] DevicePtr PytorchPolicy::malloc(Bytes orig_size, StreamId stream) {
   if (orig_size >= kMaxRequest) throw_request_too_large(orig_size);  // §1.2: before anything else
   if (orig_size == 0) return 0;
   check_stream(stream, "allocate");
-  if (config_.no_caching) {  // §4.1 PYTORCH_NO_CUDA_MEMORY_CACHING: raw device calls, no stats
-    auto r = mem_->malloc(orig_size);
-    if (r.status.is_oom()) {
-      OomFacts f;
-      f.alloc_size = orig_size;
-      f.device = device_;
-      if (auto info = mem_->mem_get_info(); info.is_ok()) {
-        f.device_free = info.value.free;
-        f.device_total = info.value.total;
-      }
-      throw OutOfMemory(oom_message(f));
-    }
-    if (!r.is_ok()) throw DeviceError(device_error("cudaMalloc", orig_size, device_, r.status));
-    uncached_[r.value] = orig_size;
-    return r.value;
-  }
+  if (config_.no_caching) [[unlikely]]  // §4.1 PYTORCH_NO_CUDA_MEMORY_CACHING: raw device calls, no stats
+    return malloc_uncached(orig_size);
   // §3.1 step 2; not while a capture or use_mem_pool is under way (§14.7).
   if ((pending_events_ != 0 || !deferred_blocks_.empty()) && !capture_underway()) process_events();
   // During a capture, with graph_capture_record_stream_reuse: the deferred frees of this stream that
@@ -170,40 +168,71 @@ DevicePtr PytorchPolicy::malloc(Bytes orig_size, StreamId stream) {
       q.pool = size <= kSmallSize ? &it->second->small : &it->second->large;
       if ((found = get_free_block(q))) p = q;
     }
-  if (!found) {
-    const bool gc = cap_.allowed() && config_.garbage_collection_threshold > 0.0;
-    // Rule flip alloc_before_gc: a new segment is tried first.
-    if (flipped(RuleFlip::AllocBeforeGc)) found = alloc_block(p, false);
-    if (!found) {
-      refuse_giving_back_in_capture(p, gc, false);  // §14.8.2
-      if (gc) garbage_collect_cached_blocks();
-      found = alloc_block(p, false);
-    }
-    // The pools marked use_on_oom lend a free block before any cached memory goes back (§15.2).
-    if (!found && use_on_oom_pools_.size() != 0 && pool.owner == nullptr) found = try_mempool_fallback(p);
-    if (!found && !flipped(RuleFlip::NoReleaseAvailable)) {  // rule flip no_release_available
-      refuse_giving_back_in_capture(p, false, true);  // §14.8.2
-      found = release_available_cached_blocks(p) && alloc_block(p, false);
-    }
-    // The last retry frees the cache; never while a capture or use_mem_pool is under way (§14.6).
-    // Rule flip retry_inside_pool: only a graph capture stops it.
-    const bool retry_allowed = flipped(RuleFlip::RetryInsidePool) ? !graph_capture_underway() : !capture_underway();
-    if (!found && retry_allowed) {
-      release_cached_blocks();
-      found = alloc_block(p, true);  // counted as a retry even if the cap refuses it (§13.6)
-    }
-  }
+  if (!found) [[unlikely]]
+    found = grow_or_release(p);
   if (!found) throw_oom(p);
   const bool split = should_split(p.block, p.size, p.expandable_active);
   Block* b = alloc_found_block(p, orig_size, split);
   return b->ptr;
 }
 
-bool PytorchPolicy::get_free_block(AllocParams& p) {
+// malloc's slow path (§3.1 steps 3-6): no cached block fits; a new segment, after the GC, from a
+// use_on_oom pool, after giving back free segments, after freeing the cache.
+bool PytorchPolicy::grow_or_release(AllocParams& p) {
+  BlockPool& pool = *p.pool;
+  bool found = false;
+  const bool gc = cap_.allowed() && config_.garbage_collection_threshold > 0.0;
+  // Rule flip alloc_before_gc: a new segment is tried first.
+  if (flipped(RuleFlip::AllocBeforeGc)) found = alloc_block(p, false);
+  if (!found) {
+    refuse_giving_back_in_capture(p, gc, false);  // §14.8.2
+    if (gc) garbage_collect_cached_blocks();
+    found = alloc_block(p, false);
+  }
+  // The pools marked use_on_oom lend a free block before any cached memory goes back (§15.2).
+  if (!found && use_on_oom_pools_.size() != 0 && pool.owner == nullptr) found = try_mempool_fallback(p);
+  if (!found && !flipped(RuleFlip::NoReleaseAvailable)) {  // rule flip no_release_available
+    refuse_giving_back_in_capture(p, false, true);  // §14.8.2
+    found = release_available_cached_blocks(p) && alloc_block(p, false);
+  }
+  // The last retry frees the cache; never while a capture or use_mem_pool is under way (§14.6).
+  // Rule flip retry_inside_pool: only a graph capture stops it.
+  const bool retry_allowed = flipped(RuleFlip::RetryInsidePool) ? !graph_capture_underway() : !capture_underway();
+  if (!found && retry_allowed) {
+    release_cached_blocks();
+    found = alloc_block(p, true);  // counted as a retry even if the cap refuses it (§13.6)
+  }
+  return found;
+}
+
+// §4.1 PYTORCH_NO_CUDA_MEMORY_CACHING: raw device calls, no stats.
+DevicePtr PytorchPolicy::malloc_uncached(Bytes orig_size) {
+  auto r = mem_->malloc(orig_size);
+  if (r.status.is_oom()) {
+    OomFacts f;
+    f.alloc_size = orig_size;
+    f.device = device_;
+    if (auto info = mem_->mem_get_info(); info.is_ok()) {
+      f.device_free = info.value.free;
+      f.device_total = info.value.total;
+    }
+    throw OutOfMemory(oom_message(f));
+  }
+  if (!r.is_ok()) throw DeviceError(device_error("cudaMalloc", orig_size, device_, r.status));
+  uncached_[r.value] = orig_size;
+  return r.value;
+}
+
+[[gnu::hot]] bool PytorchPolicy::get_free_block(AllocParams& p) {
   BlockPool& pool = *p.pool;
   if (cap_.allowed() && config_.garbage_collection_threshold > 0.0) ++pool.get_free_blocks_call_count;  // §13.3
   if (!tags_seen()) [[likely]]
     return find_free_block(p);  // every block is "default": PyTorch's search as it is
+  return find_free_block_of_tag(p);
+}
+
+bool PytorchPolicy::find_free_block_of_tag(AllocParams& p) {
+  BlockPool& pool = *p.pool;
   // docs/sleep-wake.md section 2: a candidate in a segment of another tag is set aside for this search
   // and the next one in the same order is taken; the set-aside blocks go back keeping their GC age.
   boost::container::small_vector<Block*, 8> hidden;
@@ -226,7 +255,7 @@ bool PytorchPolicy::foreign(const Block& b, std::uint32_t tag) {
   return false;  // no live block: any tag may take it (SLEEP-R1)
 }
 
-bool PytorchPolicy::find_free_block(AllocParams& p) {
+[[gnu::hot]] bool PytorchPolicy::find_free_block(AllocParams& p) {
   BlockPool& pool = *p.pool;
   auto it = pool.blocks.lower_bound(SizeKey{p.stream, p.size, 0}, SizeOrder{});  // equal sizes: lowest address
   if (mutant(kMutantCrossStreamReuse)) {
@@ -294,7 +323,7 @@ bool PytorchPolicy::find_free_block(AllocParams& p) {
   return true;
 }
 
-bool PytorchPolicy::should_split(const Block* b, Bytes size, bool expandable_active) const {
+[[gnu::hot]] bool PytorchPolicy::should_split(const Block* b, Bytes size, bool expandable_active) const {
   // A pool marked no_split never splits (§15.2).
   if (no_split(*b->segment->pool)) return false;
   const Bytes remaining = b->size - size;
@@ -377,7 +406,7 @@ void PytorchPolicy::link_after(Block* nb, Block* b) {
   b->next = nb;
 }
 
-Block* PytorchPolicy::alloc_found_block(AllocParams& p, Bytes orig_size, bool split) {
+[[gnu::hot]] Block* PytorchPolicy::alloc_found_block(AllocParams& p, Bytes orig_size, bool split) {
   BlockPool& pool = *p.pool;
   const StatType st = stat_type(pool);
   Block* block = p.block;
@@ -394,7 +423,7 @@ Block* PytorchPolicy::alloc_found_block(AllocParams& p, Bytes orig_size, bool sp
       auto it = pool.blocks.iterator_to(*remaining);
       const SizeKey k{remaining->stream, remaining->size - p.size, remaining->ptr + p.size};
       if (it == pool.blocks.begin() || SizeOrder{}(*std::prev(it), k)) reinsert = false;
-      else pool.blocks.erase(it);
+      else pool.erase_free(*remaining);
     }
     block = arena_.make();
     block->ptr = remaining->ptr;
@@ -421,7 +450,7 @@ Block* PytorchPolicy::alloc_found_block(AllocParams& p, Bytes orig_size, bool sp
     if (already_split && counted) accounting_.inactive_split_changed(st, 0, -static_cast<std::int64_t>(block->size));
     else if (counted) accounting_.inactive_split_changed(st, 1, static_cast<std::int64_t>(remaining->size));
   } else {
-    if (p.in_pool) pool.blocks.erase(pool.blocks.iterator_to(*block));
+    if (p.in_pool) pool.erase_free(*block);
   }
   if (!split && already_split && (!expandable || flipped(RuleFlip::InactiveSplitCountsExpandable)))
     accounting_.inactive_split_changed(st, -1, -static_cast<std::int64_t>(block->size));

@@ -148,8 +148,12 @@ struct BlockPool {
 
   void insert_into_blocks(Block* b) {
     b->gc_count_base = get_free_blocks_call_count;
-    blocks.insert(*b);
+    insert_free(*b);
   }
+  // The free set's insert and erase for the hot path, out of line and among the hot functions
+  // (malloc.cpp): one copy each, on the pages that allocate and free run from.
+  void insert_free(Block& b);
+  void erase_free(Block& b);
 };
 
 // A private pool (§14.1): a small and a large BlockPool of its own, named by a PoolId.
@@ -198,7 +202,7 @@ class BlockArena {
   }
 
  private:
-  void refill() {
+  [[gnu::noinline]] void refill() {
     constexpr std::size_t n = 256;
     chunks_.push_back(std::make_unique<Storage[]>(n));
     free_.reserve(free_.size() + n);
@@ -286,10 +290,14 @@ class PytorchPolicy : public Shell {
   // search) the candidates in segments whose live blocks carry another tag (docs/sleep-wake.md section 2).
   bool get_free_block(AllocParams& p);
   bool find_free_block(AllocParams& p);
+  [[gnu::noinline]] bool find_free_block_of_tag(AllocParams& p);  // get_free_block once a tag was set
   // `b`'s segment holds live blocks of a tag other than `tag` (an expandable segment too: one with
   // no live block may be taken by any tag, SLEEP-R1).
   static bool foreign(const Block& b, std::uint32_t tag);
   bool alloc_block(AllocParams& p, bool is_retry);
+  // malloc's rare cases, out of line (malloc.cpp, "The hot path's layout").
+  [[gnu::noinline]] bool grow_or_release(AllocParams& p);
+  [[gnu::cold, gnu::noinline]] DevicePtr malloc_uncached(Bytes orig_size);
   bool release_available_cached_blocks(const AllocParams& p);
   void release_cached_blocks(PoolId id = PoolId{});
   void release_blocks(BlockPool& pool);
@@ -310,6 +318,10 @@ class PytorchPolicy : public Shell {
   [[noreturn]] void throw_oom(const AllocParams& p);
 
   // --- free and events (§2.5, §6) ---
+  // free()'s rare cases, out of line (malloc.cpp, "The hot path's layout").
+  [[gnu::cold, gnu::noinline]] void free_uncached(DevicePtr ptr);
+  [[noreturn, gnu::cold, gnu::noinline]] void throw_double_free(const Block* b) const;
+  [[gnu::noinline]] void free_with_stream_uses(Block* b);
   void free_block(Block* b);
   Bytes try_merge_blocks(Block* dst, Block* src, BlockPool& pool);
   // try_merge_blocks' rule: dst (Free or Unmapped) absorbs a neighbour in the same state, never

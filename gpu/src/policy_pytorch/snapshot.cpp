@@ -69,7 +69,7 @@ Snapshot PytorchPolicy::block_table() const { return mapped_runs(true); }
 
 // ===================================================================== Errors
 
-Block* PytorchPolicy::find_active(DevicePtr ptr, const char* op) const {
+[[gnu::hot]] Block* PytorchPolicy::find_active(DevicePtr ptr, const char* op) const {
   return find_active_in(active_, ptr, op, [this](DevicePtr p) { return holder_of(p); });
 }
 

@@ -177,7 +177,10 @@ struct PrivatePool {
   BlockPool small{true, this};
 };
 
-// Block objects are pooled: a free list over chunks, so the hot path never calls new.
+// Block objects are pooled: a free list over chunks, so the hot path never calls new. The list
+// is intrusive (a released block's storage holds the next free one), so make and release are a
+// few instructions with no growth path (malloc.cpp, "The hot path's layout"); last released,
+// first made.
 
 class BlockArena {
  public:
@@ -185,10 +188,12 @@ class BlockArena {
   BlockArena(const BlockArena&) = delete;
   BlockArena& operator=(const BlockArena&) = delete;
   Block* make(BlockState born = BlockState::Free) {
-    if (free_.empty()) refill();
-    Block* b = free_.back();
-    free_.pop_back();
-    return new (b) Block(born);  // members have initializers; no zeroing of padding
+    if (free_ == nullptr) [[unlikely]]
+      refill();
+    FreeSlot* slot = free_;
+    free_ = slot->next;
+    slot->~FreeSlot();
+    return new (static_cast<void*>(slot)) Block(born);  // members have initializers; no zeroing of padding
   }
   // A block leaves (merged into a neighbour, or given back) only Free or Unmapped.
   void release(Block* b) {
@@ -198,21 +203,24 @@ class BlockArena {
   // Teardown only (~PytorchPolicy): any state.
   void discard(Block* b) {
     b->~Block();
-    free_.push_back(b);
+    free_ = new (static_cast<void*>(b)) FreeSlot{free_};
   }
 
  private:
-  [[gnu::noinline]] void refill() {
-    constexpr std::size_t n = 256;
-    chunks_.push_back(std::make_unique<Storage[]>(n));
-    free_.reserve(free_.size() + n);
-    for (std::size_t i = n; i-- > 0;) free_.push_back(reinterpret_cast<Block*>(&chunks_.back()[i]));
-  }
+  struct FreeSlot {
+    FreeSlot* next;
+  };
   struct alignas(Block) Storage {
     unsigned char bytes[sizeof(Block)];
   };
+  static_assert(sizeof(Storage) >= sizeof(FreeSlot) && alignof(Storage) >= alignof(FreeSlot));
+  [[gnu::noinline]] void refill() {
+    constexpr std::size_t n = 256;
+    chunks_.push_back(std::make_unique<Storage[]>(n));
+    for (std::size_t i = n; i-- > 0;) free_ = new (static_cast<void*>(&chunks_.back()[i])) FreeSlot{free_};
+  }
   std::vector<std::unique_ptr<Storage[]>> chunks_;
-  std::vector<Block*> free_;
+  FreeSlot* free_ = nullptr;
 };
 
 // policy:pytorch. The shell (shell/shell.h) holds the device, config, stats, cap, stream check,

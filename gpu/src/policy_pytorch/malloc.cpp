@@ -246,6 +246,13 @@ bool PytorchPolicy::find_free_block_of_tag(AllocParams& p) {
   return found;
 }
 
+FreeSet::iterator PytorchPolicy::skip_foreign(BlockPool& pool, FreeSet::iterator it, const AllocParams& p) const {
+  if (!tags_seen()) [[likely]]
+    return it;
+  while (it != pool.blocks.end() && it->stream == p.stream && foreign(*it, p.tag)) ++it;
+  return it;
+}
+
 bool PytorchPolicy::foreign(const Block& b, std::uint32_t tag) {
   const Segment& seg = *b.segment;
   if (seg.tag == tag) return false;
@@ -273,6 +280,7 @@ bool PytorchPolicy::foreign(const Block& b, std::uint32_t tag) {
         it = c;
     if (it == pool.blocks.end()) return false;
   } else {
+    it = skip_foreign(pool, it, p);
     if (it == pool.blocks.end() || it->stream != p.stream) return false;  // blocks stay on their stream
   }
   if (flipped(RuleFlip::BestFitHighestAddress))  // rule flip: the last of the equal sizes
@@ -287,10 +295,13 @@ bool PytorchPolicy::foreign(const Block& b, std::uint32_t tag) {
       auto expandable_size = [](const Block& b) {
         return b.size + (b.next && !b.next->is_mapped() ? b.next->size : 0);
       };
-      auto next = std::next(it);
+      // (With tags: blocks of segments holding live blocks of another tag take no part in the walk,
+      // as if they were not in the pool: docs/sleep-wake.md section 2.)
+      auto next = skip_foreign(pool, std::next(it), p);
       while (it->expandable() && next != pool.blocks.end() && next->stream == p.stream &&
              expandable_size(*next) < expandable_size(*it)) {
-        it = next++;
+        it = next;
+        next = skip_foreign(pool, std::next(it), p);
       }
     } else {
       do {

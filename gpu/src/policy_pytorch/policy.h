@@ -302,6 +302,9 @@ class PytorchPolicy : public Shell {
   // `b`'s segment holds live blocks of a tag other than `tag` (an expandable segment too: one with
   // no live block may be taken by any tag, SLEEP-R1).
   static bool foreign(const Block& b, std::uint32_t tag);
+  // From `it` on: the first block of p's stream not in such a segment (`it` itself when no
+  // thread ever set a tag).
+  FreeSet::iterator skip_foreign(BlockPool& pool, FreeSet::iterator it, const AllocParams& p) const;
   bool alloc_block(AllocParams& p, bool is_retry);
   // malloc's rare cases, out of line (malloc.cpp, "The hot path's layout").
   [[gnu::noinline]] bool grow_or_release(AllocParams& p);

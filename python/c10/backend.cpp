@@ -889,15 +889,16 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
     }
     if (!observers.empty()) {
       // The observers' figures never replace the out-of-memory error: what cannot be read is 0.
+      // The CUDA runtime's own device switch, not c10's CUDAGuard: the guard's destructor asks
+      // c10's primary-context hook, which only libtorch_cuda registers (a process of c10 alone
+      // aborted there), and the device has a context (cachet allocated on it).
       size_t free = 0, total = 0;
-      try {
-        c10::cuda::CUDAGuard guard(device);
-        if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
-          (void)cudaGetLastError();
-          free = total = 0;
-        }
-      } catch (...) {
-      }
+      int previous = -1;
+      const bool on_device =
+          cudaGetDevice(&previous) == cudaSuccess && (previous == device || cudaSetDevice(device) == cudaSuccess);
+      if (!on_device || cudaMemGetInfo(&free, &total) != cudaSuccess) free = total = 0;
+      if (on_device && previous != device) (void)cudaSetDevice(previous);
+      (void)cudaGetLastError();
       double fraction = 1.0;
       try {
         fraction = allocator(device)->memory_fraction();

@@ -13,12 +13,17 @@ count (Ir(2N) - Ir(N)) / N is the instructions per steady-state iteration (pair:
 one free; window: one free + one allocate), warm-up and first-touch costs cancelled out.
 
 usage: bench/callgrind_builds.py OLD_BUILD NEW_BUILD [--iterations N] [--filter REGEX]
-                                 [--cache-sim] [--cold] [--keep DIR] [--json OUT.json]
+                                 [--cache-sim] [--cold] [--pages] [--keep DIR] [--json OUT.json]
   --cache-sim  also simulate caches and branches (callgrind --cache-sim=yes --branch-sim=yes):
                adds L1 data misses and mispredicted branches per iteration (slower)
   --cold       (implies --cache-sim) 128 KiB of other data is written before every iteration
                (hot_path_count's `cold`), as PyTorch's own work does between two allocations:
                the L1 data misses per iteration are then the cache lines it touches
+  --pages      instead, the 4 KiB pages and 64-byte lines of code and of data one steady-state
+               iteration touches (valgrind --tool=lackey over `hot_path_count PATTERN 20 cold`,
+               the 19th iteration): inside PyTorch the instruction TLB entries and cache lines
+               the allocator needs are evicted between two calls (bench/RESULTS.md, "The c10
+               backend", eighth measurement), so these are what an allocation costs there
   --keep DIR   keep the callgrind output files (DIR/<side>-<pattern>-<n>.out) for
                callgrind_annotate
 Prints a markdown table (Ir per iteration old, new, new/old). Exit 0, or 2 on bad input.
@@ -104,6 +109,53 @@ def count(exe, pattern, n, sim, keep, tag, cold=False):
     return dict(zip(events, totals))
 
 
+def pages(exe, pattern, keep, tag):
+    """Pages and lines of code and data touched by one steady-state iteration (the 19th of 20, each
+    after 128 KiB of other data), from valgrind lackey's trace: what lies between an entry of
+    cachet_count_one and the next entry of touch_other_data."""
+    syms = {}
+    nm = subprocess.run(["nm", exe], capture_output=True, text=True)
+    for line in nm.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            syms[parts[2]] = int(parts[0], 16)
+    one = syms.get("cachet_count_one")
+    touch = next((v for k, v in syms.items() if "touch_other_data" in k), None)
+    if one is None or touch is None:
+        die(f"{exe} lacks cachet_count_one / touch_other_data (nm)")
+    log = os.path.join(keep, f"{tag}-{pattern.replace('/', '_')}-lackey.log")
+    cmd = ["valgrind", "--tool=lackey", "--trace-mem=yes", f"--log-file={log}", exe, pattern, "20", "cold"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        die(f"`{' '.join(cmd)}` exited {r.returncode}:\n{r.stderr[-2000:]}")
+    events = []  # (kind, address): kind "I" for code, else data
+    with open(log) as f:
+        for line in f:
+            if line[:3] in ("I  ", " L ", " S ", " M "):
+                events.append((line[:3].strip(), int(line[3:].split(",")[0], 16)))
+    code = {a for k, a in events if k == "I"}
+    # A position-independent executable is loaded at valgrind's base: find it from the entry.
+    base = next((b for b in (0, 0x108000, 0x400000, 0x4000000) if b + one in code), None)
+    if base is None:
+        die(f"cannot find cachet_count_one's load address in {log}")
+    iters, cur = [], None
+    for k, a in events:
+        if k == "I" and a == base + one:
+            cur = []
+            iters.append(cur)
+        elif k == "I" and a == base + touch:
+            cur = None
+        if cur is not None:
+            cur.append((k, a))
+    if len(iters) < 2:
+        die(f"{log}: fewer than 2 iterations traced")
+    it = iters[-2]  # the last one runs into the program's exit
+    ins = [a for k, a in it if k == "I"]
+    dat = [a for k, a in it if k != "I"]
+    return {"instructions": len(ins), "code pages": len({a >> 12 for a in ins}), "code lines": len({a >> 6 for a in ins}),
+            "data pages": len({a >> 12 for a in dat}), "data lines": len({a >> 6 for a in dat})}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("old")
@@ -112,6 +164,7 @@ def main():
     ap.add_argument("--filter", default="")
     ap.add_argument("--cache-sim", action="store_true")
     ap.add_argument("--cold", action="store_true")
+    ap.add_argument("--pages", action="store_true")
     ap.add_argument("--keep")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -131,6 +184,23 @@ def main():
     for side, build in (("old", a.old), ("new", a.new)):
         exes[side] = os.path.join(work, f"hot_path_count_{side}")
         srcs[side] = build_driver(build, exes[side])
+    if a.pages:
+        cols = ["instructions", "code pages", "code lines", "data pages", "data lines"]
+        rows = []
+        for p in pats:
+            rows.append({"pattern": p, **{side: pages(exes[side], p, keep, side) for side in ("old", "new")}})
+            print(f"callgrind_builds: {p} done", file=sys.stderr, flush=True)
+        print("pages: one steady-state iteration (the 19th of 20, after 128 KiB of other data), valgrind lackey")
+        print("| pattern | " + " | ".join(f"{c} old | {c} new" for c in cols) + " |")
+        print("|---|" + "---|" * (2 * len(cols)))
+        for r in rows:
+            print(f"| {r['pattern']} | " + " | ".join(f"{r['old'][c]} | {r['new'][c]}" for c in cols) + " |")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"old": a.old, "new": a.new, "sources": srcs, "rows": rows}, f, indent=1)
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
     n = a.iterations
     rows = []
     for p in pats:

@@ -246,9 +246,7 @@ bool PytorchPolicy::find_free_block_of_tag(AllocParams& p) {
   return found;
 }
 
-FreeSet::iterator PytorchPolicy::skip_foreign(BlockPool& pool, FreeSet::iterator it, const AllocParams& p) const {
-  if (!tags_seen()) [[likely]]
-    return it;
+FreeSet::iterator PytorchPolicy::skip_foreign_slow(BlockPool& pool, FreeSet::iterator it, const AllocParams& p) const {
   while (it != pool.blocks.end() && it->stream == p.stream && foreign(*it, p.tag)) ++it;
   return it;
 }

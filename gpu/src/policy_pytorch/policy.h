@@ -304,7 +304,13 @@ class PytorchPolicy : public Shell {
   static bool foreign(const Block& b, std::uint32_t tag);
   // From `it` on: the first block of p's stream not in such a segment (`it` itself when no
   // thread ever set a tag).
-  FreeSet::iterator skip_foreign(BlockPool& pool, FreeSet::iterator it, const AllocParams& p) const;
+  FreeSet::iterator skip_foreign(BlockPool& pool, FreeSet::iterator it, const AllocParams& p) const {
+    if (!tags_seen()) [[likely]]
+      return it;
+    return skip_foreign_slow(pool, it, p);
+  }
+  [[gnu::noinline]] FreeSet::iterator skip_foreign_slow(BlockPool& pool, FreeSet::iterator it,
+                                                         const AllocParams& p) const;
   bool alloc_block(AllocParams& p, bool is_retry);
   // malloc's rare cases, out of line (malloc.cpp, "The hot path's layout").
   [[gnu::noinline]] bool grow_or_release(AllocParams& p);

@@ -822,17 +822,7 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
     cachet::CachingAllocator* a = allocator(device);
     if (history_on_.load(std::memory_order_relaxed)) [[unlikely]]
       return malloc_traced(a, device, size, stream);
-    void* p = nullptr;
-    try {
-      // Device calls follow the capture status of PyTorch's current stream, asked only when one
-      // is made (current_stream_for_device_calls, registered at install), as native's
-      // cudaMallocMaybeCapturing asks it.
-      p = a->allocate(size, reinterpret_cast<cachet::StreamId>(stream));
-    } catch (const cachet::OutOfMemory& e) {
-      out_of_memory(device, size, Ctx{}, false, e.what());
-    } catch (const std::exception& e) {
-      allocate_failed(device, size, e);
-    }
+    void* p = allocate_on(a, device, size, stream, Ctx{}, false);
     if (has_trackers_.load(std::memory_order_relaxed)) [[unlikely]] dispatch_trackers(device);
     return p;
   }
@@ -842,14 +832,7 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   [[gnu::noinline]] void* malloc_traced(cachet::CachingAllocator* a, c10::DeviceIndex device, size_t size,
                                         cudaStream_t stream) {
     Ctx ctx = gather(cc::RecordContext::STATE);
-    void* p = nullptr;
-    try {
-      p = a->allocate(size, reinterpret_cast<cachet::StreamId>(stream));
-    } catch (const cachet::OutOfMemory& e) {
-      out_of_memory(device, size, std::move(ctx), true, e.what());
-    } catch (const std::exception& e) {
-      allocate_failed(device, size, e);
-    }
+    void* p = allocate_on(a, device, size, stream, ctx, true);
     {
       const size_t max_n = max_entries();
       History& h = history(device);
@@ -861,6 +844,21 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
     }
     if (has_trackers_.load(std::memory_order_relaxed)) dispatch_trackers(device);
     return p;
+  }
+
+  // `a`'s allocate, its refusals as PyTorch's errors (out of memory: out_of_memory, with `ctx` in
+  // the history when tracing). Device calls follow the capture status of PyTorch's current stream,
+  // asked only when one is made (current_stream_for_device_calls, registered at install), as
+  // native's cudaMallocMaybeCapturing asks it.
+  [[gnu::always_inline]] void* allocate_on(cachet::CachingAllocator* a, c10::DeviceIndex device, size_t size,
+                                           cudaStream_t stream, const Ctx& ctx, bool tracing) {
+    try {
+      return a->allocate(size, reinterpret_cast<cachet::StreamId>(stream));
+    } catch (const cachet::OutOfMemory& e) {
+      out_of_memory(device, size, ctx, tracing, e.what());
+    } catch (const std::exception& e) {
+      allocate_failed(device, size, e);
+    }
   }
 
   [[noreturn, gnu::cold, gnu::noinline]] static void allocate_failed(c10::DeviceIndex device, size_t size,

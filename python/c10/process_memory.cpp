@@ -85,7 +85,8 @@ std::string with_process_memory_info(const std::string& message, c10::DeviceInde
   const auto at = message.find(kAnchor);
   if (at == std::string::npos) return message;
   // A backend that knows the process's memory already said it (one sentence, as native's).
-  if (message.compare(at + kAnchor.size(), 34, "Including non-PyTorch memory, this") == 0) return message;
+  static const std::string kOwnSentence = "Including non-PyTorch memory, this process";
+  if (message.compare(at + kAnchor.size(), kOwnSentence.size(), kOwnSentence) == 0) return message;
   const std::string info = process_memory_info(device);
   if (info.empty()) return message;
   std::string out = message;

@@ -414,9 +414,10 @@ struct Lockstep<Model, Impl>::State {
     const SutState after = sut_state(*sut);
     // Before it refuses, a malloc during a capture may complete the frees the capture had already
     // made safe (graph_capture_record_stream_reuse, docs/pytorch-allocator.md §14.10.1), as
-    // PyTorch does before it fails: then the sut's trace of the op holds those free_completed
-    // events and nothing else (but the snapshot event of sut_state's own snapshot), and its stats
-    // and snapshot differ by them only.
+    // PyTorch does before it fails. When the sut's trace of the op holds free_completed events
+    // and nothing else (but the snapshot event of sut_state's own snapshot), its stats and
+    // snapshot are not compared with those before the op (what the frees changed is not
+    // recomputed here); its invariants still are.
     const bool only_safe_frees = opts.compare_trace && [&] {
       const std::vector<TraceEvent> t = sut->trace();
       const auto frees = std::count_if(t.begin(), t.end(), [](const TraceEvent& e) { return e.action == TraceAction::FreeCompleted; });

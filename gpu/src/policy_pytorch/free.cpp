@@ -15,7 +15,7 @@ namespace cachet::gpu::detail {
 
 // ===================================================================== Free and merge (§2.5)
 
-[[gnu::hot]] void PytorchPolicy::free(DevicePtr ptr) {
+[[gnu::hot, gnu::flatten]] void PytorchPolicy::free(DevicePtr ptr) {
   if (ptr == 0) return;
   if (config_.no_caching) [[unlikely]] {
     free_uncached(ptr);
@@ -106,7 +106,7 @@ void PytorchPolicy::insert_events(Block* b) {
   insert_events(b, [] {});
 }
 
-[[gnu::hot]] void PytorchPolicy::free_block(Block* b) {
+void PytorchPolicy::free_block(Block* b) {
   CACHET_ASSERT(b->event_count == 0 && b->stream_uses.empty());
   b->set_state(BlockState::Free);  // from Allocated, or AwaitingEvents once its last event completed
   record(TraceAction::FreeCompleted, b->ptr, b->requested_size, b->stream);

@@ -117,7 +117,7 @@ Bytes roundup_power2_next_division(Bytes size, std::uint32_t divisions) {
 [[gnu::hot, gnu::noinline, gnu::flatten]] void BlockPool::insert_free(Block& b) { blocks.insert(b); }
 [[gnu::hot, gnu::noinline, gnu::flatten]] void BlockPool::erase_free(Block& b) { blocks.erase(blocks.iterator_to(b)); }
 
-[[gnu::hot]] Bytes PytorchPolicy::round_size(Bytes size) const {
+Bytes PytorchPolicy::round_size(Bytes size) const {
   const Bytes min_block = mutant(kMutantRound256) ? 256 : kMinBlockSize;  // §1.1
   const Bytes quantum = flipped(RuleFlip::Round1024) ? 2 * min_block : min_block;  // rule flip round_1024
   if (size < quantum) return quantum;
@@ -129,7 +129,7 @@ Bytes roundup_power2_next_division(Bytes size, std::uint32_t divisions) {
   return quantum * ((size + quantum - 1) / quantum);
 }
 
-[[gnu::hot]] Bytes PytorchPolicy::allocation_size(Bytes size) const {
+Bytes PytorchPolicy::allocation_size(Bytes size) const {
   if (is_small_size(size)) return flipped(RuleFlip::SmallSegment4MiB) ? 2 * kSmallBuffer : kSmallBuffer;
   if (size < kMinLargeAlloc || (flipped(RuleFlip::MidSegmentTo10MiB) && size == kMinLargeAlloc))
     return config_.large_segment_size;
@@ -139,7 +139,7 @@ Bytes roundup_power2_next_division(Bytes size, std::uint32_t divisions) {
 
 // ===================================================================== Allocation (§2.2-2.4, §3.1, §3.2)
 
-[[gnu::hot]] DevicePtr PytorchPolicy::malloc(Bytes orig_size, StreamId stream) {
+[[gnu::hot, gnu::flatten]] DevicePtr PytorchPolicy::malloc(Bytes orig_size, StreamId stream) {
   if (orig_size >= kMaxRequest) throw_request_too_large(orig_size);  // §1.2: before anything else
   if (orig_size == 0) return 0;
   check_stream(stream, "allocate");
@@ -223,7 +223,7 @@ DevicePtr PytorchPolicy::malloc_uncached(Bytes orig_size) {
   return r.value;
 }
 
-[[gnu::hot]] bool PytorchPolicy::get_free_block(AllocParams& p) {
+bool PytorchPolicy::get_free_block(AllocParams& p) {
   BlockPool& pool = *p.pool;
   if (cap_.allowed() && config_.garbage_collection_threshold > 0.0) ++pool.get_free_blocks_call_count;  // §13.3
   if (!tags_seen()) [[likely]]
@@ -260,7 +260,7 @@ bool PytorchPolicy::foreign(const Block& b, std::uint32_t tag) {
   return false;  // no live block: any tag may take it (SLEEP-R1)
 }
 
-[[gnu::hot]] bool PytorchPolicy::find_free_block(AllocParams& p) {
+bool PytorchPolicy::find_free_block(AllocParams& p) {
   BlockPool& pool = *p.pool;
   auto it = pool.blocks.lower_bound(SizeKey{p.stream, p.size, 0}, SizeOrder{});  // equal sizes: lowest address
   if (mutant(kMutantCrossStreamReuse)) {
@@ -332,7 +332,7 @@ bool PytorchPolicy::foreign(const Block& b, std::uint32_t tag) {
   return true;
 }
 
-[[gnu::hot]] bool PytorchPolicy::should_split(const Block* b, Bytes size, bool expandable_active) const {
+bool PytorchPolicy::should_split(const Block* b, Bytes size, bool expandable_active) const {
   // A pool marked no_split never splits (§15.2).
   if (no_split(*b->segment->pool)) return false;
   const Bytes remaining = b->size - size;
@@ -415,7 +415,7 @@ void PytorchPolicy::link_after(Block* nb, Block* b) {
   b->next = nb;
 }
 
-[[gnu::hot]] Block* PytorchPolicy::alloc_found_block(AllocParams& p, Bytes orig_size, bool split) {
+Block* PytorchPolicy::alloc_found_block(AllocParams& p, Bytes orig_size, bool split) {
   BlockPool& pool = *p.pool;
   const StatType st = stat_type(pool);
   Block* block = p.block;

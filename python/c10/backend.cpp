@@ -1076,9 +1076,14 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   std::unordered_map<std::string, IpcEntry> ipc_;
 };
 
+// The allocator as the deleter finds it: set once, by the_allocator(), before any DataPtr exists
+// (one load on the free path instead of a function-local static's guard).
+std::atomic<CachetCUDAAllocator*> g_the_allocator{nullptr};
+
 [[gnu::hot]] CachetCUDAAllocator& the_allocator() {
   static CachetCUDAAllocator* a = [] {
     auto* p = new CachetCUDAAllocator;  // never destroyed, as native's
+    g_the_allocator.store(p, std::memory_order_release);
     // cachet_torch_clear_trace (python/cachet_torch.py) drops the contexts kept for the trace too.
     tc::state().on_trace_cleared.store(+[] { the_allocator().forget_history(); });
     return p;
@@ -1086,7 +1091,8 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   return *a;
 }
 
-[[gnu::hot]] void raw_delete_fn(void* ptr) { the_allocator().free(ptr); }
+// Every DataPtr with this deleter came from allocate(), after the_allocator() had set the pointer.
+[[gnu::hot]] void raw_delete_fn(void* ptr) { g_the_allocator.load(std::memory_order_relaxed)->free(ptr); }
 
 void uncached_delete_fn(void* ptr) { C10_CUDA_CHECK(cudaFree(ptr)); }
 

@@ -15,6 +15,11 @@ namespace cachet::gpu::detail {
 
 // ===================================================================== Free and merge (§2.5)
 
+// Here, beside free, so that free's flattened body includes it (gpu/README.md "The hot path").
+Block* PytorchPolicy::find_active(DevicePtr ptr, const char* op) const {
+  return find_active_in(active_, ptr, op, [this](DevicePtr p) { return holder_of(p); });
+}
+
 [[gnu::hot, gnu::flatten]] void PytorchPolicy::free(DevicePtr ptr) {
   if (ptr == 0) return;
   if (config_.no_caching) [[unlikely]] {

@@ -1050,13 +1050,15 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   }
 
   std::atomic<int> device_count_{0};
+  // What every allocate and free reads, on one cache line (gpu/README.md "The hot path").
   std::atomic<bool> enabled_{true};
+  std::atomic<bool> history_on_{false};   // under mu_ when set
+  std::atomic<bool> has_trackers_{false};  // under tracker_mu_ when set
 
   // Lock order: mu_ before a History's mu (set_trace_all), never the reverse; cachet's own lock
   // is taken inside either, and no user callback runs under mu_ or a History's mu.
   std::mutex mu_;  // observers, history settings, annotations, histories_
   std::vector<cc::OutOfMemoryObserver> oom_observers_;
-  std::atomic<bool> history_on_{false};
   std::atomic<int> record_context_{0};  // cc::RecordContext
   std::atomic<cc::CreateContextFn> recorder_{nullptr};
   size_t max_entries_ = 1;
@@ -1066,7 +1068,6 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
 
   std::mutex tracker_mu_;
   std::vector<cc::AllocatorTraceTracker> trackers_;
-  std::atomic<bool> has_trackers_{false};
   std::unordered_map<int, size_t> tracked_;
 
   std::mutex ipc_mu_;

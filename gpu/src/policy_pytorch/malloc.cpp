@@ -226,24 +226,7 @@ DevicePtr PytorchPolicy::malloc_uncached(Bytes orig_size) {
 bool PytorchPolicy::get_free_block(AllocParams& p) {
   BlockPool& pool = *p.pool;
   if (cap_.allowed() && config_.garbage_collection_threshold > 0.0) ++pool.get_free_blocks_call_count;  // §13.3
-  if (!tags_seen()) [[likely]]
-    return find_free_block(p);  // every block is "default": PyTorch's search as it is
-  return find_free_block_of_tag(p);
-}
-
-bool PytorchPolicy::find_free_block_of_tag(AllocParams& p) {
-  BlockPool& pool = *p.pool;
-  // docs/sleep-wake.md section 2: a candidate in a segment of another tag is set aside for this search
-  // and the next one in the same order is taken; the set-aside blocks go back keeping their GC age.
-  boost::container::small_vector<Block*, 8> hidden;
-  bool found = false;
-  while (!(found = find_free_block(p)) && p.foreign != nullptr) {
-    hidden.push_back(p.foreign);
-    pool.blocks.erase(pool.blocks.iterator_to(*p.foreign));
-    p.foreign = nullptr;
-  }
-  for (Block* b : hidden) pool.blocks.insert(*b);
-  return found;
+  return find_free_block(p);
 }
 
 FreeSet::iterator PytorchPolicy::skip_foreign_slow(BlockPool& pool, FreeSet::iterator it, const AllocParams& p) const {
@@ -260,20 +243,25 @@ bool PytorchPolicy::foreign(const Block& b, std::uint32_t tag) {
   return false;  // no live block: any tag may take it (SLEEP-R1)
 }
 
+// PyTorch's find_free_block (§2.2). With tags, the blocks of segments holding live blocks of
+// another tag take no part in the search, as if they were not in the pool (docs/sleep-wake.md
+// section 2): every step of it skips them (skip_foreign, taboo); with none ever set, nothing is
+// skipped.
 bool PytorchPolicy::find_free_block(AllocParams& p) {
   BlockPool& pool = *p.pool;
   auto it = pool.blocks.lower_bound(SizeKey{p.stream, p.size, 0}, SizeOrder{});  // equal sizes: lowest address
   if (mutant(kMutantCrossStreamReuse)) {
+    it = skip_foreign(pool, it, p);
     if (it == pool.blocks.end() || it->stream != p.stream) {
       it = pool.blocks.begin();
-      while (it != pool.blocks.end() && it->size < p.size) ++it;
+      while (it != pool.blocks.end() && (it->size < p.size || taboo(*it, p))) ++it;
     }
     if (it == pool.blocks.end()) return false;
   } else if (flipped(RuleFlip::BestFitAnyStream)) {
     // Rule flip: the smallest fit (lowest address among equals) of any stream.
     it = pool.blocks.end();
     for (auto c = pool.blocks.begin(); c != pool.blocks.end(); ++c)
-      if (c->size >= p.size &&
+      if (c->size >= p.size && !taboo(*c, p) &&
           (it == pool.blocks.end() || c->size < it->size || (c->size == it->size && c->ptr < it->ptr)))
         it = c;
     if (it == pool.blocks.end()) return false;
@@ -284,7 +272,7 @@ bool PytorchPolicy::find_free_block(AllocParams& p) {
   if (flipped(RuleFlip::BestFitHighestAddress))  // rule flip: the last of the equal sizes
     for (auto next = std::next(it); next != pool.blocks.end() && next->stream == it->stream && next->size == it->size;
          ++next)
-      it = next;
+      if (!taboo(*next, p)) it = next;
 
   if (it->expandable()) {  // §2.2 step 3
     if (p.expandable_active && flipped(RuleFlip::ExpandableFirstFit)) {
@@ -293,8 +281,6 @@ bool PytorchPolicy::find_free_block(AllocParams& p) {
       auto expandable_size = [](const Block& b) {
         return b.size + (b.next && !b.next->is_mapped() ? b.next->size : 0);
       };
-      // (With tags: blocks of segments holding live blocks of another tag take no part in the walk,
-      // as if they were not in the pool: docs/sleep-wake.md section 2.)
       auto next = skip_foreign(pool, std::next(it), p);
       while (it->expandable() && next != pool.blocks.end() && next->stream == p.stream &&
              expandable_size(*next) < expandable_size(*it)) {
@@ -303,16 +289,12 @@ bool PytorchPolicy::find_free_block(AllocParams& p) {
       }
     } else {
       do {
-        ++it;
+        it = skip_foreign(pool, std::next(it), p);
       } while (it != pool.blocks.end() && it->expandable() && it->stream == p.stream);
       if (it == pool.blocks.end() || it->stream != p.stream) return false;
     }
   }
-
-  if (tags_seen() && foreign(*it, p.tag)) {  // get_free_block sets it aside and searches again
-    p.foreign = &*it;
-    return false;
-  }
+  CACHET_ASSERT(!taboo(*it, p));
 
   const Bytes max_split = config_.max_split_size;
   // §2.2 step 4: a normal request never takes an oversize block ...

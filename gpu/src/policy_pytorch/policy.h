@@ -289,19 +289,19 @@ class PytorchPolicy : public Shell {
     // PyTorch's is_expandable_segments_active: expandable_segments, and the pool has no source
     // of its own (§15.1); false in the use_on_oom fallback's search (§15.2).
     bool expandable_active = false;
-    std::uint32_t tag = 0;     // the allocating thread's tag (Shell::current_tag_id)
-    Block* foreign = nullptr;  // find_free_block's candidate in a segment of another tag
+    std::uint32_t tag = 0;  // the allocating thread's tag (Shell::current_tag_id)
   };
 
   // --- free-block search and growth (§2.2, §3.1-3.5) ---
-  // PyTorch's get_free_block: the GC clock's tick, then find_free_block, skipping (for this one
-  // search) the candidates in segments whose live blocks carry another tag (docs/sleep-wake.md section 2).
+  // PyTorch's get_free_block: the GC clock's tick, then find_free_block, which skips the
+  // candidates in segments whose live blocks carry another tag (docs/sleep-wake.md section 2).
   bool get_free_block(AllocParams& p);
   bool find_free_block(AllocParams& p);
-  [[gnu::noinline]] bool find_free_block_of_tag(AllocParams& p);  // get_free_block once a tag was set
   // `b`'s segment holds live blocks of a tag other than `tag` (an expandable segment too: one with
   // no live block may be taken by any tag, SLEEP-R1).
   static bool foreign(const Block& b, std::uint32_t tag);
+  // A block p's search may not take: foreign to p's tag, once any thread set a tag.
+  bool taboo(const Block& b, const AllocParams& p) const { return tags_seen() && foreign(b, p.tag); }
   // From `it` on: the first block of p's stream not in such a segment (`it` itself when no
   // thread ever set a tag).
   FreeSet::iterator skip_foreign(BlockPool& pool, FreeSet::iterator it, const AllocParams& p) const {

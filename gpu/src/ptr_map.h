@@ -32,12 +32,25 @@ class PtrMap {
   }
 
   bool erase(std::uint64_t key) {
+    const std::size_t i = slot_of(key);
+    if (i == npos) return false;
+    erase_slot(i);
+    return true;
+  }
+
+  // One probe for a find followed by an erase (free's): the slot holding `key`, or npos; its
+  // value; erasing it (the slot index is valid until the next insert or erase).
+  static constexpr std::size_t npos = ~std::size_t{0};
+  std::size_t slot_of(std::uint64_t key) const {
     std::size_t i = index(key);
     for (;;) {
-      if (slots_[i].key == key) break;
-      if (slots_[i].key == 0) return false;
+      if (slots_[i].key == key) return i;
+      if (slots_[i].key == 0) return npos;
       i = (i + 1) & mask();
     }
+  }
+  V* value_at(std::size_t i) const { return slots_[i].value; }
+  void erase_slot(std::size_t i) {
     // backward shift
     std::size_t j = i;
     for (;;) {
@@ -53,7 +66,6 @@ class PtrMap {
     }
     slots_[i] = Slot{};
     --size_;
-    return true;
   }
 
   std::size_t size() const { return size_; }

@@ -15,18 +15,16 @@ namespace cachet::gpu::detail {
 
 // ===================================================================== Free and merge (§2.5)
 
-// Here, beside free, so that free's flattened body includes it (gpu/README.md "The hot path").
-Block* PytorchPolicy::find_active(DevicePtr ptr, const char* op) const {
-  return find_active_in(active_, ptr, op, [this](DevicePtr p) { return holder_of(p); });
-}
-
 [[gnu::hot, gnu::flatten]] void PytorchPolicy::free(DevicePtr ptr) {
   if (ptr == 0) return;
   if (config_.no_caching) [[unlikely]] {
     free_uncached(ptr);
     return;
   }
-  Block* b = find_active(ptr, "free");
+  const std::size_t slot = active_.slot_of(ptr);  // one probe: the free below erases this slot
+  if (slot == PtrMap<Block>::npos) [[unlikely]]
+    throw_bad_pointer("free", ptr, device_, holder_of(ptr));  // no live block at ptr: says what is there
+  Block* b = active_.value_at(slot);
   if (!b->is_allocated()) [[unlikely]]
     throw_double_free(b);
   if (b->segment->sleeping_runs != 0 && asleep(b)) [[unlikely]] {  // docs/sleep-wake.md section 4
@@ -40,7 +38,8 @@ Block* PytorchPolicy::find_active(DevicePtr ptr, const char* op) const {
   accounting_.free_requested(stat_type(pool_for(b)), b->size, is_oversize(b->size));
   record(TraceAction::FreeRequested, b->ptr, b->requested_size, b->stream);
   b->stream_uses.clear();
-  free_block(b);
+  active_.erase_slot(slot);
+  free_unlisted_block(b);
 }
 
 // §4.1 PYTORCH_NO_CUDA_MEMORY_CACHING: the device's free, no stats.
@@ -112,6 +111,11 @@ void PytorchPolicy::insert_events(Block* b) {
 }
 
 void PytorchPolicy::free_block(Block* b) {
+  active_.erase(b->ptr);
+  free_unlisted_block(b);
+}
+
+void PytorchPolicy::free_unlisted_block(Block* b) {
   CACHET_ASSERT(b->event_count == 0 && b->stream_uses.empty());
   b->set_state(BlockState::Free);  // from Allocated, or AwaitingEvents once its last event completed
   record(TraceAction::FreeCompleted, b->ptr, b->requested_size, b->stream);
@@ -119,7 +123,6 @@ void PytorchPolicy::free_block(Block* b) {
   // Rule flip requested_bytes_rounded: requested_bytes went up by the block size.
   const Bytes requested = flipped(RuleFlip::RequestedBytesRounded) ? b->size : b->requested_size;
   BlockPool& pool = pool_for(b);
-  active_.erase(b->ptr);  // keyed by address, which a merge with prev changes
 
   std::int64_t net_blocks = 0;
   std::int64_t net_bytes = 0;

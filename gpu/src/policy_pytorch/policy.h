@@ -339,7 +339,11 @@ class PytorchPolicy : public Shell {
   [[gnu::cold, gnu::noinline]] void free_uncached(DevicePtr ptr);
   [[noreturn, gnu::cold, gnu::noinline]] void throw_double_free(const Block* b) const;
   [[gnu::noinline]] void free_with_stream_uses(Block* b);
+  // §2.5: a block whose free completed goes back to its pool, merged with free neighbours; first
+  // out of active_ (keyed by address, which a merge with prev changes). free_unlisted_block: the
+  // same for a block already out of active_ (free's common path erases the slot it found).
   void free_block(Block* b);
+  void free_unlisted_block(Block* b);
   Bytes try_merge_blocks(Block* dst, Block* src, BlockPool& pool);
   // try_merge_blocks' rule: dst (Free or Unmapped) absorbs a neighbour in the same state, never
   // across the edge of a sleeping range (docs/sleep-wake.md: a range sleeps and wakes whole).

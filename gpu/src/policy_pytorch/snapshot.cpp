@@ -69,6 +69,10 @@ Snapshot PytorchPolicy::block_table() const { return mapped_runs(true); }
 
 // ===================================================================== Errors
 
+Block* PytorchPolicy::find_active(DevicePtr ptr, const char* op) const {
+  return find_active_in(active_, ptr, op, [this](DevicePtr p) { return holder_of(p); });
+}
+
 std::optional<BlockAt> PytorchPolicy::holder_of(DevicePtr ptr) const {
   auto it = segments_.upper_bound(ptr);
   if (it == segments_.begin()) return std::nullopt;

@@ -16,13 +16,15 @@ namespace cachet::gpu::detail {
 // One snapshot segment per contiguous mapped run (a whole cudaMalloc segment is one run). With
 // `hidden`, also an orphaned pool's runs that begin with a free block: PyTorch's snapshot finds
 // blocks through the known pools and the active blocks (get_all_blocks), so it shows such a run
-// only from a run head that is active, and none once its head is free (§14.8).
+// only from a run head that is active, and none once its head is free (§14.8). A sleeping range
+// is always shown, an orphaned pool's too (docs/sleep-wake.md section 5).
 Snapshot PytorchPolicy::mapped_runs(bool hidden) const {
   Snapshot out;
   for (const auto& [base, seg] : segments_) {
     for (const Block* b = seg->head; b != nullptr;) {
-      if (!b->is_mapped() ||
-          (!hidden && seg->pool->owner != nullptr && seg->pool->owner->orphaned && !b->is_active())) {
+      const bool unseen = !hidden && seg->pool->owner != nullptr && seg->pool->owner->orphaned && !b->is_active() &&
+                          (seg->sleeping_runs == 0 || sleeping_range_at(b->ptr) == nullptr);
+      if (!b->is_mapped() || unseen) {
         for (b = b->next; b != nullptr && b->is_mapped() && b->prev->is_mapped();) b = b->next;
         continue;
       }

@@ -15,13 +15,8 @@ class PtrMap {
   PtrMap() { slots_.resize(1024); }
 
   V* find(std::uint64_t key) const {
-    std::size_t i = index(key);
-    for (;;) {
-      const Slot& s = slots_[i];
-      if (s.key == key) return s.value;
-      if (s.key == 0) return nullptr;
-      i = (i + 1) & mask();
-    }
+    const std::size_t i = slot_of(key);
+    return i == npos ? nullptr : slots_[i].value;
   }
 
   // key must be non-zero and absent.

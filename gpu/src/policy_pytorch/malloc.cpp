@@ -109,10 +109,11 @@ Bytes roundup_power2_next_division(Bytes size, std::uint32_t divisions) {
 //
 // Inside PyTorch, 1-2 us of other code run between two allocator calls and evict the allocator's
 // code from the CPU's instruction caches and TLB; what an allocate + free then costs grows with
-// the number of code pages it runs on (bench/RESULTS.md, "The c10 backend"). The functions of the
-// common allocate and free are therefore marked hot ([[gnu::hot]]: the compiler groups them in
-// one section), their rare branches are out of line ([[gnu::cold]]), and the free set's tree
-// operations are compiled once, here, among them.
+// the number of code pages and lines it runs on (bench/RESULTS.md, "The c10 backend"). malloc
+// and free are therefore hot and flattened ([[gnu::hot, gnu::flatten]]: their helpers inlined,
+// in one section), their rare branches are out of line ([[gnu::noinline]], [[gnu::cold]]), and
+// the free set's tree operations are compiled once, here, among them (gpu/README.md "The hot
+// path").
 
 [[gnu::hot, gnu::noinline, gnu::flatten]] void BlockPool::insert_free(Block& b) { blocks.insert(b); }
 [[gnu::hot, gnu::noinline, gnu::flatten]] void BlockPool::erase_free(Block& b) { blocks.erase(blocks.iterator_to(b)); }

@@ -140,9 +140,9 @@ class Accounting {
 
  private:
   // The stats of one stat type that allocate and free change; a cached alloc + free that splits
-  // nothing changes only the first 192 bytes (3 cache lines). The order
-  // keeps two stats that one event decreases apart: side by side, the compiler pairs one's `freed`
-  // with the next one's `current` in vector registers, which costs more instructions than it saves.
+  // nothing changes only the first 192 bytes (3 cache lines). The order keeps two stats that one
+  // event decreases apart: side by side, the compiler pairs one's `freed` with the next one's
+  // `current` in vector registers, which costs more instructions than it saves.
   struct alignas(64) HotStats {
     Stat allocation;
     Stat active;

@@ -1,0 +1,57 @@
+// A fake CUDA device for `cachet predict` (docs/predict.md): libcachet_fakecuda.so is preloaded
+// into an unmodified PyTorch program with no usable GPU and answers the CUDA runtime, the driver
+// entry points PyTorch fetches through it, cuBLAS(Lt) and cuDNN as the target GPU would, except
+// that no kernel runs and device memory holds no data. PyTorch's own caching allocator runs on top
+// of it unchanged, so every allocation, free, stream use, workspace and out-of-memory error is
+// PyTorch's own; `_record_memory_history` records them as on the GPU.
+//
+// Glossary:
+//   target      the GPU being predicted (CACHET_FAKE_* environment, written by cachet predict)
+//   device VA   addresses handed out for device memory: a PROT_NONE reservation, never backed,
+//               so a host access to a device pointer faults instead of reading garbage
+//   placeholder what a copy from the device to the host writes: zero bytes (docs/predict.md §4)
+//   ledger      a text file (CACHET_FAKE_LEDGER) where the fake device writes what the capture
+//               cannot see in the trace: workspaces set on cuBLAS handles, modelled cuDNN
+//               workspaces, queries it answered with a default
+//
+// Invariants:
+//   F1 device bytes in use = sum of live cudaMalloc sizes + live cuMemCreate sizes
+//   F2 an allocation that would take device bytes in use past (total - outside_allocator) fails
+//      with cudaErrorMemoryAllocation / CUDA_ERROR_OUT_OF_MEMORY, as the driver does
+//   F3 every stream, event and graph handle is distinct and never null
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace cachet::fakecuda {
+
+struct Target {
+  std::string name = "NVIDIA H200";
+  std::uint64_t total_memory = 150121086976ULL;   // what cudaMemGetInfo reports as total
+  std::uint64_t outside_allocator = 0;            // context and other non-allocator memory
+  int major = 9, minor = 0, sm_count = 132;
+  int shared_per_block_optin = 232448, shared_per_sm = 233472;
+  int l2_bytes = 52428800, clock_khz = 1980000, mem_clock_khz = 3201000, bus_width = 6144;
+  int max_threads_per_sm = 2048, regs_per_block = 65536, max_blocks_per_sm = 32;
+};
+
+const Target& target();
+// F1/F2: take or give back device bytes; false when the target is full.
+bool take_device_bytes(std::uint64_t n);
+void give_device_bytes(std::uint64_t n);
+std::uint64_t device_bytes_in_use();
+// Device VA: a range for n bytes aligned to align (never reused while live).
+std::uintptr_t reserve_va(std::uint64_t n, std::uint64_t align);
+void release_va(std::uintptr_t p);
+bool is_device_pointer(const void* p);
+std::uint64_t device_allocation_size(const void* p);  // 0 when p is not a live cudaMalloc base
+// A fresh, distinct, non-null handle (F3).
+void* new_handle();
+// One line to the ledger (no-op without CACHET_FAKE_LEDGER).
+void ledger(const std::string& line);
+void ledger_once(const std::string& key, const std::string& line);
+// Calls to the fake device, counted, for --verbose diagnosis.
+bool trace_calls();
+
+}  // namespace cachet::fakecuda

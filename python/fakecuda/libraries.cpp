@@ -1,0 +1,226 @@
+// cuBLAS, cuBLASLt, cuDNN and NCCL as the target answers them (docs/predict.md §3): handles and
+// descriptors are fresh handles (fakecuda.h F3), heuristics return one algorithm, and the
+// workspace a library asks PyTorch for is modelled here. cuBLAS's own workspace is allocated by
+// PyTorch through its caching allocator and handed to cublasSetWorkspace: it is in the trace, and
+// the ledger names it. cuDNN is driven through its v7 API (TORCH_CUDNN_V8_API_DISABLED=1, set by
+// the capture): its algorithms report a workspace of CACHET_FAKE_CUDNN_WORKSPACE bytes (0 unless
+// set). A value the program reads back (a dot product to the host) is the placeholder, 0.
+#include "fakecuda.h"
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cudnn.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace cachet::fakecuda {
+namespace {
+std::size_t cudnn_workspace() {
+  static const std::size_t w = [] {
+    const char* v = std::getenv("CACHET_FAKE_CUDNN_WORKSPACE");
+    return v && *v ? static_cast<std::size_t>(std::strtoull(v, nullptr, 10)) : std::size_t{0};
+  }();
+  return w;
+}
+std::size_t cudnn_version() {
+  // The version the torch in this process was built against (the capture sets it), so that
+  // torch.backends.cudnn's compatibility check passes.
+  const char* v = std::getenv("CACHET_FAKE_CUDNN_VERSION");
+  return v && *v ? static_cast<std::size_t>(std::strtoull(v, nullptr, 10)) : std::size_t{CUDNN_VERSION};
+}
+template <class Perf, class Algo>
+void one_algorithm(int* returned, Perf* perf, Algo algo) {
+  *returned = 1;
+  std::memset(perf, 0, sizeof *perf);
+  perf->algo = algo;
+  perf->status = CUDNN_STATUS_SUCCESS;
+  perf->time = 1.0f;
+  perf->memory = cudnn_workspace();
+  perf->determinism = CUDNN_DETERMINISTIC;
+  perf->mathType = CUDNN_DEFAULT_MATH;
+}
+template <class T>
+cudnnStatus_t make(T* out) {
+  *out = reinterpret_cast<T>(new_handle());
+  return CUDNN_STATUS_SUCCESS;
+}
+template <class T>
+cublasStatus_t make_blas(T* out) {
+  *out = reinterpret_cast<T>(new_handle());
+  return CUBLAS_STATUS_SUCCESS;
+}
+}  // namespace
+}  // namespace cachet::fakecuda
+
+using namespace cachet::fakecuda;
+
+extern "C" {
+
+// ---- cuBLAS ----
+cublasStatus_t cublasCreate_v2(cublasHandle_t* h) { return make_blas(h); }
+cublasStatus_t cublasDestroy_v2(cublasHandle_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t h, void* ws, size_t bytes) {
+  char key[96];
+  std::snprintf(key, sizeof key, "ws:%p:%p", static_cast<void*>(h), ws);
+  ledger_once(key, "cublas_workspace\t" + std::to_string(reinterpret_cast<std::uintptr_t>(ws)) + "\t" +
+                       std::to_string(bytes));
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasGetMathMode(cublasHandle_t, cublasMath_t* m) { *m = CUBLAS_DEFAULT_MATH; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasGetPointerMode_v2(cublasHandle_t, cublasPointerMode_t* m) { *m = CUBLAS_POINTER_MODE_HOST; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSdot_v2(cublasHandle_t, int, const float*, int, const float*, int, float* r) {
+  if (!is_device_pointer(r)) *r = 0;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDdot_v2(cublasHandle_t, int, const double*, int, const double*, int, double* r) {
+  if (!is_device_pointer(r)) *r = 0;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// ---- cuBLASLt ----
+size_t cublasLtGetVersion(void) { return CUBLAS_VERSION; }
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t, cudaDataType_t) { return make_blas(d); }
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType, uint64_t, uint64_t, int64_t) { return make_blas(l); }
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) { return make_blas(p); }
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,
+                                              cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                              cublasLtMatrixLayout_t, cublasLtMatmulPreference_t, int requested,
+                                              cublasLtMatmulHeuristicResult_t* results, int* returned) {
+  if (requested < 1) { *returned = 0; return CUBLAS_STATUS_INVALID_VALUE; }
+  std::memset(results, 0, sizeof *results);
+  results->state = CUBLAS_STATUS_SUCCESS;
+  results->workspaceSize = 0;  // it runs in the workspace PyTorch gave (in the trace)
+  results->wavesCount = 1.0f;
+  *returned = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// ---- cuDNN ----
+size_t cudnnGetVersion(void) { return cudnn_version(); }
+size_t cudnnGetCudartVersion(void) { return CUDART_VERSION; }
+cudnnStatus_t cudnnGetProperty(libraryPropertyType type, int* value) {
+  std::size_t v = cudnn_version();
+  *value = type == MAJOR_VERSION ? static_cast<int>(v / 10000)
+                                 : type == MINOR_VERSION ? static_cast<int>(v / 100 % 100) : static_cast<int>(v % 100);
+  return CUDNN_STATUS_SUCCESS;
+}
+const char* cudnnGetErrorString(cudnnStatus_t s) {
+  return s == CUDNN_STATUS_SUCCESS ? "CUDNN_STATUS_SUCCESS" : "CUDNN_STATUS_NOT_SUPPORTED (cachet's fake CUDA device)";
+}
+void cudnnGetLastErrorString(char* message, const size_t max) {
+  if (message && max) message[0] = '\0';
+}
+cudnnStatus_t cudnnCreate(cudnnHandle_t* h) { return make(h); }
+cudnnStatus_t cudnnGetStream(cudnnHandle_t, cudaStream_t* s) { *s = nullptr; return CUDNN_STATUS_SUCCESS; }
+cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t* d) { return make(d); }
+cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t* d) { return make(d); }
+cudnnStatus_t cudnnCreateConvolutionDescriptor(cudnnConvolutionDescriptor_t* d) { return make(d); }
+cudnnStatus_t cudnnCreateActivationDescriptor(cudnnActivationDescriptor_t* d) { return make(d); }
+cudnnStatus_t cudnnCreatePoolingDescriptor(cudnnPoolingDescriptor_t* d) { return make(d); }
+cudnnStatus_t cudnnCreateDropoutDescriptor(cudnnDropoutDescriptor_t* d) { return make(d); }
+cudnnStatus_t cudnnCreateRNNDescriptor(cudnnRNNDescriptor_t* d) { return make(d); }
+cudnnStatus_t cudnnCreateRNNDataDescriptor(cudnnRNNDataDescriptor_t* d) { return make(d); }
+cudnnStatus_t cudnnCreateCTCLossDescriptor(cudnnCTCLossDescriptor_t* d) { return make(d); }
+cudnnStatus_t cudnnCreateSpatialTransformerDescriptor(cudnnSpatialTransformerDescriptor_t* d) { return make(d); }
+cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t, cudnnBackendDescriptor_t* d) { return make(d); }
+// The v8 graph API is not modelled: finalizing a graph says so, and PyTorch takes another path.
+cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t) {
+  ledger_once("cudnn_v8", "default\tcuDNN's graph API (v8) answered NOT_SUPPORTED");
+  return CUDNN_STATUS_NOT_SUPPORTED;
+}
+cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t, const cudnnTensorDescriptor_t, const cudnnFilterDescriptor_t,
+                                                     const cudnnConvolutionDescriptor_t, const cudnnTensorDescriptor_t, const int,
+                                                     int* returned, cudnnConvolutionFwdAlgoPerf_t* perf) {
+  one_algorithm(returned, perf, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM);
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(cudnnHandle_t, const cudnnTensorDescriptor_t, const void*,
+                                                     const cudnnFilterDescriptor_t, const void*, const cudnnConvolutionDescriptor_t,
+                                                     const cudnnTensorDescriptor_t, void*, const int, int* returned,
+                                                     cudnnConvolutionFwdAlgoPerf_t* perf, void*, size_t) {
+  one_algorithm(returned, perf, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM);
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t, const cudnnFilterDescriptor_t, const cudnnTensorDescriptor_t,
+                                                          const cudnnConvolutionDescriptor_t, const cudnnTensorDescriptor_t, const int,
+                                                          int* returned, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
+  one_algorithm(returned, perf, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1);
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(cudnnHandle_t, const cudnnFilterDescriptor_t, const void*,
+                                                          const cudnnTensorDescriptor_t, const void*, const cudnnConvolutionDescriptor_t,
+                                                          const cudnnTensorDescriptor_t, void*, const int, int* returned,
+                                                          cudnnConvolutionBwdDataAlgoPerf_t* perf, void*, size_t) {
+  one_algorithm(returned, perf, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1);
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t, const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
+                                                            const cudnnConvolutionDescriptor_t, const cudnnFilterDescriptor_t, const int,
+                                                            int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
+  one_algorithm(returned, perf, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1);
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnnHandle_t, const cudnnTensorDescriptor_t, const void*,
+                                                            const cudnnTensorDescriptor_t, const void*, const cudnnConvolutionDescriptor_t,
+                                                            const cudnnFilterDescriptor_t, void*, const int, int* returned,
+                                                            cudnnConvolutionBwdFilterAlgoPerf_t* perf, void*, size_t) {
+  one_algorithm(returned, perf, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1);
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t, const cudnnTensorDescriptor_t, const cudnnFilterDescriptor_t,
+                                                      const cudnnConvolutionDescriptor_t, const cudnnTensorDescriptor_t,
+                                                      cudnnConvolutionFwdAlgo_t, size_t* size) {
+  *size = cudnn_workspace();
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t, const cudnnFilterDescriptor_t, const cudnnTensorDescriptor_t,
+                                                           const cudnnConvolutionDescriptor_t, const cudnnTensorDescriptor_t,
+                                                           cudnnConvolutionBwdDataAlgo_t, size_t* size) {
+  *size = cudnn_workspace();
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle_t, const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
+                                                             const cudnnConvolutionDescriptor_t, const cudnnFilterDescriptor_t,
+                                                             cudnnConvolutionBwdFilterAlgo_t, size_t* size) {
+  *size = cudnn_workspace();
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(cudnnHandle_t, cudnnBatchNormMode_t, cudnnBatchNormOps_t,
+                                                                       const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
+                                                                       const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
+                                                                       const cudnnActivationDescriptor_t, size_t* size) {
+  *size = 0;
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnGetBatchNormalizationBackwardExWorkspaceSize(cudnnHandle_t, cudnnBatchNormMode_t, cudnnBatchNormOps_t,
+                                                                const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
+                                                                const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
+                                                                const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
+                                                                const cudnnActivationDescriptor_t, size_t* size) {
+  *size = 0;
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnGetBatchNormalizationTrainingExReserveSpaceSize(cudnnHandle_t, cudnnBatchNormMode_t, cudnnBatchNormOps_t,
+                                                                   const cudnnActivationDescriptor_t, const cudnnTensorDescriptor_t,
+                                                                   size_t* size) {
+  *size = 0;
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t cudnnDropoutGetStatesSize(cudnnHandle_t, size_t* size) { *size = 0; return CUDNN_STATUS_SUCCESS; }
+
+// ---- NCCL (a process group on the fake device is not modelled: docs/predict.md §5) ----
+typedef int ncclResult_fake;
+ncclResult_fake ncclGetVersion(int* v) { *v = 22907; return 0; }
+const char* ncclGetErrorString(ncclResult_fake) { return "unhandled system error (cachet's fake CUDA device has no NCCL)"; }
+const char* ncclGetLastError(void*) { return "cachet's fake CUDA device has no NCCL"; }
+ncclResult_fake ncclGetUniqueId(void*) { return 2; }
+ncclResult_fake ncclCommInitRank(void**, int, char[128], int) { return 2; }
+ncclResult_fake ncclCommInitRankConfig(void**, int, char[128], int, void*) { return 2; }
+
+// ---- cuSPARSE ----
+const char* cusparseGetErrorString(int) { return "CUSPARSE_STATUS_SUCCESS"; }
+
+}  // extern "C"

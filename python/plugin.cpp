@@ -2,7 +2,7 @@
 // (torch.cuda.memory.CUDAPluggableAllocator(path, "cachet_malloc", "cachet_free")).
 //
 // The per-device allocators, the configuration and the cachet_torch_* functions that
-// python/cachet_torch.py calls are shared with the c10 backend (torch_common.h). A bad
+// python/cachet_torch/ calls are shared with the c10 backend (torch_common.h). A bad
 // configuration is printed once on stderr and every allocation then returns NULL (cachet_torch.
 // install() refuses it before that can happen).
 //
@@ -153,7 +153,7 @@ CACHET_TORCH_CXX_API void cachet_release_pool(int device, MempoolId id) {
   }
 }
 
-// The addresses python/cachet_torch.py hands to CUDAPluggableAllocator's setters, by setter name;
+// The addresses python/cachet_torch/ hands to CUDAPluggableAllocator's setters, by setter name;
 // NULL for another name.
 CACHET_TORCH_API void* cachet_torch_pool_callback(const char* setter) {
   const std::string_view n = setter ? setter : "";

@@ -149,7 +149,7 @@ using cachet::torch_common::set_error;
 using cachet::torch_common::state;
 using cachet::torch_common::State;
 
-// ---- cachet_torch_*: for python/cachet_torch.py --------------------------------------------
+// ---- cachet_torch_*: for python/cachet_torch/ ----------------------------------------------
 
 // Reads the configuration (once). 0 when it is valid, 1 otherwise (see cachet_torch_config_error).
 // The caller reports a refusal itself (cachet_torch.install() raises ValueError), so the library

@@ -8,7 +8,7 @@
 // destroyed (PyTorch frees tensors during interpreter teardown, after static destructors would
 // have run), with the configuration read once, on first use, from CACHET_ALLOC_CONF, else
 // PYTORCH_CUDA_ALLOC_CONF, else PYTORCH_ALLOC_CONF (cachet-only keys only in CACHET_ALLOC_CONF).
-// python/cachet_torch.py (ctypes) calls the cachet_torch_* functions of whichever library it
+// python/cachet_torch/ (ctypes) calls the cachet_torch_* functions of whichever library it
 // loaded: stats, summary, snapshot and trace as JSON, stream uses, empty_cache, memory fraction.
 // Strings they return are malloc'd: cachet_torch_string_free.
 #pragma once

@@ -1085,7 +1085,7 @@ std::atomic<CachetCUDAAllocator*> g_the_allocator{nullptr};
   static CachetCUDAAllocator* a = [] {
     auto* p = new CachetCUDAAllocator;  // never destroyed, as native's
     g_the_allocator.store(p, std::memory_order_release);
-    // cachet_torch_clear_trace (python/cachet_torch.py) drops the contexts kept for the trace too.
+    // cachet_torch_clear_trace (python/cachet_torch/) drops the contexts kept for the trace too.
     tc::state().on_trace_cleared.store(+[] { the_allocator().forget_history(); });
     return p;
   }();
@@ -1159,7 +1159,7 @@ bool follow_allocator_settings() {
 
 }  // namespace
 
-// ---- C entry points for python/cachet_torch.py -----------------------------------------------
+// ---- C entry points for python/cachet_torch/ -------------------------------------------------
 
 // The torch major.minor this library was built against, e.g. "2.11".
 CACHET_TORCH_API const char* cachet_c10_torch_version(void) { return CACHET_C10_TORCH_VERSION; }

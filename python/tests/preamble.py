@@ -27,7 +27,7 @@ import subprocess
 import sys
 
 SKIP = 77  # the tests' exit code for "skipped" (SKIP_RETURN_CODE in python/CMakeLists.txt)
-PYDIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # python/: cachet_torch.py
+PYDIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # python/: the cachet_torch package
 ALLOC_CONF_VARS = ("CACHET_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 

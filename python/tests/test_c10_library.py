@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The c10 backend library without a GPU and without torch (ctest cachet_c10_library, label unit).
 
-  * libcachet_c10.so exports the C entry points python/cachet_torch.py calls (nm -D): the
+  * libcachet_c10.so exports the C entry points python/cachet_torch/ calls (nm -D): the
     cachet_c10_* functions and the same cachet_torch_* functions as the plug-in, and no C++
     symbol of cachet or fmt;
   * it links libc10 and libc10_cuda (by SONAME) and the CUDA runtime, never libcuda;
@@ -27,7 +27,7 @@ import preamble
 check = preamble.Checks()
 failures = check.failures
 
-# The cachet_torch_* functions python/cachet_torch.py calls in both libraries (plugin.cpp adds
+# The cachet_torch_* functions python/cachet_torch/ calls in both libraries (plugin.cpp adds
 # cachet_torch_pool_callback, which only the plug-in path needs).
 SHARED = ("cachet_torch_init", "cachet_torch_config_error", "cachet_torch_last_error",
           "cachet_torch_string_free", "cachet_torch_record_stream", "cachet_torch_empty_cache",

@@ -87,7 +87,8 @@ def main():
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    check(os.path.exists(os.path.join(preamble.PYDIR, "cachet_torch.py")), "PYDIR is python/ (cachet_torch.py)")
+    check(os.path.exists(os.path.join(preamble.PYDIR, "cachet_torch", "__init__.py")),
+          "PYDIR is python/ (the cachet_torch package)")
 
     inner = preamble.Checks()
     import contextlib

@@ -22,11 +22,12 @@ if(NOT rc EQUAL 0 OR NOT out MATCHES "max_split_size_mb:128")
   message(FATAL_ERROR "the installed cachet check-conf failed (${rc}): ${out}${err}")
 endif()
 
-# With CUDA, the plug-in: the library in lib/, the module in lib/cachet/python, and the module
-# finds the installed library from a directory that is neither the source nor the build tree.
+# With CUDA, the plug-in: the library in lib/, the cachet_torch package in lib/cachet/python, and
+# the package finds the installed library from a directory that is neither the source nor the
+# build tree, without importing torch.
 if(PLUGIN)
   set(lib ${prefix}/${LIBDIR}/libcachet_torch.so)
-  set(module ${prefix}/${LIBDIR}/cachet/python/cachet_torch.py)
+  set(module ${prefix}/${LIBDIR}/cachet/python/cachet_torch/__init__.py)
   foreach(f ${lib} ${module})
     if(NOT EXISTS ${f})
       message(FATAL_ERROR "not installed: ${f}")
@@ -35,7 +36,7 @@ if(PLUGIN)
   if(PYTHON)
     execute_process(
       COMMAND ${CMAKE_COMMAND} -E env --unset=CACHET_TORCH_LIB PYTHONPATH=${prefix}/${LIBDIR}/cachet/python
-        ${PYTHON} -c "import cachet_torch, ctypes; p = cachet_torch.library_path(); lib = cachet_torch.load(); print(p); print(cachet_torch.__file__)"
+        ${PYTHON} -c "import sys, cachet_torch, ctypes; p = cachet_torch.library_path(); lib = cachet_torch.load(); assert 'torch' not in sys.modules; print(p); print(cachet_torch.__file__)"
       WORKING_DIRECTORY ${WORK_DIR}
       RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
     if(NOT rc EQUAL 0)

@@ -48,6 +48,9 @@ bool is_device_pointer(const void* p);
 std::uint64_t device_allocation_size(const void* p);  // 0 when p is not a live cudaMalloc base
 // A fresh, distinct, non-null handle (F3).
 void* new_handle();
+// The fake driver's function for a driver API name (cuGetProcAddress, cudaGetDriverEntryPoint*):
+// every name has one; those not modelled answer CUDA_SUCCESS and are written to the ledger.
+void* driver_entry(const char* symbol);
 // One line to the ledger (no-op without CACHET_FAKE_LEDGER).
 void ledger(const std::string& line);
 void ledger_once(const std::string& key, const std::string& line);

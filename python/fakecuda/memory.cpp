@@ -293,9 +293,8 @@ CUresult d_get_address_range(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
 }  // namespace
 }  // namespace cachet::fakecuda
 
-extern "C" cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int,
-                                                        unsigned long long,
-                                                        cudaDriverEntryPointQueryResult* status) {
+namespace cachet::fakecuda {
+void* driver_entry(const char* symbol) {
   static const std::map<std::string, void*> table = {
       {"cuDevicePrimaryCtxGetState", reinterpret_cast<void*>(&d_primary_ctx_state)},
       {"cuCtxGetCurrent", reinterpret_cast<void*>(&d_ctx_get_current)},
@@ -323,12 +322,16 @@ extern "C" cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void
       {"cuPointerGetAttribute", reinterpret_cast<void*>(&d_not_supported)},
   };
   auto it = table.find(symbol);
-  if (it != table.end()) {
-    *fn = it->second;
-  } else {
-    *fn = reinterpret_cast<void*>(&d_ok);
-    ledger_once(std::string("drv:") + symbol, std::string("default\tdriver entry point ") + symbol + " answers CUDA_SUCCESS");
-  }
+  if (it != table.end()) return it->second;
+  ledger_once(std::string("drv:") + symbol, std::string("default\tdriver entry point ") + symbol + " answers CUDA_SUCCESS");
+  return reinterpret_cast<void*>(&d_ok);
+}
+}  // namespace cachet::fakecuda
+
+extern "C" cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int,
+                                                        unsigned long long,
+                                                        cudaDriverEntryPointQueryResult* status) {
+  *fn = driver_entry(symbol);
   if (status) *status = cudaDriverEntryPointSuccess;
   return cudaSuccess;
 }

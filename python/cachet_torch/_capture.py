@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpu": want,
         "device_memory": int(os.environ.get("CACHET_FAKE_GPU_MEMORY", "0")),
         "arch": os.environ.get("CACHET_FAKE_GPU_ARCH_TEXT", ""),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
     }
     with open(os.path.join(opts.out, "snapshot.pickle"), "wb") as f:
         pickle.dump(snap, f)
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         "ledger": ledger,
         "batch_arg_found": batch_found,
         "program": program,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "seconds": time.time() - cap.started,
     }
     with open(os.path.join(opts.out, "capture.json"), "w") as f:

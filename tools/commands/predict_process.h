@@ -1,0 +1,35 @@
+// tools/predict_process.h: starting the programs `cachet predict` drives (the capture in the
+// user's Python, and cachet's own replay, tune and explain for the answers), and finding the files
+// it needs (the fake CUDA device, the cachet_torch package) in the build tree or the installation.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace cachet::cli {
+
+struct ProcessResult {
+  int exit_code = -1;   // the exit status; 128 + signal when killed by one
+  std::string out;      // its standard output, when captured
+};
+
+// Runs argv[0] (looked up on PATH) with `env` added to this process's environment. Its standard
+// output is captured into `out` when capture_stdout, else sent to this process's standard error
+// (so that --json keeps stdout for the answer). Standard error is passed through. nullopt (with
+// `error` set) when it cannot be started.
+std::optional<ProcessResult> run_process(const std::vector<std::string>& argv,
+                                         const std::map<std::string, std::string>& env, bool capture_stdout,
+                                         std::string* error);
+
+// The running cachet executable's path (/proc/self/exe).
+std::string self_path();
+// libcachet_fakecuda.so: $CACHET_FAKECUDA, else beside the build tree's library, else the
+// installation's lib/. Empty when none exists.
+std::string find_fakecuda();
+// The folder holding the cachet_torch package: $CACHET_PYTHONPATH, else the source tree's python/,
+// else the installation's lib/cachet/python. Empty when none exists.
+std::string find_python_package_dir();
+
+}  // namespace cachet::cli

@@ -251,7 +251,8 @@ int run(Args& a) {
                                  c, human(allocator_memory(t)), human(t.gpu.total_memory)));
     caps.push_back(*v);
   }
-  if (caps.empty()) caps.push_back(std::nullopt);
+  // The device row (no cap) always comes first: the program's peaks on the target as it is.
+  caps.insert(caps.begin(), std::nullopt);
   for (const std::string& c : a.confs) {
     try {
       (void)parse_config(c, ConfigSource::Cachet);

@@ -118,13 +118,38 @@ TEST(FakeCuda, LibrariesAnswerOneAlgorithm) {
   using Fwd = cudnnStatus_t (*)(cudnnHandle_t, const cudnnTensorDescriptor_t, const cudnnFilterDescriptor_t,
                                 const cudnnConvolutionDescriptor_t, const cudnnTensorDescriptor_t, const int, int*,
                                 cudnnConvolutionFwdAlgoPerf_t*);
+  using MakeT = cudnnStatus_t (*)(cudnnTensorDescriptor_t*);
+  using MakeF = cudnnStatus_t (*)(cudnnFilterDescriptor_t*);
+  using MakeC = cudnnStatus_t (*)(cudnnConvolutionDescriptor_t*);
+  using SetT = cudnnStatus_t (*)(cudnnTensorDescriptor_t, cudnnDataType_t, int, const int*, const int*);
+  using SetF = cudnnStatus_t (*)(cudnnFilterDescriptor_t, cudnnDataType_t, cudnnTensorFormat_t, int, const int*);
+  using SetC = cudnnStatus_t (*)(cudnnConvolutionDescriptor_t, int, const int*, const int*, const int*,
+                                 cudnnConvolutionMode_t, cudnnDataType_t);
+  cudnnTensorDescriptor_t x = nullptr;
+  cudnnFilterDescriptor_t w3 = nullptr, w1 = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  fake<MakeT>("cudnnCreateTensorDescriptor")(&x);
+  fake<MakeF>("cudnnCreateFilterDescriptor")(&w3);
+  fake<MakeF>("cudnnCreateFilterDescriptor")(&w1);
+  fake<MakeC>("cudnnCreateConvolutionDescriptor")(&conv);
+  EXPECT_NE(static_cast<void*>(w3), static_cast<void*>(w1));
+  const int xd[4] = {2, 8, 16, 16}, xs[4] = {2048, 256, 16, 1}, w3d[4] = {8, 8, 3, 3}, w1d[4] = {8, 8, 1, 1};
+  const int pad[2] = {1, 1}, stride[2] = {1, 1}, dil[2] = {1, 1};
+  fake<SetT>("cudnnSetTensorNdDescriptor")(x, CUDNN_DATA_FLOAT, 4, xd, xs);
+  fake<SetF>("cudnnSetFilterNdDescriptor")(w3, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, 4, w3d);
+  fake<SetF>("cudnnSetFilterNdDescriptor")(w1, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, 4, w1d);
+  fake<SetC>("cudnnSetConvolutionNdDescriptor")(conv, 2, pad, stride, dil, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT);
   cudnnConvolutionFwdAlgoPerf_t perf[3];
   returned = -1;
-  ASSERT_EQ(fake<Fwd>("cudnnGetConvolutionForwardAlgorithm_v7")(nullptr, nullptr, nullptr, nullptr, nullptr, 3,
-                                                                &returned, perf), CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(fake<Fwd>("cudnnGetConvolutionForwardAlgorithm_v7")(nullptr, x, w3, conv, nullptr, 3, &returned, perf),
+            CUDNN_STATUS_SUCCESS);
   EXPECT_EQ(returned, 1);
   EXPECT_EQ(perf[0].status, CUDNN_STATUS_SUCCESS);
-  EXPECT_EQ(perf[0].memory, 0u);
+  // 3x3: 2 x the input (2*8*16*16*4 B) + the filter (8*8*3*3*4 B) + 16 B (docs/predict.md §3).
+  EXPECT_EQ(perf[0].memory, 2u * 16384u + 2304u + 16u);
+  ASSERT_EQ(fake<Fwd>("cudnnGetConvolutionForwardAlgorithm_v7")(nullptr, x, w1, conv, nullptr, 3, &returned, perf),
+            CUDNN_STATUS_SUCCESS);
+  EXPECT_EQ(perf[0].memory, 400u);  // pointwise, unit stride
   using Version = size_t (*)();
   EXPECT_EQ(fake<Version>("cudnnGetVersion")(), static_cast<size_t>(CUDNN_VERSION));
   // A function answered by the generated stubs: success, nothing else.

@@ -289,7 +289,7 @@ int run(Args& a) {
     if (!j || !j->is_array()) return fail(a, "replaying the capture failed: " + error);
     for (std::size_t i = 0; i < j->size() && i < confs.size(); ++i) {
       Row r{confs[i], c, (*j)[i]};
-      r.oom = (*j)[i].value("num_ooms", 0) > 0 || (*j)[i].value("failed_allocs", 0) > 0;
+      r.oom = (*j)[i].value("num_ooms", std::int64_t{0}) > 0 || (*j)[i].value("failed_allocs", std::int64_t{0}) > 0;
       if (r.oom) {
         std::vector<std::string> ea = {"explain", cap.snapshot, "--json"};
         for (const std::string& s : cap_args(c, device)) ea.push_back(s);
@@ -302,7 +302,7 @@ int run(Args& a) {
   json recommendation = nullptr;
   {
     std::vector<std::string> ta = {"tune", cap.snapshot, "--json"};
-    for (const std::string& s : cap_args(caps.front(), device)) ta.push_back(s);
+    for (const std::string& s : cap_args(caps.size() > 1 ? caps[1] : std::nullopt, device)) ta.push_back(s);
     std::string e2;
     if (auto tj = cachet_json(ta, &e2)) recommendation = *tj;
   }
@@ -311,7 +311,7 @@ int run(Args& a) {
   if (!a.batch_arg.empty()) {
     // The largest value of the program's batch option that fits under the first cap (or the
     // device), found by capture: doubling until a capture does not fit, then bisection.
-    const auto limit = caps.front();
+    const auto limit = caps.size() > 1 ? caps[1] : std::nullopt;
     json tried = json::array();
     auto fits = [&](long long b) -> std::optional<bool> {
       std::string e3;
@@ -325,8 +325,8 @@ int run(Args& a) {
         for (const std::string& s : cap_args(limit, device)) args.push_back(s);
         auto j = cachet_json(args, &e3);
         if (j && j->is_array() && !j->empty()) {
-          ok = (*j)[0].value("num_ooms", 0) == 0 && (*j)[0].value("failed_allocs", 0) == 0;
-          peak = (*j)[0].value("peak_reserved", 0);
+          ok = (*j)[0].value("num_ooms", std::int64_t{0}) == 0 && (*j)[0].value("failed_allocs", std::int64_t{0}) == 0;
+          peak = (*j)[0].value("peak_reserved", std::int64_t{0});
         }
       }
       tried.push_back({{"value", b}, {"fits", ok}, {"peak_reserved", peak}, {"status", c.info.value("status", "")}});
@@ -387,10 +387,10 @@ int run(Args& a) {
     for (const Row& r : rows)
       out["results"].push_back({{"conf", r.conf},
                                 {"cap", r.cap ? json(*r.cap) : json(nullptr)},
-                                {"peak_reserved", r.replay.value("peak_reserved", 0)},
-                                {"peak_allocated", r.replay.value("peak_allocated", 0)},
+                                {"peak_reserved", r.replay.value("peak_reserved", std::int64_t{0})},
+                                {"peak_allocated", r.replay.value("peak_allocated", std::int64_t{0})},
                                 {"oom", r.oom},
-                                {"num_alloc_retries", r.replay.value("num_alloc_retries", 0)},
+                                {"num_alloc_retries", r.replay.value("num_alloc_retries", std::int64_t{0})},
                                 {"first_oom", r.first_oom}});
     out["recommendation"] = recommendation;
     out["hidden"] = hidden_allocations(cap);
@@ -412,11 +412,11 @@ int run(Args& a) {
     std::printf("configuration: %s\n\n", conf_source.c_str());
     std::printf("%-34s %-12s %14s %15s  %s\n", "configuration", "cap", "peak reserved", "peak allocated", "verdict");
     for (const Row& r : rows) {
-      const std::int64_t pr = r.replay.value("peak_reserved", 0);
+      const std::int64_t pr = r.replay.value("peak_reserved", std::int64_t{0});
       const std::uint64_t limit = r.cap ? *r.cap : device;
       std::string verdict = r.oom ? "OUT OF MEMORY" : fmt::format("fits, {} to spare", human(limit - static_cast<std::uint64_t>(pr)));
-      if (!r.oom && r.replay.value("num_alloc_retries", 0) > 0)
-        verdict += fmt::format(" ({} retries: the cache was freed to fit)", r.replay.value("num_alloc_retries", 0));
+      if (!r.oom && r.replay.value("num_alloc_retries", std::int64_t{0}) > 0)
+        verdict += fmt::format(" ({} retries: the cache was freed to fit)", r.replay.value("num_alloc_retries", std::int64_t{0}));
       std::printf("%-34s %-12s %14s %15s  %s\n", r.conf.empty() ? "(default)" : r.conf.c_str(),
                   r.cap ? human(*r.cap).c_str() : "device", human(static_cast<std::uint64_t>(pr)).c_str(),
                   human(r.replay.value("peak_allocated", std::uint64_t{0})).c_str(), verdict.c_str());
@@ -426,7 +426,7 @@ int run(Args& a) {
     std::printf("outside the allocator: %s (CUDA context and libraries; the device cap above leaves it out)\n",
                 human(kOutsideAllocatorBytes).c_str());
     for (const auto& h : hidden_allocations(cap))
-      if (h.value("bytes", 0) > 0)
+      if (h.value("bytes", std::int64_t{0}) > 0)
         std::printf("in the trace: %s %s (%d)\n", h["kind"].get<std::string>().c_str(),
                     human(h["bytes"].get<std::uint64_t>()).c_str(), h.value("count", 0));
     if (recommendation.is_object()) {

@@ -169,6 +169,7 @@ setup(
     distclass=NativeDistribution,
     package_dir={"": "python"},
     packages=["cachet_torch"],
+    package_data={"cachet_torch": ["_startup/sitecustomize.py"]},
     cmdclass={"build_py": BuildPy, "build_scripts": BuildScripts, "install_scripts": InstallScripts},
     options={"build": {"build_base": os.path.join("build", "setuptools")},
              "egg_info": {"egg_base": os.path.join("build", "setuptools")}},

@@ -23,6 +23,10 @@ The package, one concept a module (python/README.md, "The package"):
   _snapshot  record_memory_history(), snapshot(), dump_snapshot()
   _sleep     tag(), sleep(), wake(), sleeping()
   metrics    metrics_text(), serve_metrics(), collector(): Prometheus (python/README.md, "Metrics")
+  memory_saver  torch_memory_saver's API over cachet (alias() makes it `import torch_memory_saver`)
+  vllm_backend  vLLM's CuMemAllocator and a SleepModeBackend plug-in over cachet
+  _autoinstall, _startup/  configure_subprocess()'s start hook: cachet installed as torch is imported
+(predict.py is the lead's: `cachet predict`.)
 """
 
 from __future__ import annotations

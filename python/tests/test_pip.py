@@ -111,7 +111,10 @@ def main():
             "print('torch', 'torch' in sys.modules)\n"
             "print('plugin', cachet_torch.library_path() if os.path.exists(os.path.join(os.path.dirname(cachet_torch.__file__), 'libcachet_torch.so')) else None)\n"
             "print('c10', cachet_torch.c10_library_path())\n"
-            "print('metrics', cachet_torch.metrics_text({'num_ooms': 2}).count('cachet_ooms_total{device=\"0\"} 2'))\n")
+            "print('metrics', cachet_torch.metrics_text({'num_ooms': 2}).count('cachet_ooms_total{device=\"0\"} 2'))\n"
+            "from importlib.metadata import entry_points\n"
+            "print('plugins', ','.join(e.value for e in entry_points(group='vllm.general_plugins')))\n"
+            "print('startup', os.path.exists(os.path.join(os.path.dirname(cachet_torch.__file__), '_startup', 'sitecustomize.py')))\n")
     r = run([py, "-c", code], env=env, cwd=neutral)
     out = dict(line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)
     pkg = os.path.dirname(out.get("file", ""))
@@ -119,6 +122,9 @@ def main():
           f"import cachet_torch from a neutral directory is the venv's: {pkg} {r.stderr.strip()[-500:]}")
     check(out.get("torch") == "False", "import cachet_torch imports no torch")
     check(out.get("metrics") == "1", "cachet_torch.metrics_text() works")
+    check(out.get("plugins") == "cachet_torch.vllm_backend:register" and out.get("startup") == "True",
+          f"the vllm.general_plugins entry point and configure_subprocess()'s start hook are installed "
+          f"({out.get('plugins')}, {out.get('startup')})")
     for name, key in (("libcachet_torch.so", "plugin"), ("libcachet_c10.so", "c10")):
         want = os.path.join(pkg, name) if built[name] else "None"
         check(out.get(key) == want, f"{name}: {out.get(key)} (built in the tree: {built[name]}; want {want})")

@@ -41,8 +41,6 @@ import sys
 import threading
 from typing import Any, Iterator, Optional
 
-from . import _library as L
-
 __all__ = ["TorchMemorySaver", "torch_memory_saver", "configure_subprocess", "alias"]
 
 _TAG_DEFAULT = "default"

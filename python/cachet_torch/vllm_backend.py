@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence, Union
 
 from . import _library as L
 from .memory_saver import ensure_cachet

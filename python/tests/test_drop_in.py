@@ -299,7 +299,13 @@ def main():
           and child["conf"] == "cachet_sleep:True" and child["tms"] == "cachet_torch.memory_saver",
           f"configure_subprocess(): the child installs cachet as it imports torch (cachet_sleep:True), "
           f"torch_memory_saver aliased with CACHET_TORCH_MEMORY_SAVER=1: {child} {res and res['stderr']}")
-    check(child is not None and child["site"] == "1", "configure_subprocess(): the child's own sitecustomize still runs")
+    check(child is not None and child["site"] == "1" and "Error in sitecustomize" not in res["stderr"],
+          f"configure_subprocess(): the child's own sitecustomize still runs, no start error ({res and res['stderr'][-300:]})")
+    r = subprocess.run([sys.executable, "-c", "import sys; print(sys.modules['sitecustomize'].__file__)"],
+                       env=dict(base, PYTHONPATH=os.path.join(preamble.PYDIR, "cachet_torch", "_startup")),
+                       capture_output=True, text=True, cwd=tempfile.gettempdir())
+    check(r.returncode == 0 and "Error in sitecustomize" not in r.stderr,
+          f"the start hook alone, with or without another sitecustomize on the path: {r.stdout.strip()} {r.stderr[-300:]}")
     check(child is not None and child["tag"] == "tms.default.cpu",
           f"TMS_INIT_ENABLE(_CPU_BACKUP) in the child: region memory from the start, hook_mode still settable: {child and child['tag']}")
     check(res is not None and res["restored"] == ["1", None, None], f"configure_subprocess() restores the environment: {res and res['restored']}")

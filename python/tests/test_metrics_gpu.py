@@ -13,7 +13,6 @@ cachet_sleep_calls_total and cachet_wake_calls_total count the calls made.
 
 usage: test_metrics_gpu.py            (CACHET_TORCH_LIB as ctest sets it)
 """
-import json
 import os
 import subprocess
 import sys

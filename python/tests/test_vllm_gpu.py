@@ -24,7 +24,6 @@ usage: test_vllm_gpu.py SCENARIO [--expandable on|off] [--backend auto|c10|plugi
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 

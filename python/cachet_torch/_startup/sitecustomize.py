@@ -14,13 +14,15 @@ if os.environ.get("CACHET_TORCH_AUTOINSTALL") == "1":
     except Exception as e:  # noqa: BLE001: never break the interpreter's start
         print(f"cachet_torch: the start hook failed: {e!r}", file=sys.stderr)
 
-# Chain to the sitecustomize this one hides.
-del sys.modules["sitecustomize"]
+# Chain to the sitecustomize this one hides (when there is none, this module stays the one
+# imported: the import system expects sys.modules["sitecustomize"] when this file ends).
+_this = sys.modules.pop("sitecustomize", None)
 _saved = sys.path[:]
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
 try:
     import sitecustomize  # noqa: F401
 except ImportError:
-    pass
+    if _this is not None:
+        sys.modules["sitecustomize"] = _this
 finally:
     sys.path[:] = _saved

@@ -8,8 +8,9 @@ and a SleepModeBackend plug-in (vLLM PR #44074: `--sleep-mode-backend cachet`, r
     pool) sleeps with the tag, expandable segments stay allowed, and empty_cache() works.
   * CachetSleepModeBackend: suspend(level) is sleep(offload_tags=("weights",)) at level 1 and
     sleep(()) at level 2, resume(tags) is wake_up(tags); creating it makes vLLM's
-    get_mem_allocator_instance() and CuMemAllocator.get_instance() give cachet's allocator, so the
-    worker's use_memory_pool("weights"/"kv_cache") lands in cachet's tags.
+    get_mem_allocator_instance() and CuMemAllocator.get_instance() give cachet's allocator (vLLM's
+    class patched in place), so the worker's use_memory_pool("weights"/"kv_cache") lands in
+    cachet's tags; CACHET_VLLM_ALLOCATOR=1 does that already when the plug-in is loaded.
 
 No torch and no vllm at import.
 """
@@ -17,6 +18,8 @@ No torch and no vllm at import.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import os
 import sys
 from typing import Iterator, Optional, Sequence, Union
 
@@ -142,18 +145,21 @@ def _base() -> type:
 
 def _patch_vllm_allocator() -> None:
     """vLLM's worker asks get_mem_allocator_instance() / CuMemAllocator.get_instance() for its
-    pools: give it cachet's."""
+    pools: give it cachet's. vLLM's own class is patched in place (its get_instance), so modules
+    that imported it by name before see cachet's too; the module attributes are rebound."""
     for name in ("vllm.device_allocator", "vllm.device_allocator.cumem"):
         mod = sys.modules.get(name)
         if mod is None:
             try:
-                mod = __import__(name, fromlist=["_"])
-            except ImportError:
+                mod = importlib.import_module(name)
+            except Exception:  # noqa: BLE001: a vLLM without it (or without its CUDA extension)
                 continue
+        theirs = getattr(mod, "CuMemAllocator", None)
+        if isinstance(theirs, type) and theirs is not CuMemAllocator:
+            theirs.get_instance = staticmethod(CuMemAllocator.get_instance)
+            mod.CuMemAllocator = CuMemAllocator
         if hasattr(mod, "get_mem_allocator_instance"):
             mod.get_mem_allocator_instance = CuMemAllocator.get_instance
-        if hasattr(mod, "CuMemAllocator"):
-            mod.CuMemAllocator = CuMemAllocator
 
 
 class CachetSleepModeBackend(_base()):  # type: ignore[misc]
@@ -209,6 +215,9 @@ def register() -> None:
     except ImportError:
         return
     registry = getattr(SleepModeBackendFactory, "_registry", {})
-    if BACKEND_NAME in registry:
-        return
-    SleepModeBackendFactory.register_backend(BACKEND_NAME, __name__, "CachetSleepModeBackend")
+    if BACKEND_NAME not in registry:
+        SleepModeBackendFactory.register_backend(BACKEND_NAME, __name__, "CachetSleepModeBackend")
+    if os.environ.get("CACHET_VLLM_ALLOCATOR") == "1":
+        # The worker's pools are cachet's from the plug-in's load on, before any backend exists
+        # (for a vLLM that creates its sleep-mode backend after loading the model).
+        _patch_vllm_allocator()

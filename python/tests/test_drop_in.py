@@ -315,7 +315,9 @@ def main():
         from vllm.plugins import load_general_plugins
         from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory
         import vllm.device_allocator as da
+        import vllm.worker
         load_general_plugins()
+        out["before"] = type(vllm.worker.allocator()).__module__
         cls = SleepModeBackendFactory.get_backend_class("cachet")
         out["class"] = cls.__module__ + "." + cls.__name__
         out["caps"] = [cls.is_supported(), cls.preserves_communicators(), cls.preserves_compiled_artifacts(),
@@ -324,7 +326,7 @@ def main():
             sleep_mode_backend = "cachet"
         b = SleepModeBackendFactory.create_backend(MC())
         alloc = da.get_mem_allocator_instance()
-        out["patched"] = type(alloc).__module__
+        out["patched"] = [type(alloc).__module__, type(vllm.worker.allocator()).__module__]
         with alloc.use_memory_pool(tag="weights"):
             out["in_weights"] = [cachet_torch.current_tag(), alloc.current_tag]
         with alloc.use_memory_pool(tag="kv_cache"):
@@ -347,7 +349,10 @@ def main():
         check(res["class"] == "cachet_torch.vllm_backend.CachetSleepModeBackend",
               f"the vllm.general_plugins entry point registers the backend 'cachet': {res['class']}")
         check(res["caps"] == [True, True, True, True, False], f"capabilities: {res['caps']}")
-        check(res["patched"] == "cachet_torch.vllm_backend", "creating the backend makes get_mem_allocator_instance() cachet's")
+        check(res["before"] == "vllm.device_allocator.cumem"
+              and res["patched"] == ["cachet_torch.vllm_backend", "cachet_torch.vllm_backend"],
+              f"creating the backend makes get_mem_allocator_instance() and the class a worker imported "
+              f"before (vLLM's, patched in place) give cachet's allocator: {res['before']} -> {res['patched']}")
         check(res["in_weights"] == ["vllm.weights", "weights"] and res["in_default"] == "vllm.default"
               and res["after_error"] == ["default", "default"],
               f"use_memory_pool(tag) sets cachet's tag and current_tag, restored after an exception inside: {res}")
@@ -358,6 +363,16 @@ def main():
               f"suspend(1)/resume(tags)/suspend(2), sleep(offload_tags) (default ('default',)), wake_up, discard: {res['calls']}")
         check(res["states"] == ["SUSPENDED", "RUNNING"] and res["usage"] == 0 and res["installs"] and len(res["installs"]) == 1,
               f"the backend's state; get_current_usage() with no allocation: {res['states']} {res['usage']}")
+
+    res, _ = run_child('''
+        import vllm.worker
+        from vllm.plugins import load_general_plugins
+        load_general_plugins()
+        out["at_load"] = type(vllm.worker.allocator()).__module__
+        done()
+    ''', dict(base, CACHET_VLLM_ALLOCATOR="1"))
+    check(bool(res and res["at_load"] == "cachet_torch.vllm_backend"),
+          f"CACHET_VLLM_ALLOCATOR=1: cachet's allocator from the plug-in's load on: {res and res['at_load']}")
 
     print(f"\n{len(check.failures)} failure(s)")
     return 1 if check.failures else 0

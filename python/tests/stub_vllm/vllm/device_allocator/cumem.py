@@ -7,11 +7,6 @@ class CuMemAllocator:
     instance = None
     calls = []
 
-    @staticmethod
-    def get_instance():
-        if CuMemAllocator.instance is None:
-            CuMemAllocator.instance = CuMemAllocator()
-        return CuMemAllocator.instance
 
     @contextlib.contextmanager
     def use_memory_pool(self, tag=None):
@@ -26,3 +21,17 @@ class CuMemAllocator:
 
     def get_current_usage(self):
         return 0
+
+
+# get_instance through a reference of its own (not the module's name, which a plug-in may rebind):
+# only patching the class itself reaches code that imported it before.
+_Self = CuMemAllocator
+
+
+def _get_instance():
+    if _Self.instance is None:
+        _Self.instance = _Self()
+    return _Self.instance
+
+
+CuMemAllocator.get_instance = staticmethod(_get_instance)

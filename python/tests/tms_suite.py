@@ -72,14 +72,16 @@ print(f"cachet: backend {cachet_torch.backend()}, {cachet_torch.settings()['cano
 
 
 def default_suite():
-    """The shared folder's copy: shared/ inside the checkout (the GPU machine's copy of the tree)
-    or beside it (CI, the worktrees)."""
+    """A copy in the checkout's git-ignored .tms folder (what travels to the GPU machine: copy the
+    shared folder's suite there), else the shared folder inside the checkout or beside it."""
     checkout = os.path.dirname(os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
-    for shared in (os.path.join(checkout, "shared"), os.path.join(os.path.dirname(checkout), "shared")):
-        suite = os.path.join(shared, "peers", "torch_memory_saver-tests")
-        if os.path.isdir(suite):
+    candidates = [os.path.join(checkout, ".tms")] + [
+        os.path.join(shared, "peers", "torch_memory_saver-tests")
+        for shared in (os.path.join(checkout, "shared"), os.path.join(os.path.dirname(checkout), "shared"))]
+    for suite in candidates:
+        if os.path.isdir(os.path.join(suite, "examples")):
             return suite
-    return os.path.join(os.path.dirname(checkout), "shared", "peers", "torch_memory_saver-tests")
+    return candidates[-1]
 
 
 def main():

@@ -1,8 +1,9 @@
 # Part of `cmake --install` (python/CMakeLists.txt sets CACHET_PY_SOURCE, the package directory
 # python/cachet_torch, CACHET_PY_DIR and CACHET_LIBDIR first): installs the cachet_torch package
-# (every .py file of it) into CACHET_PY_DIR/cachet_torch/, with the installed libraries' absolute
-# paths written into its _library.py (_INSTALLED_LIB, _INSTALLED_C10_LIB), so
-# cachet_torch.library_path() finds the library from any directory the package is installed to.
+# (every .py file of it, and _startup/, configure_subprocess()'s start hook) into
+# CACHET_PY_DIR/cachet_torch/, with the installed libraries' absolute paths written into its
+# _library.py (_INSTALLED_LIB, _INSTALLED_C10_LIB), so cachet_torch.library_path() finds the
+# library from any directory the package is installed to.
 # A package installed before replaces the old one whole (stale modules and __pycache__ go), and a
 # cachet_torch.py of an install before the package layout is removed. Honours --prefix and DESTDIR.
 set(_lib "${CMAKE_INSTALL_PREFIX}/${CACHET_LIBDIR}/libcachet_torch.so")
@@ -31,10 +32,11 @@ string(REPLACE "${_c10_marker}" "_INSTALLED_C10_LIB: Optional[str] = \"${_c10}\"
 
 file(REMOVE_RECURSE "${_dest}")
 file(REMOVE "$ENV{DESTDIR}${_dir}/cachet_torch.py")
-file(GLOB _modules RELATIVE "${CACHET_PY_SOURCE}" "${CACHET_PY_SOURCE}/*.py")
+file(GLOB _modules RELATIVE "${CACHET_PY_SOURCE}" "${CACHET_PY_SOURCE}/*.py" "${CACHET_PY_SOURCE}/_startup/*.py")
 foreach(_m ${_modules})
   if(NOT _m STREQUAL "_library.py")
-    file(COPY "${CACHET_PY_SOURCE}/${_m}" DESTINATION "${_dest}")
+    get_filename_component(_sub "${_m}" DIRECTORY)
+    file(COPY "${CACHET_PY_SOURCE}/${_m}" DESTINATION "${_dest}/${_sub}")
   endif()
 endforeach()
 message(STATUS "Installing: ${_dest}/ (the cachet_torch package: ${_modules}; library: ${_lib})")

@@ -8,9 +8,35 @@ from __future__ import annotations
 import ctypes
 import json
 import sys
-from typing import Any, Optional
+import threading
+import time
+from typing import Any, Dict, Optional
 
 from . import _library as L
+
+# The calls of sleep() and wake() that returned, process-wide (cachet_torch.metrics exports them):
+# how many, the seconds they took in all and the last one's, and the bytes sleep() gave back.
+_calls_lock = threading.Lock()
+_calls: Dict[str, Dict[str, float]] = {
+    "sleep": {"calls": 0, "seconds": 0.0, "last_seconds": 0.0, "bytes": 0},
+    "wake": {"calls": 0, "seconds": 0.0, "last_seconds": 0.0, "bytes": 0},
+}
+
+
+def _count_call(what: str, seconds: float, nbytes: int = 0) -> None:
+    with _calls_lock:
+        c = _calls[what]
+        c["calls"] += 1
+        c["seconds"] += seconds
+        c["last_seconds"] = seconds
+        c["bytes"] += nbytes
+
+
+def call_totals() -> Dict[str, Dict[str, float]]:
+    """{"sleep": {...}, "wake": {...}}: calls that returned, seconds in all, the last call's
+    seconds, bytes given back (sleep), since the process started."""
+    with _calls_lock:
+        return {k: dict(v) for k, v in _calls.items()}
 
 
 def _sleep_lib() -> ctypes.CDLL:
@@ -85,9 +111,11 @@ def sleep(tags: Any = None, backup: Any = ("weights",), device: Any = None) -> i
     host backup raises torch.OutOfMemoryError and changes nothing."""
     what = f"cachet_torch.sleep(tags={tags!r}, backup={backup!r})"
     lib = _sleep_lib()
+    t0 = time.perf_counter()
     rc = lib.cachet_torch_sleep(_tag_text(tags, "tags"), _tag_text(backup, "backup") or b"", _device_arg(device))
     if rc < 0:
         _raise_sleep_error(what, rc)
+    _count_call("sleep", time.perf_counter() - t0, int(rc))
     return int(rc)
 
 
@@ -96,9 +124,12 @@ def wake(tags: Any = None, device: Any = None) -> None:
     restores its backups; blocks without a backup come back with undefined contents. Every pointer
     is as before the sleep. If the memory cannot be had, raises torch.OutOfMemoryError and
     everything stays asleep, backups kept: wake again once memory is free."""
-    rc = _sleep_lib().cachet_torch_wake(_tag_text(tags, "tags"), _device_arg(device))
+    lib = _sleep_lib()
+    t0 = time.perf_counter()
+    rc = lib.cachet_torch_wake(_tag_text(tags, "tags"), _device_arg(device))
     if rc != 0:
         _raise_sleep_error(f"cachet_torch.wake(tags={tags!r})", rc)
+    _count_call("wake", time.perf_counter() - t0)
 
 
 def sleeping(device: Any = None) -> list:

@@ -5,7 +5,8 @@
                     CACHET_TORCH_LIB, else a FAIL line and exit code 1.
   child_env(lib)    the environment for a child interpreter: no allocator configuration
                     inherited (CACHET_ALLOC_CONF, PYTORCH_CUDA_ALLOC_CONF, PYTORCH_ALLOC_CONF),
-                    python/ first on PYTHONPATH (cachet_torch), CACHET_TORCH_LIB = lib if given.
+                    PYDIR first on PYTHONPATH (cachet_torch), CACHET_TORCH_LIB = lib if given.
+  PYDIR             python/ of the checkout, or $CACHET_TEST_PYDIR (an installed copy's directory).
   Checks            ok/FAIL lines, the failures kept.
   deterministic(t)  the deterministic settings of the training tests (seeds 0, deterministic
                     algorithms with warn_only, cuDNN deterministic without benchmark unless
@@ -27,7 +28,9 @@ import subprocess
 import sys
 
 SKIP = 77  # the tests' exit code for "skipped" (SKIP_RETURN_CODE in python/CMakeLists.txt)
-PYDIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # python/: the cachet_torch package
+# python/ of the checkout, which holds the cachet_torch package; CACHET_TEST_PYDIR=DIR tests an
+# installed copy instead (DIR holds cachet_torch/: `pip install --target DIR`, python/README.md).
+PYDIR = os.environ.get("CACHET_TEST_PYDIR") or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALLOC_CONF_VARS = ("CACHET_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 

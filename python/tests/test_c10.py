@@ -45,7 +45,7 @@ import preamble
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 HERE = os.path.dirname(os.path.abspath(__file__))
-PYDIR = os.path.dirname(HERE)
+PYDIR = preamble.PYDIR  # python/, or an installed copy's directory ($CACHET_TEST_PYDIR)
 sys.path.insert(0, PYDIR)
 MiB = 1 << 20
 GiB = 1 << 30
@@ -444,6 +444,7 @@ def main():
         return skip
     import cachet_torch
     lib = cachet_torch.c10_library_path()
+    print(f"cachet_torch: {cachet_torch.__file__}, c10 backend: {lib}", flush=True)
     if lib is None:
         print("skipped: no libcachet_c10.so (built only where a torch was found)")
         return preamble.SKIP

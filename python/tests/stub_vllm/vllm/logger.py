@@ -1,0 +1,5 @@
+import logging
+
+
+def init_logger(name):
+    return logging.getLogger(name)

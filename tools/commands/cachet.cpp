@@ -19,6 +19,12 @@ static std::vector<Command>& registry() {
   return commands;
 }
 
+std::vector<std::string>& trailing_args_storage() {
+  static std::vector<std::string> args;
+  return args;
+}
+const std::vector<std::string>& trailing_args() { return trailing_args_storage(); }
+
 bool register_command(Command c) {
   registry().push_back(std::move(c));
   return true;
@@ -94,6 +100,16 @@ int main(int argc, char** argv) {
   for (auto& c : commands) {
     CLI::App* sub = app.add_subcommand(c.name, c.help);
     subs.emplace_back(sub, c.setup(*sub));
+  }
+  // Arguments after the first `--` belong to the subcommand's program (`cachet predict ... --
+  // train.py --batch-size 8`): they are kept from CLI11, which would read them as cachet's.
+  // Only `predict` runs a program; every other command reads `--` as CLI11 does.
+  for (int i = 2; argc > 1 && std::string_view(argv[1]) == "predict" && i < argc; ++i) {
+    if (std::string_view(argv[i]) != "--") continue;
+    for (int j = i + 1; j < argc; ++j) trailing_args_storage().emplace_back(argv[j]);
+    trailing_args_storage().insert(trailing_args_storage().begin(), "--");
+    argc = i;
+    break;
   }
   try {
     app.parse(argc, argv);

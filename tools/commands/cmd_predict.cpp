@@ -66,6 +66,26 @@ struct Capture {
 Capture run_capture(const Args& a, const Target& t, const std::string& fakecuda, const std::string& pydir,
                     std::optional<long long> batch, std::string* error) {
   Capture c;
+  if (const char* replayed = std::getenv("CACHET_PREDICT_USE_CAPTURE"); replayed && *replayed && !batch) {
+    // Offline: the answers for a capture made before (its folder: capture.json, snapshot.pickle),
+    // without running the program again. Tests use it where there is no torch.
+    c.dir = replayed;
+    c.snapshot = c.dir + "/snapshot.pickle";
+    std::ifstream in(c.dir + "/capture.json");
+    if (!in || !fs::exists(c.snapshot)) {
+      *error = fmt::format("CACHET_PREDICT_USE_CAPTURE={}: no capture.json and snapshot.pickle there", replayed);
+      return c;
+    }
+    try {
+      in >> c.info;
+    } catch (const std::exception& e) {
+      *error = fmt::format("{}/capture.json: {}", c.dir, e.what());
+      return c;
+    }
+    c.seconds = c.info.value("seconds", 0.0);
+    c.ok = true;
+    return c;
+  }
   char tmpl[] = "/tmp/cachet-predict-XXXXXX";
   if (!mkdtemp(tmpl)) {
     *error = "cannot create a temporary folder under /tmp";
@@ -264,11 +284,11 @@ int run(Args& a) {
   if (a.program[0] == "-m" && a.program.size() < 2) return fail(a, "-m needs a module name");
   if (a.program[0] != "-m" && !fs::exists(a.program[0])) return fail(a, fmt::format("{}: no such script", a.program[0]));
   if (a.python.empty()) a.python = "python3";
-  const std::string fakecuda = find_fakecuda();
+  const std::string pydir = find_python_package_dir(a.python);
+  if (pydir.empty()) return fail(a, "the cachet_torch package was not found; set CACHET_PYTHONPATH to the folder holding it");
+  const std::string fakecuda = find_fakecuda(pydir);
   if (fakecuda.empty())
     return fail(a, "libcachet_fakecuda.so not found (built with the CUDA Toolkit's headers, installed to lib/); set CACHET_FAKECUDA to its path");
-  const std::string pydir = find_python_package_dir();
-  if (pydir.empty()) return fail(a, "the cachet_torch package was not found; set CACHET_PYTHONPATH to the folder holding it");
 
   Capture cap = run_capture(a, t, fakecuda, pydir, std::nullopt, &error);
   if (!cap.ok) return fail(a, error);
@@ -432,10 +452,20 @@ int run(Args& a) {
     if (recommendation.is_object()) {
       const auto best = recommendation.value("best", -1);
       const auto& res = recommendation["results"];
-      if (best >= 0 && best < static_cast<int>(res.size()))
-        std::printf("recommendation (cachet tune): %s\n", res[best].value("conf", "").c_str());
-      else
-        std::printf("recommendation (cachet tune): keep the configuration: none of tune's candidates does better\n");
+      const std::string where = caps.size() > 1 ? fmt::format("under the {} cap", human(*caps[1])) : "on the device";
+      if (best >= 0 && best < static_cast<int>(res.size())) {
+        const json& b = res[best];
+        std::printf("recommendation %s (cachet tune): %s: peak reserved %s, %s\n", where.c_str(),
+                    b.value("conf", "").c_str(), human(b.value("peak_reserved", std::uint64_t{0})).c_str(),
+                    b.value("num_ooms", std::int64_t{0}) ? "still out of memory" : "no out-of-memory error");
+        if (b.value("num_ooms", std::int64_t{0}) && recommendation.contains("memory_needed") &&
+            recommendation["memory_needed"].is_number())
+          std::printf("  no configuration tune tries fits under this cap: the program needs a cap of at least %s\n",
+                      human(recommendation["memory_needed"].get<std::uint64_t>()).c_str());
+      } else {
+        std::printf("recommendation %s (cachet tune): keep the configuration: none of tune's candidates does better\n",
+                    where.c_str());
+      }
     }
     if (!a.batch_arg.empty() && batch.is_object())
       std::printf("largest --%s that fits: %s\n", a.batch_arg.c_str(),
@@ -464,11 +494,19 @@ Runner setup(CLI::App& sub) {
   sub.add_option("--dump-snapshot", a->dump_snapshot, "write the predicted trace as a PyTorch memory snapshot (pickle)");
   sub.add_option("--python", a->python, "the Python that has torch (default: python3 on PATH)");
   sub.add_flag("--fail-on-oom", a->fail_on_oom, "exit 1 when an out-of-memory error is predicted");
-  sub.add_option("program", a->program, "-- SCRIPT [ARGS...] or -- -m MODULE [ARGS...]");
+  // Everything from the first positional (or `--`) on is the program's: its own options are not
+  // predict's (CLI11's prefix command).
+  sub.prefix_command();
+  sub.positionals_at_end(false);
+  sub.description("Predict a PyTorch program's peak GPU memory before it runs (no GPU needed).\n  cachet predict (--gpu NAME | --device-memory BYTES --arch sm_XY) [OPTIONS] -- (SCRIPT | -m MODULE) [ARGS...]");
   sub.footer("GPUs (--gpu):\n" + gpu_list_text() +
              "\nExit codes: 0 a verdict (also a predicted out-of-memory error); 1 with --fail-on-oom when one is "
              "predicted; 2 bad input, or a program that raised (partial prediction).");
-  return [a] { return run(*a); };
+  return [a, &sub] {
+    a->program = trailing_args().empty() ? sub.remaining() : trailing_args();
+    if (!a->program.empty() && a->program.front() == "--") a->program.erase(a->program.begin());
+    return run(*a);
+  };
 }
 
 const bool registered = register_command(

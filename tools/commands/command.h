@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace cachet::cli {
 
@@ -25,6 +26,11 @@ struct Command {
 };
 
 bool register_command(Command c);
+
+// The arguments after the command line's first `--`, with that `--` first (empty when there is
+// none): a program the subcommand runs (`cachet predict ... -- train.py --batch-size 8`).
+const std::vector<std::string>& trailing_args();
+std::vector<std::string>& trailing_args_storage();
 
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitCheckFailed = 1;

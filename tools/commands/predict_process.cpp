@@ -82,7 +82,7 @@ std::string self_path() {
   return ec ? std::string("cachet") : p.string();
 }
 
-std::string find_fakecuda() {
+std::string find_fakecuda(const std::string& package_dir) {
   if (const char* e = std::getenv("CACHET_FAKECUDA"); e && *e) return e;
   std::vector<fs::path> candidates;
 #ifdef CACHET_BUILD_FAKECUDA
@@ -92,6 +92,7 @@ std::string find_fakecuda() {
   candidates.push_back(exe_dir / ".." / "python" / "fakecuda" / "libcachet_fakecuda.so");
   candidates.push_back(exe_dir / ".." / "lib" / "libcachet_fakecuda.so");
   candidates.push_back(exe_dir / ".." / "lib64" / "libcachet_fakecuda.so");
+  if (!package_dir.empty()) candidates.push_back(fs::path(package_dir) / "cachet_torch" / "libcachet_fakecuda.so");
   for (const fs::path& c : candidates) {
     std::error_code ec;
     if (fs::exists(c, ec)) return fs::weakly_canonical(c, ec).string();
@@ -99,7 +100,7 @@ std::string find_fakecuda() {
   return {};
 }
 
-std::string find_python_package_dir() {
+std::string find_python_package_dir(const std::string& python) {
   if (const char* e = std::getenv("CACHET_PYTHONPATH"); e && *e) return e;
   std::vector<fs::path> candidates;
 #ifdef CACHET_SOURCE_PYTHON_DIR
@@ -110,6 +111,15 @@ std::string find_python_package_dir() {
   for (const fs::path& c : candidates) {
     std::error_code ec;
     if (fs::exists(c / "cachet_torch" / "_capture.py", ec)) return fs::weakly_canonical(c, ec).string();
+  }
+  // Installed with pip into that Python's environment: ask it (importing cachet_torch never imports torch).
+  std::string error;
+  auto r = run_process({python, "-c", "import cachet_torch, os; print(os.path.dirname(os.path.dirname(cachet_torch.__file__)))"},
+                       {}, true, &error);
+  if (r && r->exit_code == 0) {
+    std::string dir = r->out.substr(0, r->out.find('\n'));
+    std::error_code ec;
+    if (!dir.empty() && fs::exists(fs::path(dir) / "cachet_torch" / "_capture.py", ec)) return dir;
   }
   return {};
 }

@@ -25,11 +25,12 @@ std::optional<ProcessResult> run_process(const std::vector<std::string>& argv,
 
 // The running cachet executable's path (/proc/self/exe).
 std::string self_path();
-// libcachet_fakecuda.so: $CACHET_FAKECUDA, else beside the build tree's library, else the
-// installation's lib/. Empty when none exists.
-std::string find_fakecuda();
 // The folder holding the cachet_torch package: $CACHET_PYTHONPATH, else the source tree's python/,
-// else the installation's lib/cachet/python. Empty when none exists.
-std::string find_python_package_dir();
+// else the installation's lib/cachet/python, else where `python` imports it from (pip). Empty
+// when none exists.
+std::string find_python_package_dir(const std::string& python);
+// libcachet_fakecuda.so: $CACHET_FAKECUDA, else the build tree's, else the installation's lib/,
+// else inside the cachet_torch package of `package_dir` (pip). Empty when none exists.
+std::string find_fakecuda(const std::string& package_dir);
 
 }  // namespace cachet::cli

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Diffs a predicted trace against the GPU's, event by event (bench/predict, docs/predict.md §6).
+"""Diffs a predicted trace against the GPU's, event by event (bench/predict, docs/predict.md section 6).
 
     diff_traces.py PREDICTED.pickle NATIVE.pickle [--context N]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/predict: accuracy of `cachet predict` against the GPU (docs/predict.md §6). On the GPU
+# bench/predict: accuracy of `cachet predict` against the GPU (docs/predict.md section 6). On the GPU
 # machine, from the repository root, with .deps from scripts/fetch-gpu-deps:
 #
 #   bench/predict/run_suite.sh OUTDIR [PROGRAM...]

@@ -25,7 +25,7 @@ import sys
 import time
 import traceback
 
-# What the fake device answers that a GPU would compute (docs/predict.md §4); written to
+# What the fake device answers that a GPU would compute (docs/predict.md section 4); written to
 # capture.json's "assumptions" only when the program met it.
 ASSUME_READ = ("values the program reads from the GPU (.item(), bool(), .tolist(), .cpu(), "
                "GradScaler's inf check) are 0: no data is computed")
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(opts.out, exist_ok=True)
     cap = Capture(opts.out)
 
-    # cuDNN is driven through its v7 API on the fake device (docs/predict.md §3).
+    # cuDNN is driven through its v7 API on the fake device (docs/predict.md section 3).
     os.environ["TORCH_CUDNN_V8_API_DISABLED"] = "1"
     # torch counts devices through NVML where it can, honouring CUDA_VISIBLE_DEVICES; the fake
     # device is device 0 whatever the host has (predict hides any real GPU: it never touches it).

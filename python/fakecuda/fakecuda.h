@@ -9,7 +9,7 @@
 //   target      the GPU being predicted (CACHET_FAKE_* environment, written by cachet predict)
 //   device VA   addresses handed out for device memory: a PROT_NONE reservation, never backed,
 //               so a host access to a device pointer faults instead of reading garbage
-//   placeholder what a copy from the device to the host writes: zero bytes (docs/predict.md §4)
+//   placeholder what a copy from the device to the host writes: zero bytes (docs/predict.md section 4)
 //   ledger      a text file (CACHET_FAKE_LEDGER) where the fake device writes what the capture
 //               cannot see in the trace: workspaces set on cuBLAS handles, modelled cuDNN
 //               workspaces, queries it answered with a default

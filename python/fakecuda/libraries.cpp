@@ -1,10 +1,10 @@
-// cuBLAS, cuBLASLt, cuDNN and NCCL as the target answers them (docs/predict.md §3): handles and
+// cuBLAS, cuBLASLt, cuDNN and NCCL as the target answers them (docs/predict.md section 3): handles and
 // descriptors are fresh handles (fakecuda.h F3), heuristics return one algorithm, and the
 // workspace a library asks PyTorch for is modelled here. cuBLAS's own workspace is allocated by
 // PyTorch through its caching allocator and handed to cublasSetWorkspace: it is in the trace, and
 // the ledger names it. cuDNN is driven through its v7 API (TORCH_CUDNN_V8_API_DISABLED=1, set by
 // the capture): its algorithms report the workspace cudnn_workspace() gives (0 bytes unless
-// CACHET_FAKE_CUDNN_WORKSPACE says otherwise, docs/predict.md §3). A value the program
+// CACHET_FAKE_CUDNN_WORKSPACE says otherwise, docs/predict.md section 3). A value the program
 // reads back (a dot product to the host) is the placeholder, 0.
 #include "fakecuda.h"
 
@@ -61,7 +61,7 @@ bool unit_stride(const void* c) {
   auto it = convs.find(c);
   return it == convs.end() || it->second.unit_stride;
 }
-// The workspace a convolution asks for (docs/predict.md §3). By default 0 bytes: cuDNN's
+// The workspace a convolution asks for (docs/predict.md section 3). By default 0 bytes: cuDNN's
 // heuristics are not modelled. CACHET_FAKE_CUDNN_WORKSPACE=BYTES gives every algorithm that many;
 // CACHET_FAKE_CUDNN_WORKSPACE=model the rule below, read off ResNet-50's 3x3 convolutions on an
 // H200 (cuDNN 9.19): a pointwise, unit-stride convolution 400 B; any other 2 x the input (the
@@ -278,7 +278,7 @@ cudnnStatus_t cudnnGetBatchNormalizationTrainingExReserveSpaceSize(cudnnHandle_t
 }
 cudnnStatus_t cudnnDropoutGetStatesSize(cudnnHandle_t, size_t* size) { *size = 0; return CUDNN_STATUS_SUCCESS; }
 
-// ---- NCCL (a process group on the fake device is not modelled: docs/predict.md §5) ----
+// ---- NCCL (a process group on the fake device is not modelled: docs/predict.md section 5) ----
 typedef int ncclResult_fake;
 ncclResult_fake ncclGetVersion(int* v) { *v = 22907; return 0; }
 const char* ncclGetErrorString(ncclResult_fake) { return "unhandled system error (cachet's fake CUDA device has no NCCL)"; }

@@ -166,7 +166,7 @@ std::uint64_t allocator_memory(const Target& t) {
   return t.gpu.total_memory > kOutsideAllocatorBytes ? t.gpu.total_memory - kOutsideAllocatorBytes : 0;
 }
 
-// The allocations PyTorch makes for the libraries, found in the capture (docs/predict.md §3).
+// The allocations PyTorch makes for the libraries, found in the capture (docs/predict.md section 3).
 json hidden_allocations(const Capture& c) {
   json out = json::array();
   std::uint64_t cublas = 0;
@@ -181,7 +181,7 @@ json hidden_allocations(const Capture& c) {
                         {"rule", "one per (handle, stream): CUBLAS_WORKSPACE_CONFIG, else 32 MiB on sm_90 (PyTorch's "
                                  "CublasHandlePool.cpp), allocated by PyTorch through its allocator"}});
   out.push_back({{"kind", "cudnn_workspace"}, {"bytes", 0},
-                 {"rule", "cuDNN convolution workspaces are modelled as 0 bytes (docs/predict.md §3)"}});
+                 {"rule", "cuDNN convolution workspaces are modelled as 0 bytes (docs/predict.md section 3)"}});
   return out;
 }
 

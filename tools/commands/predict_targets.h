@@ -1,4 +1,4 @@
-// tools/predict_targets.h: the GPUs `cachet predict --gpu NAME` knows (docs/predict.md §2). Each
+// tools/predict_targets.h: the GPUs `cachet predict --gpu NAME` knows (docs/predict.md section 2). Each
 // entry is what the fake CUDA device tells the program: the total memory cudaMemGetInfo reports,
 // compute capability, SM count, opt-in shared memory per block and L2 size. Where each total
 // comes from is stated in its `source`.

@@ -145,7 +145,7 @@ TEST(FakeCuda, LibrariesAnswerOneAlgorithm) {
             CUDNN_STATUS_SUCCESS);
   EXPECT_EQ(returned, 1);
   EXPECT_EQ(perf[0].status, CUDNN_STATUS_SUCCESS);
-  // 3x3: 2 x the input (2*8*16*16*4 B) + the filter (8*8*3*3*4 B) + 16 B (docs/predict.md §3).
+  // 3x3: 2 x the input (2*8*16*16*4 B) + the filter (8*8*3*3*4 B) + 16 B (docs/predict.md section 3).
   EXPECT_EQ(perf[0].memory, 2u * 16384u + 2304u + 16u);
   ASSERT_EQ(fake<Fwd>("cudnnGetConvolutionForwardAlgorithm_v7")(nullptr, x, w1, conv, nullptr, 3, &returned, perf),
             CUDNN_STATUS_SUCCESS);

@@ -288,7 +288,7 @@ int run(Args& a) {
   if (pydir.empty()) return fail(a, "the cachet_torch package was not found; set CACHET_PYTHONPATH to the folder holding it");
   const std::string fakecuda = find_fakecuda(pydir);
   if (fakecuda.empty())
-    return fail(a, "libcachet_fakecuda.so not found (built with the CUDA Toolkit's headers, installed to lib/); set CACHET_FAKECUDA to its path");
+    return fail(a, "libcachet_fakecuda.so not found (built with the CUDA Toolkit's headers, installed to lib/cachet/); set CACHET_FAKECUDA to its path");
 
   Capture cap = run_capture(a, t, fakecuda, pydir, std::nullopt, &error);
   if (!cap.ok) return fail(a, error);

@@ -90,8 +90,8 @@ std::string find_fakecuda(const std::string& package_dir) {
 #endif
   const fs::path exe_dir = fs::path(self_path()).parent_path();
   candidates.push_back(exe_dir / ".." / "python" / "fakecuda" / "libcachet_fakecuda.so");
-  candidates.push_back(exe_dir / ".." / "lib" / "libcachet_fakecuda.so");
-  candidates.push_back(exe_dir / ".." / "lib64" / "libcachet_fakecuda.so");
+  candidates.push_back(exe_dir / ".." / "lib" / "cachet" / "libcachet_fakecuda.so");
+  candidates.push_back(exe_dir / ".." / "lib64" / "cachet" / "libcachet_fakecuda.so");
   if (!package_dir.empty()) candidates.push_back(fs::path(package_dir) / "cachet_torch" / "libcachet_fakecuda.so");
   for (const fs::path& c : candidates) {
     std::error_code ec;

@@ -29,7 +29,7 @@ std::string self_path();
 // else the installation's lib/cachet/python, else where `python` imports it from (pip). Empty
 // when none exists.
 std::string find_python_package_dir(const std::string& python);
-// libcachet_fakecuda.so: $CACHET_FAKECUDA, else the build tree's, else the installation's lib/,
+// libcachet_fakecuda.so: $CACHET_FAKECUDA, else the build tree's, else the installation's lib/cachet/,
 // else inside the cachet_torch package of `package_dir` (pip). Empty when none exists.
 std::string find_fakecuda(const std::string& package_dir);
 

@@ -8,6 +8,7 @@
 // oracle-issue23/results/res_threads_expandable.json.gz (expandable_segments:True, no OOM).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -144,6 +145,198 @@ TEST(OomDoctor, EveryCommandGivesOnePickAndOneVerdict) {
     EXPECT_NE(html.find("Verdict for"), std::string::npos);
     EXPECT_NE(html.find("Recommended"), std::string::npos);
   }
+}
+
+// Sizes with units: under 1 MiB refused with what was probably meant; KB/MB/GB/TB refused as
+// ambiguous, never guessed; the verdict says how close it is to a cap read from PyTorch's rounded
+// "... GiB allowed".
+TEST(OomDoctor, SizesAreNeverGuessed) {
+  const std::string tail =
+      " (a size without a suffix is in bytes; K, M, G and T are powers of 1024; no cap or device is under 1 MiB)\n";
+  CliRun o = run_cachet("replay " + kOom + " --cap 8");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet replay: --cap: '8' is 8 bytes: did you mean 8G?" + tail);
+  o = run_cachet("replay " + kOom + " --cap 1.5");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet replay: --cap: '1.5' is 1.5 bytes: did you mean 1.5G?" + tail);
+  o = run_cachet("explain " + kOom + " --cap 8");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet explain: --cap: '8' is 8 bytes: did you mean 8G?" + tail);
+  o = run_cachet("replay " + kOom + " --cap 8GB");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet replay: --cap: '8GB': GB is ambiguous (powers of 1000 or of 1024?): write 8G or 8GiB for "
+                   "powers of 1024 (PyTorch's messages print GiB and MiB), or the size in bytes\n");
+  o = run_cachet("tune " + kMlp + " --device-memory 512K");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "cachet tune: --device-memory: '512K' is 512.00 KiB: under 1 MiB, which no cap or device is; did "
+                   "you mean 512M?\n");
+  o = run_cachet("replay " + kOom + " --cap 12GiB --json");
+  EXPECT_EQ(o.rc, 0) << o.err;
+  // A cap a hair under the smallest that fits (2042626048 bytes), given as PyTorch prints it.
+  o = run_cachet("replay " + kThreads + " --cap 1.90G");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(paragraph(o.out, "Verdict for"),
+            "Verdict for the recorded configuration 'expandable_segments:True' under the cap of 1.90 GiB: it does not "
+            "fit: 1 request runs out of memory (peak reserved 1.88 GiB = 2019557376 bytes). No allocation retry. The "
+            "recorded run never ran out of memory: this is the replay under the limit given. The smallest cap it fits "
+            "under: 1.90 GiB = 2042626048 bytes (by replay, to 2 MiB), 2.40 MiB more than the cap. If the cap is from "
+            "PyTorch's \"1.90 GiB allowed\", which is rounded to 0.01 GiB, the true cap lies within 5.12 MiB of it: "
+            "the verdict may not hold, the smallest cap that fits is within that range.");
+  // A cap given in bytes is no rounded text: no note.
+  o = run_cachet("replay " + kThreads + " --cap 2040109465");
+  EXPECT_EQ(o.out.find("rounded to 0.01 GiB"), std::string::npos) << o.out;
+  CliRun h = run_cachet("--help");
+  EXPECT_NE(h.out.find("Exit codes: 0 success; 1 a check failed (conform: a mismatch, an engine disagreement); 2 bad "
+                       "input (usage, an unreadable file, an invalid configuration or size)."),
+            std::string::npos)
+      << h.out;
+}
+
+// check-conf: environment variables given as the value, suggestions only when close, --list, the
+// empty string, one STRING in the help.
+TEST(OomDoctor, CheckConfItems) {
+  CliRun o = run_cachet("check-conf 'PYTORCH_NO_CUDA_MEMORY_CACHING=1'");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err,
+            "error: PYTORCH_NO_CUDA_MEMORY_CACHING is an environment variable of its own, not an option of the "
+            "configuration string: set it in the environment (PYTORCH_NO_CUDA_MEMORY_CACHING=1 python train.py) to "
+            "turn PyTorch's caching allocator off, every allocation then a cudaMalloc and every free a cudaFree; "
+            "PYTORCH_CUDA_ALLOC_CONF takes the options cachet check-conf --list prints "
+            "('PYTORCH_NO_CUDA_MEMORY_CACHING=1' at column 1)\n  PYTORCH_NO_CUDA_MEMORY_CACHING=1\n  ^\n");
+  o = run_cachet("check-conf PYTORCH_CUDA_ALLOC_CONF");
+  EXPECT_EQ(o.rc, 2);
+  EXPECT_EQ(o.err, "error: PYTORCH_CUDA_ALLOC_CONF is the environment variable's name, not a configuration: give its "
+                   "value, e.g. cachet check-conf \"$PYTORCH_CUDA_ALLOC_CONF\" ('PYTORCH_CUDA_ALLOC_CONF' at column "
+                   "1)\n  PYTORCH_CUDA_ALLOC_CONF\n  ^\n");
+  o = run_cachet("check-conf CACHET_ALLOC_CONF");
+  EXPECT_NE(o.err.find("cachet check-conf --source cachet \"$CACHET_ALLOC_CONF\""), std::string::npos) << o.err;
+  // One word of four in common with pinned_use_cuda_host_register: no suggestion; the list instead.
+  o = run_cachet("check-conf 'pytorch_no_cuda_memory:1'");
+  EXPECT_EQ(o.err, "error: 'pytorch_no_cuda_memory' is no option (at column 1). Accepted: the options cachet "
+                   "check-conf --list prints\n  pytorch_no_cuda_memory:1\n  ^\n");
+  o = run_cachet("check-conf 'garbage_interval:5'");
+  EXPECT_NE(o.err.find("(did you mean 'garbage_collection_threshold'?)"), std::string::npos) << o.err;
+  o = run_cachet("check-conf ''");
+  EXPECT_EQ(o.rc, 0);
+  EXPECT_EQ(o.out, "\n");
+  EXPECT_EQ(o.err, "(default: PyTorch's defaults)\n");
+  o = run_cachet("check-conf --list");
+  EXPECT_EQ(o.rc, 0);
+  EXPECT_EQ(o.out.find("max_split_size_mb\n    values: a whole number of MiB >= large_segment_size_mb (20 by "
+                       "default), e.g. max_split_size_mb:128\n    blocks of this size or more are never split"),
+            0u)
+      << o.out;
+  EXPECT_NE(o.out.find("\npolicy  (CACHET_ALLOC_CONF only: cachet's plug-in; PyTorch rejects it)\n    values: pytorch "
+                       "or cachet\n"),
+            std::string::npos)
+      << o.out;
+  EXPECT_EQ(std::count(o.out.begin(), o.out.end(), '\n'), 3 * 19) << o.out;  // 19 keys, 3 lines each
+  o = run_cachet("check-conf --help");
+  EXPECT_NE(o.out.find("check-conf [OPTIONS] [STRING]\n"), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("STRING TEXT ..."), std::string::npos) << o.out;
+}
+
+// Sites a person can read: PyTorch's own C++ frames (torch::unwind, c10::, at::, ??) skipped; the
+// backward thread's stack, with no Python frame, named by its autograd node.
+TEST(OomDoctor, SitesSkipPyTorchsOwnFrames) {
+  using cachet::io::Frame;
+  const std::vector<Frame> cpp = {{"torch::unwind::unwind()", "??", 0},
+                                  {"c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(int)", "", 0},
+                                  {"at::native::empty_cuda(c10::ArrayRef<long>)", "??", 0},
+                                  {"??", "??", 0},
+                                  {"void mylib::conv_forward(at::Tensor const&)", "conv.cpp", 42}};
+  EXPECT_EQ(cachet::io::site_frame(cpp), 4u);
+  EXPECT_EQ(cachet::io::site_text(cpp[4]), "void mylib::conv_forward (conv.cpp:42)");
+  const std::vector<Frame> backward = {{"torch::unwind::unwind()", "??", 0},
+                                       {"torch::autograd::generated::AddmmBackward0::apply(std::vector<at::Tensor>&&)",
+                                        "??", 0},
+                                       {"std::error_code::default_error_condition() const", "??", 0},
+                                       {"__clone", "??", 0}};
+  EXPECT_EQ(cachet::io::site_frame(backward), 1u);
+  EXPECT_EQ(cachet::io::site_text(backward[1]), "AddmmBackward0 (autograd's backward; the stack has only PyTorch's C++ frames)");
+  EXPECT_EQ(cachet::io::site_frame({{"torch::unwind::unwind()", "??", 0}, {"??", "??", 0}}), 2u);  // none usable
+  // mlp_train.pickle.gz records stacks="all": its backward thread's blocks.
+  CliRun e = run_cachet("explain " + kMlp);
+  ASSERT_EQ(e.rc, 0) << e.err;
+  EXPECT_NE(e.out.find("\n    32.00 MiB      1 blocks  AddmmBackward0 (autograd's backward; the stack has only "
+                       "PyTorch's C++ frames)\n"),
+            std::string::npos)
+      << e.out;
+  EXPECT_EQ(e.out.find("std::error_code"), std::string::npos) << e.out;
+  EXPECT_EQ(e.out.find("(??:0)"), std::string::npos) << e.out;
+  EXPECT_NE(e.out.find("    (32 C++ frames left out, PyTorch's own (torch::unwind, c10::, at::, ?\?), in autograd's "
+                       "backward of PowBackward0; --json lists them)\n"),
+            std::string::npos)
+      << e.out;
+}
+
+// One figure per thing: explain's moment of peak reserved says its figures are of that moment;
+// trace-info's live bytes say they are requested bytes.
+TEST(OomDoctor, FiguresSayWhatTheyAre) {
+  CliRun e = run_cachet("explain " + kMlp);
+  EXPECT_NE(e.out.find("\nMemory at peak reserved (trace event 204; allocated and requested as they were then, not "
+                       "their own peaks):\n"),
+            std::string::npos)
+      << e.out;
+  EXPECT_NE(e.out.find("\nAllocation sites holding the most memory at peak reserved (innermost frame outside "
+                       "PyTorch):\n"),
+            std::string::npos);
+  CliRun t = run_cachet("trace-info " + kOom);
+  EXPECT_NE(t.out.find(" blocks (") , std::string::npos);
+  EXPECT_NE(t.out.find(" bytes requested), "), std::string::npos) << t.out;
+}
+
+// Less refusal: plot and summary of a capped trace without --cap draw it and say what they could
+// not judge; plot --from/--to; --conf on tune, explain and report.
+TEST(OomDoctor, LessRefusal) {
+  const std::string note =
+      ": note: a memory cap was in force (the request at trace event 5754 found 66.55 GiB free on the device) and no "
+      "--cap was given: replayed without a cap, so the recorded out-of-memory is marked where it happened but does "
+      "not happen in the replay, and no cap is drawn; what the cap would have done (the out-of-memory, the headroom) "
+      "is not judged here: give --cap (PyTorch's \"... GiB allowed\") for it\n";
+  const fs::path dir = cachet::test::scratch_dir();
+  const std::string svg = (dir / "w.svg").string();
+  CliRun p = run_cachet("plot " + kOom + " -o " + svg);
+  EXPECT_EQ(p.rc, 0);
+  EXPECT_EQ(p.err, "cachet plot" + note);
+  CliRun s = run_cachet("summary " + kOom);
+  EXPECT_EQ(s.rc, 0);
+  EXPECT_EQ(s.err, "cachet summary" + note);
+  EXPECT_EQ(run_cachet("replay " + kOom).rc, 2);  // the verdicts need the cap
+  // A window of the last 97 events, the out-of-memory among them.
+  p = run_cachet("plot " + kOom + " --cap 12G -o " + svg + " --from 5754 --to 5851");
+  ASSERT_EQ(p.rc, 0) << p.err;
+  const std::string w = cachet::test::slurp(svg);
+  EXPECT_NE(w.find("window 5754 to 5851; the segment map at its peak reserved"), std::string::npos);
+  p = run_cachet("plot " + kOom + " --cap 12G -o " + svg + " --from 13.5s");
+  EXPECT_EQ(p.rc, 2);
+  EXPECT_EQ(p.err, "cachet plot: --from 13.5s --to (end): no event of the trace is in that window (it has 5851 events "
+                   "over 2.925 s)\n");
+  p = run_cachet("plot " + kOom + " --cap 12G -o " + svg + " --from abc");
+  EXPECT_EQ(p.err, "cachet plot: --from abc: not a time or a trace event: give seconds since the first event with an s "
+                   "('12.5s') or a trace event as a whole number ('5754')\n");
+  // --conf: the verdict is for it, the pick counted from it.
+  CliRun t = run_cachet("tune " + kOom + " --cap 12G --conf expandable_segments:True");
+  ASSERT_EQ(t.rc, 0) << t.err;
+  EXPECT_EQ(paragraph(t.out, "Verdict for"),
+            "Verdict for the given configuration 'expandable_segments:True' under the cap of 12.00 GiB: it does not "
+            "fit: 1 request runs out of memory (peak reserved 11.81 GiB = 12677283840 bytes). 2 allocation retries: the "
+            "allocator reached the cap, freed its cached blocks and tried again. The smallest cap it fits under: 12.03 "
+            "GiB = 12920553472 bytes (by replay, to 2 MiB), 34.00 MiB more than the cap. If the cap is from PyTorch's "
+            "\"12.00 GiB allowed\", which is rounded to 0.01 GiB, the true cap lies within 5.12 MiB of it: the verdict "
+            "holds across that range (the smallest cap that fits is 34.00 MiB above the cap).");
+  EXPECT_NE(t.out.find("\ngiven configuration (--conf):\n"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("With PyTorch's allocator: keep the given configuration,"), std::string::npos) << t.out;
+  CliRun e = run_cachet("explain " + kOom + " --cap 12G --conf expandable_segments:True --json");
+  ASSERT_EQ(e.rc, 0) << e.err;
+  const json ej = json::parse(e.out);
+  EXPECT_EQ(ej["conf"], "expandable_segments:True");
+  EXPECT_EQ(ej["verdict"]["recorded_conf"], false);
+  CliRun tj = run_cachet("tune " + kOom + " --cap 12G --conf expandable_segments:True --json");
+  EXPECT_EQ(json::parse(tj.out)["verdict"], ej["verdict"]);
+  CliRun bad = run_cachet("report " + kOom + " --cap 12G --conf 'max_split_size_mb:1' -o " + (dir / "x.html").string());
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("cachet report: --conf 'max_split_size_mb:1': "), std::string::npos) << bad.err;
 }
 
 }  // namespace

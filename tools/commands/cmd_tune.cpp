@@ -86,9 +86,10 @@ std::string to_text(const Args& a, const LoadedTrace& lt, const ReplayOptions& o
   if (auto line = failed_request_line(lt); !line.empty()) out += line + "\n";
   out += fmt::format("{} configurations replayed on {} threads: the recorded one and {} candidates\n", n + 1,
                      a.threads, n);
-  out += "\nrecorded configuration:\n" + results_table({&tr.baseline});
-  if (!tr.baseline.note.empty()) out += "note (recorded configuration): " + tr.baseline.note + "\n";
-  if (auto note = recorded_peak_note(lt, tr.baseline, o.cap); !note.empty()) out += note + "\n";
+  const char* start = an.rec.from_given ? "given configuration (--conf)" : "recorded configuration";
+  out += fmt::format("\n{}:\n", start) + results_table({&tr.baseline});
+  if (!tr.baseline.note.empty()) out += fmt::format("note ({}): {}\n", start, tr.baseline.note);
+  if (auto note = recorded_peak_note(lt, tr.baseline, o.cap); !note.empty() && !an.rec.from_given) out += note + "\n";
   const std::size_t shown = std::min(a.top, n);
   out += fmt::format("\nranking, fewest OOMs first, then peak reserved, then device calls ({} of {}):\n", shown, n);
   std::vector<const ReplayResult*> rows;
@@ -149,6 +150,7 @@ int run_tune(const Args& a) {
     tr = tune(lt.trace, lt.run.config, space, o, static_cast<unsigned>(a.threads),
               [&](std::size_t done, std::size_t total) { progress.update(done, total); });
     an.rec = recommend(lt.trace, lt.run.config, tr, o);
+    an.rec.from_given = !o.baseline_recorded_addresses;
     an.verdict = judge(lt, tr.baseline, ov, cap_text);
   } catch (const std::exception& e) {
     progress.clear();

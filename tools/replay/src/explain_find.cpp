@@ -135,7 +135,8 @@ Explanation explain(const LoadedTrace& lt, const ReplayOptions& o, const std::ve
     e.notes.push_back("no allocation live at the moment has a usable stack frame: their stacks hold only PyTorch's own "
                       "C++ frames (torch::unwind, c10::, at::, unsymbolised ?\?); record with "
                       "_record_memory_history(stacks=\"python\") or stacks=\"all\" for the Python lines");
-  if (std::string note = recorded_peak_note(lt, e.baseline, o.cap); !note.empty()) e.notes.push_back(note);
+  if (std::string note = recorded_peak_note(lt, e.baseline, o.cap); !note.empty() && o.baseline_recorded_addresses)
+    e.notes.push_back(note);
   if (std::string c = oom_end_caveat(lt); !c.empty() && m.oom) e.notes.push_back(c);
   if (std::string line = device_memory_line(lt, o.cap); !line.empty())
     e.notes.push_back(line.starts_with("note: ") ? line.substr(6) : line);
@@ -152,6 +153,7 @@ Explanation explain(const LoadedTrace& lt, const ReplayOptions& o, const std::ve
   e.candidates = space.size();
   for (std::size_t i = 0; i < space.size(); ++i) e.candidates_without_oom += avoids(tr.results[i]) ? 1 : 0;
   Recommendation rec = recommend(t, config, tr, x);
+  rec.from_given = !o.baseline_recorded_addresses;  // --conf gave the configuration to start from
   auto change = [&](std::size_t i) -> std::optional<Change> {
     if (i == kRecorded || !avoids(tr.results[i])) return std::nullopt;
     return Change{space[i].conf, changed_keys(config, space[i].config), i};

@@ -201,14 +201,15 @@ std::string explain_text(const Explanation& e) {
   if (!e.rec) return o;
   const Recommendation& rec = *e.rec;
   const TuneResult& tr = *e.tried;
+  const char* start = rec.from_given ? "given configuration (--conf)" : "recorded configuration";
   auto change = [&](const ReplayResult& r, const std::vector<std::string>& keys) {
     const ReplayResult& b = e.base();
     o += fmt::format("  {}=\"{}\"\n", variable(r.config), r.conf);
     o += fmt::format("  {} key{} changed: {}\n", keys.size(), keys.size() == 1 ? "" : "s", join(keys, ", "));
     o += fmt::format("  out-of-memory errors: {} instead of {}\n", r.stats.num_ooms, b.stats.num_ooms);
-    o += fmt::format("  peak reserved {} instead of {} (the recorded configuration{})\n"
+    o += fmt::format("  peak reserved {} instead of {} (the {}{})\n"
                      "  device calls (segment allocations and frees) {} instead of {}; allocation retries {} instead of {}\n",
-                     hb(r.peak_reserved()), hb(b.peak_reserved()),
+                     hb(r.peak_reserved()), hb(b.peak_reserved()), start,
                      b.recorded_addresses ? ", replayed with its recorded addresses" : ", replayed the same way",
                      r.stats.num_device_alloc + r.stats.num_device_free,
                      b.stats.num_device_alloc + b.stats.num_device_free, r.stats.num_alloc_retries,
@@ -224,8 +225,9 @@ std::string explain_text(const Explanation& e) {
   if (m.oom && !e.fix) {
     o += "  none of them avoids it.\n";
   } else if (rec.pick == kRecorded) {
-    o += "  keep the recorded configuration: no configuration tried fails fewer requests, reserves less or makes "
-         "fewer device calls.\n";
+    o += fmt::format("  keep the {}: no configuration tried fails fewer requests, reserves less or makes fewer "
+                     "device calls.\n",
+                     start);
   } else {
     change(tr.results[rec.pick], rec.pick_keys);
   }
@@ -238,8 +240,8 @@ std::string explain_text(const Explanation& e) {
   if (m.oom && !e.native_fix && e.fix && !rec.only_plugin_avoids)
     o += "With PyTorch's own allocator, none of the configurations tried avoids it.\n";
   if (e.cap_needed)
-    o += fmt::format("  The recorded configuration needs a cap of at least {} ({} bytes, found by replay to 2 MiB).\n",
-                     hb(*e.cap_needed), *e.cap_needed);
+    o += fmt::format("  The {} needs a cap of at least {} ({} bytes, found by replay to 2 MiB).\n",
+                     rec.from_given ? "given configuration" : "recorded configuration", hb(*e.cap_needed), *e.cap_needed);
   if (e.smallest_fix) {
     const ReplayResult& r = e.result(*e.smallest_fix);
     std::string h = headroom_text(r.peak_reserved(), e.cap);

@@ -97,8 +97,8 @@ std::string recommendation_text(const TuneResult& tr, const Recommendation& rec,
   };
   std::string out;
   if (tr.best_native == kRecorded)
-    out += fmt::format("With PyTorch's allocator: keep the recorded configuration, PYTORCH_CUDA_ALLOC_CONF=\"{}\"\n",
-                       base.conf) +
+    out += fmt::format("With PyTorch's allocator: keep the {} configuration, PYTORCH_CUDA_ALLOC_CONF=\"{}\"\n",
+                       rec.from_given ? "given" : "recorded", base.conf) +
            wrap_text("No candidate tried fails fewer requests, reserves less or makes fewer device calls." +
                          needs(rec.needed_native),
                      width, "  ");

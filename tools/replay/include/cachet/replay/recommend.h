@@ -39,6 +39,9 @@ struct Recommendation {
   // shorter string); kRecorded when none, or when it is the pick.
   std::size_t fewest_keys = kRecorded;
   std::vector<std::string> pick_keys, fewest_keys_keys;  // the keys each changes (changed_keys)
+  // The configuration tune started from is not the recorded one (a command's --conf): said as
+  // "the given configuration".
+  bool from_given = false;
   // memory_needed of the ranking's best, of `native` and of `plugin`, where they still run out of memory.
   std::optional<Bytes> needed_best, needed_native, needed_plugin;
 };

@@ -339,4 +339,55 @@ TEST(OomDoctor, LessRefusal) {
   EXPECT_NE(bad.err.find("cachet report: --conf 'max_split_size_mb:1': "), std::string::npos) << bad.err;
 }
 
+// Done-when 3 (part): the README's worked example ("My run ran out of memory: what now?") is the
+// commands' own output: each `$ cachet ...` block of that section, run from the repository root,
+// prints exactly the lines the README shows (the script's path shortened as the README says;
+// stderr for the command that exits 2).
+TEST(OomDoctor, ReadmeWalkThroughIsTheCommandsOutput) {
+  const fs::path root = fs::path(CACHET_TEST_DATA).parent_path().parent_path();
+  const std::string readme = cachet::test::slurp(root / "README.md");
+  const auto section = readme.find("## My run ran out of memory: what now?");
+  ASSERT_NE(section, std::string::npos);
+  const std::string text = readme.substr(section, readme.find("\n## ", section + 5) - section);
+  std::size_t at = 0, blocks = 0;
+  const fs::path dir = cachet::test::scratch_dir();
+  while ((at = text.find("   $ cachet ", at)) != std::string::npos) {
+    const auto eol = text.find('\n', at);
+    std::string args = text.substr(at + 12, eol - at - 12);
+    const auto end = text.find("\n   ```", eol);
+    std::string expected;
+    for (std::size_t l = eol + 1; l < end + 1;) {
+      const auto nl = text.find('\n', l);
+      std::string line = text.substr(l, nl - l);
+      expected += (line.starts_with("   ") ? line.substr(3) : line) + "\n";
+      l = nl + 1;
+    }
+    SCOPED_TRACE(args);
+    // report writes into the scratch folder, named as in the README.
+    CliRun r = cachet::test::run_shell("cd " + dir.string() + " && ln -sfn " + (root / "tests").string() +
+                                       " tests && " + std::string(CACHET_EXE) + " " + args);
+    std::string got = r.rc == 2 ? r.err : r.out;
+    // The script's folder (where it was recorded) shortened to "...", as the README shows it.
+    for (std::size_t p = 0; (p = got.find("/oom_gpt2.py", p)) != std::string::npos; p += 12) {
+      const std::size_t from = got.rfind(' ', p) + 1;
+      got.replace(from, p - from, "...");
+      p = from + 3;
+    }
+    // fit_lines wraps nothing here (stdout is no terminal: 100 columns); lines are compared whole.
+    std::string trimmed;
+    for (std::size_t l = 0; l < got.size();) {
+      auto nl = got.find('\n', l);
+      if (nl == std::string::npos) nl = got.size();
+      std::string line = got.substr(l, nl - l);
+      while (!line.empty() && line.back() == ' ') line.pop_back();
+      trimmed += line + "\n";
+      l = nl + 1;
+    }
+    EXPECT_EQ(trimmed, expected);
+    ++blocks;
+    at = end;
+  }
+  EXPECT_EQ(blocks, 3u);  // explain without the cap, explain with it, report
+}
+
 }  // namespace

@@ -281,6 +281,15 @@ TEST(OomDoctor, FiguresSayWhatTheyAre) {
   EXPECT_NE(e.out.find("\nAllocation sites holding the most memory at peak reserved (innermost frame outside "
                        "PyTorch):\n"),
             std::string::npos);
+  // The segment map at peak reserved has one scale in the plot's SVG and the report's HTML.
+  const fs::path dir = cachet::test::scratch_dir();
+  ASSERT_EQ(run_cachet("plot " + kOom + " --cap 12G -o " + (dir / "m.svg").string()).rc, 0);
+  ASSERT_EQ(run_cachet("report " + kOom + " --cap 12G -o " + (dir / "m.html").string()).rc, 0);
+  const std::string svg = cachet::test::slurp(dir / "m.svg"), html = cachet::test::slurp(dir / "m.html");
+  EXPECT_NE(svg.find("each row is 608.00 MiB of device memory"), std::string::npos);
+  EXPECT_NE(html.find("</span> segments, 11.88 GiB reserved, 7.05 GiB allocated; segments in address order, end to "
+                      "end, each row 608.00 MiB of them."),
+            std::string::npos);
   CliRun t = run_cachet("trace-info " + kOom);
   EXPECT_NE(t.out.find(" blocks (") , std::string::npos);
   EXPECT_NE(t.out.find(" bytes requested), "), std::string::npos) << t.out;

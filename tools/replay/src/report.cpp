@@ -336,7 +336,7 @@ std::string render_svg(const PlotData& d) {
   const double W = 1200, left = 90, right = 1160;
   const double t_top = 110, t_bottom = 420;  // timeline panel
   const double s_top = 520;                  // segment map panel
-  const int rows = 20;
+  const int rows = kSegmentMapRows;
   const double row_h = 14, row_gap = 4;
   const double s_bottom = s_top + rows * (row_h + row_gap);
   const double H = s_bottom + 70;
@@ -453,7 +453,7 @@ std::string render_svg(const PlotData& d) {
       "<text x=\"{}\" y=\"{}\" font-size=\"16\" font-weight=\"bold\" fill=\"#222\">Segments at peak reserved: {} in {} "
       "segments</text>\n",
       left, s_top - 34, html_escape(human_bytes(static_cast<std::int64_t>(total))), d.peak_segments.size());
-  const double per_row = total > 0 ? std::ceil(static_cast<double>(total) / rows) : 1.0;
+  const double per_row = segment_map_per_row(total);
   o += fmt::format(
       "<text x=\"{}\" y=\"{}\" font-size=\"12\" fill=\"#555\">each row is {} of device memory, segments in address "
       "order; thin dark lines mark segment starts</text>\n",

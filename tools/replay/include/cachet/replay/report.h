@@ -121,6 +121,13 @@ std::string cap_label(std::int64_t cap);
 // range <= 0).
 double nice_step(double range, int ticks);
 
+// The segment maps of both charts (the plot's SVG, the HTML report) have this many rows, so one
+// trace gets one scale in both: segment_map_per_row bytes of device memory per row.
+inline constexpr int kSegmentMapRows = 20;
+inline double segment_map_per_row(Bytes total) {
+  return total > 0 ? std::ceil(static_cast<double>(total) / kSegmentMapRows) : 1.0;
+}
+
 // The segment maps of both charts (the plot's SVG, the HTML report) lay the segments end to end
 // in rows of `per_row` bytes drawn from x = left to right: the bytes [from, to) of that line, cut
 // at row ends, as f(row, x0, x1) per piece.

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cachet/io/frames.h"
+#include "cachet/replay/recommend.h"
 #include "cachet/test/cli_run.h"
 
 namespace {
@@ -150,6 +151,22 @@ TEST(OomDoctor, EveryCommandGivesOnePickAndOneVerdict) {
     EXPECT_NE(html.find("Verdict for"), std::string::npos);
     EXPECT_NE(html.find("Recommended"), std::string::npos);
   }
+}
+
+// The library call `cachet predict` makes (replay::one_answer) gives tune's pick and verdict.
+TEST(OomDoctor, OneAnswerIsTunes) {
+  using namespace cachet::replay;
+  LoadOptions lo;
+  lo.cap = 12ull << 30;
+  const LoadedTrace lt = load_trace(kOom, lo);
+  const OneAnswer a = one_answer(lt, recorded_options(lt, AddressMode::Recorded), 2, "12G");
+  ASSERT_NE(a.rec.pick, kRecorded);
+  EXPECT_EQ(a.tried.results[a.rec.pick].conf, "policy:cachet");
+  EXPECT_TRUE(a.rec.only_plugin_avoids);
+  EXPECT_FALSE(a.verdict.fits());
+  EXPECT_EQ(a.verdict.smallest_cap, std::optional<cachet::Bytes>(13635682304ull));
+  CliRun t = run_cachet("tune " + kOom + " --cap 12G --json");
+  EXPECT_EQ(json::parse(t.out)["verdict"], json::parse(verdict_json(a.verdict)));
 }
 
 // Sizes with units: under 1 MiB refused with what was probably meant; KB/MB/GB/TB refused as

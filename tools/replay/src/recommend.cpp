@@ -265,4 +265,17 @@ std::string verdict_json(const Verdict& v) {
       v.recorded_run_failed ? "true" : "false");
 }
 
+OneAnswer one_answer(const LoadedTrace& lt, const ReplayOptions& o, unsigned threads, std::string_view cap_text) {
+  OneAnswer a;
+  ReplayOptions x = o;
+  x.observer = nullptr;
+  x.progress = nullptr;
+  x.addresses = AddressMode::Synthetic;
+  a.tried = tune(lt.trace, lt.run.config, tune_space(lt.run.config, o.cap > 0), x, threads);
+  a.rec = recommend(lt.trace, lt.run.config, a.tried, x);
+  a.rec.from_given = !o.baseline_recorded_addresses;
+  a.verdict = judge(lt, a.tried.baseline, o, cap_text);
+  return a;
+}
+
 }  // namespace cachet::replay

@@ -101,4 +101,19 @@ std::string verdict_json(const Verdict& v);
 // size in G or GiB with at most two decimals, else 0.
 Bytes cap_text_rounding(std::string_view text);
 
+// --- all of it in one call (for `cachet predict` and any other command) ---
+
+struct OneAnswer {
+  TuneResult tried;    // tune's space replayed from the starting configuration (lt.run.config)
+  Recommendation rec;  // recommend(): the pick
+  Verdict verdict;     // judge() on the starting configuration
+};
+
+// What `cachet tune` computes, in one call: tune_space(lt.run.config, cap), replayed on
+// `threads` workers (synthetic addresses; the starting configuration as `o` says, recorded
+// addresses when o.baseline_recorded_addresses), recommend(), and judge() of the starting
+// configuration under `o` (as `cachet replay` replays it). `o`: recorded_options(lt,
+// AddressMode::Recorded), with the cap and device memory in force. `cap_text`: --cap as given.
+OneAnswer one_answer(const LoadedTrace& lt, const ReplayOptions& o, unsigned threads, std::string_view cap_text = {});
+
 }  // namespace cachet::replay

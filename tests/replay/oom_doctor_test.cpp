@@ -214,6 +214,33 @@ TEST(OomDoctor, SizesAreNeverGuessed) {
       << h.out;
 }
 
+// The verdict's wording: a run that fits with retries and little headroom; a recorded run that
+// never failed, under a cap where the replay does.
+TEST(OomDoctor, VerdictWording) {
+  CliRun o = run_cachet("replay " + kMlp + " --cap 190M");
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(paragraph(o.out, "Verdict for"),
+            "Verdict for the recorded configuration (PyTorch's defaults) under the cap of 190.00 MiB: it fits, no "
+            "out-of-memory. Peak reserved 190.00 MiB = 199229440 bytes, 0 B under the cap (close: under 256.00 MiB, "
+            "other libraries' memory on the GPU or another allocation order can still make it fail). 4 allocation "
+            "retries: the allocator reached the cap, freed its cached blocks and tried again. The smallest cap it fits "
+            "under: 186.00 MiB = 195035136 bytes (by replay, to 2 MiB); less than its peak reserved: under a cap the "
+            "allocator frees its cached blocks and retries.");
+  o = run_cachet("replay " + kMlp + " --cap 150M");
+  EXPECT_EQ(paragraph(o.out, "Verdict for"),
+            "Verdict for the recorded configuration (PyTorch's defaults) under the cap of 150.00 MiB: it does not fit: "
+            "35 requests run out of memory (peak reserved 150.00 MiB = 157286400 bytes). 35 allocation retries: the "
+            "allocator reached the cap, freed its cached blocks and tried again. The recorded run never ran out of "
+            "memory: this is the replay under the limit given. The smallest cap it fits under: 186.00 MiB = 195035136 "
+            "bytes (by replay, to 2 MiB), 36.00 MiB more than the cap.");
+  // explain's figures at the failure say which moment they are.
+  CliRun e = run_cachet("explain " + kOom + " --cap 12G");
+  EXPECT_NE(e.out.find("\nMemory when it failed (trace event 5754: that moment's figures; the run's peak reserved is "
+                       "the verdict's):\n"),
+            std::string::npos)
+      << e.out;
+}
+
 // check-conf: environment variables given as the value, suggestions only when close, --list, the
 // empty string, one STRING in the help.
 TEST(OomDoctor, CheckConfItems) {

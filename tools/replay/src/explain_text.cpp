@@ -162,7 +162,9 @@ std::string explain_text(const Explanation& e) {
   }
   // At the peak, the figures are those of one moment, the first of peak reserved: allocated and
   // requested then, not their own peaks (replay's "peak allocated" is another moment).
-  o += m.oom ? std::string("\nMemory when it failed:\n")
+  o += m.oom ? fmt::format("\nMemory when it failed (trace event {}: that moment's figures; the run's peak reserved is "
+                           "the verdict's):\n",
+                           m.event)
              : fmt::format("\nMemory at peak reserved (trace event {}; allocated and requested as they were then, not "
                            "their own peaks):\n",
                            m.event);

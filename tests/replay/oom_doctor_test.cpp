@@ -319,6 +319,23 @@ TEST(OomDoctor, SitesSkipPyTorchsOwnFrames) {
       << e.out;
 }
 
+// A trace whose stacks hold only PyTorch's own C++ frames (tests/data/derived/gpt2_oom_cpp_only,
+// make_cpp_only.py): explain says there is no usable frame, rather than listing torch::unwind.
+TEST(OomDoctor, ExplainSaysWhenNoFrameIsUsable) {
+  CliRun e = run_cachet("explain " + std::string(CACHET_TEST_DATA) + "/derived/gpt2_oom_cpp_only.pickle.gz --cap 12G");
+  ASSERT_EQ(e.rc, 0) << e.err;
+  EXPECT_NE(e.out.find("\nnote: no allocation live at the moment has a usable stack frame: their stacks hold only "
+                       "PyTorch's own C++ frames (torch::unwind, c10::, at::, unsymbolised ?\?); record with "
+                       "_record_memory_history(stacks=\"python\") or stacks=\"all\" for the Python lines\n"),
+            std::string::npos)
+      << e.out;
+  EXPECT_NE(e.out.find("    10.35 GiB    820 blocks  (no usable frame: only PyTorch's own C++ frames, torch::unwind, "
+                       "c10::, at::, ?\?)\n"),
+            std::string::npos)
+      << e.out;
+  EXPECT_EQ(e.out.find("torch::unwind::unwind()"), std::string::npos) << e.out;
+}
+
 // One figure per thing: explain's moment of peak reserved says its figures are of that moment;
 // trace-info's live bytes say they are requested bytes.
 TEST(OomDoctor, FiguresSayWhatTheyAre) {

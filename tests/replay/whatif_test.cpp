@@ -152,7 +152,7 @@ std::vector<std::string> recorded_row(const std::string& page) {
 // at a peak).
 TEST(WhatIf, OnePeakForTheRecordedConfigurationEverywhere) {
   const auto traces = every_repo_trace();
-  EXPECT_EQ(traces.size(), 85u);  // 5 pickles, 4 JSON snapshots, 76 recordings: a new file is compared too
+  EXPECT_EQ(traces.size(), 86u);  // 6 pickles, 4 JSON snapshots, 76 recordings: a new file is compared too
   for (const auto& [trace, opts] : traces) {
     SCOPED_TRACE(trace + opts);
     Out r = run("replay " + trace + opts + " --json");

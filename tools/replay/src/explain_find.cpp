@@ -130,8 +130,9 @@ Explanation explain(const LoadedTrace& lt, const ReplayOptions& o, const std::ve
         m.lacked > 0 && static_cast<Bytes>(std::max<std::int64_t>(m.allocated - m.requested, 0)) + m.request_rounding >= m.lacked;
   }
   e.sites = sites_at(t, m.op, frames, eo.top_sites);
-  if (!e.sites.empty() && std::all_of(e.sites.begin(), e.sites.end(),
-                                      [](const Site& s) { return s.where == kNoUsableFrameSite; }))
+  if (std::any_of(e.sites.begin(), e.sites.end(), [](const Site& s) { return s.where == kNoUsableFrameSite; }) &&
+      std::all_of(e.sites.begin(), e.sites.end(),
+                  [](const Site& s) { return s.where == kNoUsableFrameSite || s.where == kNoFramesSite; }))
     e.notes.push_back("no allocation live at the moment has a usable stack frame: their stacks hold only PyTorch's own "
                       "C++ frames (torch::unwind, c10::, at::, unsymbolised ?\?); record with "
                       "_record_memory_history(stacks=\"python\") or stacks=\"all\" for the Python lines");

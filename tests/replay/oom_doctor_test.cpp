@@ -383,6 +383,10 @@ TEST(OomDoctor, LessRefusal) {
   ASSERT_EQ(p.rc, 0) << p.err;
   const std::string w = cachet::test::slurp(svg);
   EXPECT_NE(w.find("window 5754 to 5851; the segment map at its peak reserved"), std::string::npos);
+  EXPECT_NE(w.find("<g id=\"ooms\">"), std::string::npos);  // the out-of-memory, in the window, marked
+  p = run_cachet("plot " + kOom + " --cap 12G -o " + svg + " --from 0 --to 5000");
+  ASSERT_EQ(p.rc, 0) << p.err;
+  EXPECT_EQ(cachet::test::slurp(svg).find("<g id=\"ooms\">"), std::string::npos);  // outside this one
   p = run_cachet("plot " + kOom + " --cap 12G -o " + svg + " --from 13.5s");
   EXPECT_EQ(p.rc, 2);
   EXPECT_EQ(p.err, "cachet plot: --from 13.5s --to (end): no event of the trace is in that window (it has 5851 events "

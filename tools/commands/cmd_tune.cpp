@@ -4,7 +4,8 @@
 // calls: cachet/replay/tune.h) and names two answers: the best configuration PyTorch's own
 // allocator accepts (PYTORCH_CUDA_ALLOC_CONF) and, when clearly better, cachet's plug-in
 // (CACHET_ALLOC_CONF). When nothing avoids the out-of-memory errors it says how much memory the
-// recommended configuration needs (memory_needed). Exit 0, or 2 on bad input.
+// recommended configuration needs (memory_needed). The recommendation and the verdict are
+// cachet/replay/recommend.h's, the same explain, report and predict give. Exit 0, or 2 on bad input.
 #if __has_include("cachet/replay/replay.h")
 #include <fmt/format.h>
 
@@ -176,7 +177,8 @@ Runner setup(CLI::App& sub) {
   sub.add_option("--top", a->top, "rows of the ranking to print (default 10)");
   sub.add_flag("--json", a->json,
                "print JSON: {baseline, best, best_native, best_plugin, recommend_plugin, memory_needed, "
-               "memory_needed_native, cap, device_memory, device_memory_source, results: [...]}");
+               "memory_needed_native, cap, device_memory, device_memory_source, pick, only_plugin_avoids, "
+               "fewest_keys, verdict: {...}, results: [...]}");
   return [a] { return run_tune(*a); };
 }
 

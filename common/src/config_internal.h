@@ -48,6 +48,7 @@ struct KeyInfo {
   Key key;
   bool cachet_only;
   std::string_view form;  // the accepted form, for error messages
+  std::string_view meaning = {};  // what it does (cachet check-conf --list)
 };
 
 inline constexpr std::string_view kBoolForm = "True or False";

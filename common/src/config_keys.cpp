@@ -21,35 +21,35 @@ namespace {
 // Every key 2.11 accepts (with its HIP aliases), then cachet's own.
 constexpr KeyInfo kKeys[] = {
     {"max_split_size_mb", Key::MaxSplitSize, false,
-     "a whole number of MiB >= large_segment_size_mb (20 by default), e.g. max_split_size_mb:128"},
+     "a whole number of MiB >= large_segment_size_mb (20 by default), e.g. max_split_size_mb:128", "blocks of this size or more are never split; a request below it never takes one (limits fragmentation of large blocks)"},
     {"max_non_split_rounding_mb", Key::MaxNonSplitRounding, false,
      "a whole number of MiB >= large_segment_size_mb (20 by default), e.g. "
-     "max_non_split_rounding_mb:64"},
+     "max_non_split_rounding_mb:64", "a request of max_split_size_mb or more takes a whole cached block at most this much larger"},
     {"large_segment_size_mb", Key::LargeSegmentSize, false,
-     "a whole number of MiB > 10, e.g. large_segment_size_mb:32"},
+     "a whole number of MiB > 10, e.g. large_segment_size_mb:32", "the segment cudaMalloc'd for requests between 1 MiB and 10 MiB (20 MiB by default)"},
     {"garbage_collection_threshold", Key::GarbageCollectionThreshold, false,
-     "a fraction strictly between 0 and 1, e.g. garbage_collection_threshold:0.6"},
+     "a fraction strictly between 0 and 1, e.g. garbage_collection_threshold:0.6", "under a cap, when reserved memory passes this fraction of it, cached blocks unused the longest are given back before cudaMalloc"},
     {"roundup_power2_divisions", Key::RoundupPower2Divisions, false,
      "a power of two (roundup_power2_divisions:4) or a list of size_mb:divisions with power-of-two "
      "sizes and divisions a power of two or 0, optionally ending in >:divisions "
-     "(roundup_power2_divisions:[256:1,512:2,>:8])"},
-    {"expandable_segments", Key::ExpandableSegments, false, kBoolForm},
-    {"pinned_use_background_threads", Key::PinnedUseBackgroundThreads, false, kBoolForm},
-    {"backend", Key::Backend, false, "native or cudaMallocAsync"},
-    {"release_lock_on_cudamalloc", Key::ReleaseLockOnCudaMalloc, false, kBoolForm},
-    {"release_lock_on_hipmalloc", Key::ReleaseLockOnCudaMalloc, false, kBoolForm},
-    {"pinned_use_cuda_host_register", Key::PinnedUseCudaHostRegister, false, kBoolForm},
-    {"pinned_use_hip_host_register", Key::PinnedUseCudaHostRegister, false, kBoolForm},
+     "(roundup_power2_divisions:[256:1,512:2,>:8])", "rounds requests up to one of this many steps between powers of two (fewer distinct sizes, more rounding)"},
+    {"expandable_segments", Key::ExpandableSegments, false, kBoolForm, "one segment per stream grown by mapping pages, instead of one cudaMalloc per segment (less fragmentation)"},
+    {"pinned_use_background_threads", Key::PinnedUseBackgroundThreads, false, kBoolForm, "the pinned (host) allocator processes its events on a background thread"},
+    {"backend", Key::Backend, false, "native or cudaMallocAsync", "native: PyTorch's caching allocator; cudaMallocAsync: CUDA's stream-ordered allocator instead"},
+    {"release_lock_on_cudamalloc", Key::ReleaseLockOnCudaMalloc, false, kBoolForm, "the allocator's lock is released around cudaMalloc"},
+    {"release_lock_on_hipmalloc", Key::ReleaseLockOnCudaMalloc, false, kBoolForm, "HIP's name for release_lock_on_cudamalloc"},
+    {"pinned_use_cuda_host_register", Key::PinnedUseCudaHostRegister, false, kBoolForm, "pinned host memory is malloc'd and registered with cudaHostRegister instead of cudaHostAlloc"},
+    {"pinned_use_hip_host_register", Key::PinnedUseCudaHostRegister, false, kBoolForm, "HIP's name for pinned_use_cuda_host_register"},
     {"pinned_num_register_threads", Key::PinnedNumRegisterThreads, false,
-     "a power of two from 1 to 128, e.g. pinned_num_register_threads:8"},
+     "a power of two from 1 to 128, e.g. pinned_num_register_threads:8", "threads that register pinned host memory (with pinned_use_cuda_host_register)"},
     {"pinned_reserve_segment_size_mb", Key::PinnedReserveSegmentSize, false,
-     "a whole number of MiB > 0, e.g. pinned_reserve_segment_size_mb:1024"},
-    {"graph_capture_record_stream_reuse", Key::GraphCaptureRecordStreamReuse, false, kBoolForm},
+     "a whole number of MiB > 0, e.g. pinned_reserve_segment_size_mb:1024", "pinned host memory reserved up front for small pinned allocations"},
+    {"graph_capture_record_stream_reuse", Key::GraphCaptureRecordStreamReuse, false, kBoolForm, "blocks freed during a CUDA graph capture with stream uses may be reused within the capture"},
     {"per_process_memory_fraction", Key::PerProcessMemoryFraction, false,
-     "a fraction from 0 to 1, e.g. per_process_memory_fraction:0.5"},
-    {"policy", Key::Policy, true, "pytorch or cachet"},
-    {"cachet_validate", Key::CachetValidate, true, kBoolForm},
-    {"cachet_sleep", Key::CachetSleep, true, kBoolForm},
+     "a fraction from 0 to 1, e.g. per_process_memory_fraction:0.5", "caps the process at this fraction of the device's memory, as set_per_process_memory_fraction"},
+    {"policy", Key::Policy, true, "pytorch or cachet", "pytorch: PyTorch 2.11's rules; cachet: cachet's own policy, no segments to fragment (cachet's plug-in only)"},
+    {"cachet_validate", Key::CachetValidate, true, kBoolForm, "cachet checks its invariants after every call (slow; for debugging)"},
+    {"cachet_sleep", Key::CachetSleep, true, kBoolForm, "cachet's sleep and wake of idle memory (cachet's plug-in only)"},
 };
 
 // Keys of PyTorch releases after 2.11: 2.11 rejects them.
@@ -122,7 +122,8 @@ namespace {
 
 // The known key nearest to `name`: the same key in lower case; else the nearest by edit distance
 // when it is close (at most a third of the name, at least 2); else the key sharing the most
-// words ("garbage_interval" -> garbage_collection_threshold). nullopt when nothing is close.
+// words when they are at least half the name's words of 3 letters or more ("garbage_interval" ->
+// garbage_collection_threshold). nullopt when nothing is close.
 std::optional<std::string_view> nearest_key(std::string_view name, ConfigSource source) {
   auto allowed = [&](const KeyInfo& k) { return !k.cachet_only || source == ConfigSource::Cachet; };
   const std::string lower = lowercase(name);
@@ -161,7 +162,10 @@ std::optional<std::string_view> nearest_key(std::string_view name, ConfigSource 
       best_shared = shared;
     }
   }
-  if (best != nullptr) return best->name;
+  // Only a close match is suggested: at least half of the name's words (of 3 letters or more) are
+  // the key's ("garbage_interval": 1 of 2; "PYTORCH_NO_CUDA_MEMORY_CACHING" shares 1 of 4 with
+  // pinned_use_cuda_host_register: no suggestion).
+  if (best != nullptr && 2 * best_shared >= name_words.size()) return best->name;
   return std::nullopt;
 }
 
@@ -181,3 +185,13 @@ std::string describe_unknown(std::string_view name, ConfigSource source) {
 }
 
 }  // namespace cachet::config_internal
+
+namespace cachet {
+
+std::vector<ConfigKeyDoc> config_keys() {
+  std::vector<ConfigKeyDoc> out;
+  for (const auto& k : config_internal::kKeys) out.push_back({k.name, k.form, k.meaning, k.cachet_only});
+  return out;
+}
+
+}  // namespace cachet

@@ -90,18 +90,33 @@ std::vector<Option> parse_syntax(const std::vector<Token>& toks, ConfigSource so
       }
       // The whole assignment pasted (VAR=value), or the shell's quotes kept in the value.
       const std::string_view var = std::string_view(name.text).substr(0, eq);
-      if (eq != std::string::npos && (var == "PYTORCH_CUDA_ALLOC_CONF" || var == "PYTORCH_ALLOC_CONF" ||
-                                      var == "PYTORCH_HIP_ALLOC_CONF" || var == "CACHET_ALLOC_CONF")) {
+      const bool conf_var = var == "PYTORCH_CUDA_ALLOC_CONF" || var == "PYTORCH_ALLOC_CONF" ||
+                            var == "PYTORCH_HIP_ALLOC_CONF" || var == "CACHET_ALLOC_CONF";
+      if (eq != std::string::npos && conf_var) {
         fail("", name.text.substr(0, eq + 1), name.column(),
              fmt::format("the string starts with the variable's name: give only its value, what follows '{}='",
                          var));
+      }
+      if (conf_var) {  // the variable's name alone
+        fail("", name.text, name.column(),
+             fmt::format("{} is the environment variable's name, not a configuration: give its value, e.g. cachet "
+                         "check-conf{} \"${}\"",
+                         var, var == "CACHET_ALLOC_CONF" ? " --source cachet" : "", var));
+      }
+      // Another of PyTorch's memory variables, not a key of the string.
+      if (var == "PYTORCH_NO_CUDA_MEMORY_CACHING") {
+        fail("", name.text, name.column(),
+             "PYTORCH_NO_CUDA_MEMORY_CACHING is an environment variable of its own, not an option of the "
+             "configuration string: set it in the environment (PYTORCH_NO_CUDA_MEMORY_CACHING=1 python train.py) to "
+             "turn PyTorch's caching allocator off, every allocation then a cudaMalloc and every free a cudaFree; "
+             "PYTORCH_CUDA_ALLOC_CONF takes the options cachet check-conf --list prints");
       }
       if (name.text[0] == '"' || name.text[0] == '\'') {
         fail("", name.text.substr(0, 1), name.column(),
              "the value has quotes in it: remove them (quotes around the value belong to the shell, not to it)");
       }
       throw ConfigError(
-          fmt::format("{} (at column {}). Accepted: the options listed in docs/configuration.md",
+          fmt::format("{} (at column {}). Accepted: the options cachet check-conf --list prints",
                       describe_unknown(name.text, source), name.column()),
           name.text, name.text, name.column());
     }

@@ -237,8 +237,10 @@ TEST(ExplainCli, RealOomTextAndJson) {
   ASSERT_EQ(o.rc, 0) << o.err;
   for (const char* s : {"The first out-of-memory, at trace event 5754: a request of 1.53 GiB",
                         "cross_entropy /opt/torch/.venv/lib/python3.12/site-packages/torch/nn/functional.py:3504",
-                        "= reserved - allocated, exactly (1581035008 bytes)", "Smallest change that avoids it",
-                        "With PyTorch's own allocator", "The recorded configuration needs a cap of at least"})
+                        "= reserved - allocated, exactly (1581035008 bytes)", "Recommended change (cachet tune's pick",
+                        "Only cachet's plug-in avoids it: with PyTorch's own allocator, none of the configurations "
+                        "tried does.",
+                        "The recorded configuration needs a cap of at least"})
     EXPECT_NE(o.out.find(s), std::string::npos) << s << "\n" << o.out;
   EXPECT_EQ(o.out.find("assumed"), std::string::npos) << o.out;  // --device-memory was given
   o = run_cachet("explain " + kOom + " --cap 12G --device-memory 85017493504 --json");

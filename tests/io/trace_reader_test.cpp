@@ -303,7 +303,7 @@ TEST(TraceReader, MidRunTraceStats) {
   EXPECT_TRUE(st.starts_mid_run());
   EXPECT_EQ(st.one_line(),
             "7 events: alloc 1, free_requested 1, free_completed 2, segment_free 1, snapshot 1, "
-            "oom 1; live at end: 1 blocks (300 bytes), 0 frees pending; anomalies: 1 frees "
+            "oom 1; live at end: 1 blocks (300 bytes requested), 0 frees pending; anomalies: 1 frees "
             "without alloc, 1 free_completed without free_requested, 1 segment frees without "
             "segment_alloc, 1 time reversals (trace starts mid-run or its ring buffer dropped "
             "events)");

@@ -92,6 +92,14 @@ TEST(Report, RealOomOpensCleanInChromium) {
   EXPECT_NE(ex.find("Why it ran out of memory"), std::string::npos);
   EXPECT_NE(ex.find("The first out-of-memory, at trace event 5754: a request of 1.53 GiB"), std::string::npos) << ex;
   EXPECT_NE(ex.find("= reserved - allocated, exactly (1581035008 bytes)"), std::string::npos) << ex;
+  // Issue 35: the verdict and tune's recommendation, as tune and explain give them.
+  EXPECT_NE(ex.find("Verdict for the recorded configuration"), std::string::npos) << ex;
+  EXPECT_NE(ex.find("it does not\nfit: 1 request runs out of memory"), std::string::npos) << ex;
+  EXPECT_NE(ex.find("CACHET_ALLOC_CONF=&quot;policy:cachet&quot;") != std::string::npos ||
+                ex.find("CACHET_ALLOC_CONF=\"policy:cachet\"") != std::string::npos,
+            false)
+      << ex;
+  EXPECT_NE(ex.find("plug-in avoids it: with PyTorch"), std::string::npos) << ex;
   // Segments drawn: 149 at the peak and at the out-of-memory (the segment_alloc/segment_free
   // events of the trace leave 149 live at event 5754, and peak reserved, 12,750,684,160 bytes,
   // is first reached at event 5614 with the same 149).
@@ -104,6 +112,29 @@ TEST(Report, RealOomOpensCleanInChromium) {
   const std::string tune = section(dom, "tune");
   EXPECT_EQ(count(tune, "<tr class=\"recorded\">"), 1u);
   EXPECT_GE(count(tune, "<tr>"), 10u);
+}
+
+// Issue 35: a run with no out-of-memory gets the verdict and the recommendation on the page too.
+TEST(Report, NoOomReportHoldsTheVerdictAndTheRecommendation) {
+  const fs::path page = scratch_dir() / "mlp.html";
+  CliRun o = run_shell(std::string(CACHET_EXE) + " report " + std::string(CACHET_TEST_DATA) +
+                       "/oracle/snapshots/mlp_train.pickle.gz -o " + page.string());
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_NE(o.out.find("\nrecommendation (cachet tune"), std::string::npos) << o.out;
+  EXPECT_NE(o.out.find("\nverdict: the recorded configuration fits; the smallest cap it fits under: 186.00 MiB = "
+                       "195035136 bytes\n"),
+            std::string::npos)
+      << o.out;
+  o = chromium(page);
+  ASSERT_EQ(o.rc, 0) << "headless Chromium did not run:\n" << o.err;
+  EXPECT_EQ(console_lines(o.err), "") << "console messages while loading the report";
+  const std::string ex = section(o.out, "explain");
+  EXPECT_NE(ex.find("Verdict for the recorded configuration"), std::string::npos) << ex;
+  EXPECT_NE(ex.find("it fits, no out-of-memory."), std::string::npos) << ex;
+  EXPECT_NE(ex.find("Recommended configuration (cachet tune"), std::string::npos) << ex;
+  EXPECT_NE(ex.find("  keep the recorded configuration: no configuration tried fails fewer requests"),
+            std::string::npos)
+      << ex;
 }
 
 TEST(Report, BadOutputIsExit2WithReason) {

@@ -79,6 +79,11 @@ int main(int argc, char** argv) {
       "cachet: PyTorch 2.11's CUDA caching allocator, modelled, verified and replayable.\n"
       "Replay memory traces, check configurations, conform against recordings."};
   app.require_subcommand(1);
+  app.footer(
+      "Exit codes: 0 success; 1 a check failed (conform: a mismatch, an engine disagreement); 2 bad input "
+      "(usage, an unreadable file, an invalid configuration or size).\n"
+      "Sizes (--cap, --device-memory) are bytes or take K, M, G, T (or KiB, MiB, GiB, TiB), powers of 1024; "
+      "KB, MB, GB, TB and sizes under 1 MiB are refused.");
   app.set_version_flag("--version", "cachet 0.1.0");
   auto& commands = registry();
   std::sort(commands.begin(), commands.end(),

@@ -1,4 +1,4 @@
-// cachet check-conf STRING: validates an allocator configuration string the way PyTorch 2.11
+// cachet check-conf STRING (one string) | --list: validates an allocator configuration string the way PyTorch 2.11
 // reads it, with cachet's clearer errors (docs/configuration.md).
 //
 //   exit 0  stdout: exactly one line, the normalized configuration in canonical PyTorch syntax
@@ -28,16 +28,29 @@ void print_caret(const std::string& text, std::size_t column) {
   std::fputs("^\n", stderr);
 }
 
+// `cachet check-conf --list`: every key, the values it takes and what it does.
+void print_keys() {
+  for (const auto& k : cachet::config_keys()) {
+    std::printf("%.*s%s\n    values: %.*s\n    %.*s\n", static_cast<int>(k.name.size()), k.name.data(),
+                k.cachet_only ? "  (CACHET_ALLOC_CONF only: cachet's plug-in; PyTorch rejects it)" : "",
+                static_cast<int>(k.values.size()), k.values.data(), static_cast<int>(k.meaning.size()),
+                k.meaning.data());
+  }
+}
+
 cachet::cli::Runner setup(CLI::App& sub) {
   struct Options {
-    std::vector<std::string> texts;
     std::string text;
+    bool given = false;
+    bool list = false;
     std::string source = "pytorch";
   };
   auto opts = std::make_shared<Options>();
-  sub.add_option("STRING", opts->texts,
-                 "The configuration, e.g. the value of PYTORCH_CUDA_ALLOC_CONF (quote it)")
-      ->required();
+  // One string; more arguments (a string split by the shell) are caught below, not by CLI11.
+  sub.add_option("STRING", opts->text,
+                 "The configuration, one string: the value of PYTORCH_CUDA_ALLOC_CONF (quote it)");
+  sub.allow_extras();
+  sub.add_flag("--list", opts->list, "List every key, the values it takes and what it does");
   sub.add_option("--source", opts->source,
                  "Where the string comes from: pytorch (PYTORCH_CUDA_ALLOC_CONF / "
                  "PYTORCH_ALLOC_CONF: PyTorch's keys only) or cachet (CACHET_ALLOC_CONF: also "
@@ -46,11 +59,24 @@ cachet::cli::Runner setup(CLI::App& sub) {
       ->capture_default_str();
   sub.footer(
       "Exit status: 0 valid (the normalized string on stdout), 2 invalid (the error on stderr).");
-  return [opts]() -> int {
+  CLI::App* app = &sub;
+  return [opts, app]() -> int {
+    if (opts->list) {
+      print_keys();
+      return cachet::cli::kExitOk;
+    }
+    std::vector<std::string> texts;
+    if (app->count("STRING") > 0) texts.push_back(opts->text);
+    for (const auto& x : app->remaining()) texts.push_back(x);  // a string split by the shell
+    if (texts.empty()) {
+      std::fprintf(stderr, "error: check-conf takes one string, the configuration (quote it): cachet check-conf "
+                           "'max_split_size_mb:128'; cachet check-conf --list lists the keys\n");
+      return cachet::cli::kExitBadInput;
+    }
     // Options split by the shell (unquoted spaces, or ',' written as ' '): one string is checked.
-    if (opts->texts.size() > 1) {
+    if (texts.size() > 1) {
       std::string joined;
-      for (std::string t : opts->texts) {  // "a:1," "b:2": one ',' between, none doubled
+      for (std::string t : texts) {  // "a:1," "b:2": one ',' between, none doubled
         while (!t.empty() && t.back() == ',') t.pop_back();
         while (!t.empty() && t.front() == ',') t.erase(t.begin());
         if (!t.empty()) joined += (joined.empty() ? "" : ",") + t;
@@ -58,10 +84,10 @@ cachet::cli::Runner setup(CLI::App& sub) {
       std::fprintf(stderr,
                    "error: check-conf takes one string, got %zu arguments; quote the string, with its options "
                    "separated by ',': cachet check-conf '%s'\n",
-                   opts->texts.size(), joined.c_str());
+                   texts.size(), joined.c_str());
       return cachet::cli::kExitBadInput;
     }
-    opts->text = opts->texts.front();
+    opts->text = texts.front();
     const auto source =
         opts->source == "cachet" ? cachet::ConfigSource::Cachet : cachet::ConfigSource::PyTorch;
     try {
@@ -83,7 +109,11 @@ cachet::cli::Runner setup(CLI::App& sub) {
                        ignored.size() == 1 ? "it has" : "they have");
         }
 #endif
-      std::printf("%s\n", cachet::to_string(r.config).c_str());
+      const std::string canonical = cachet::to_string(r.config);
+      std::printf("%s\n", canonical.c_str());
+      // The canonical form of PyTorch's defaults is empty: stdout stays that (an empty line), and
+      // stderr says what it means.
+      if (canonical.empty()) std::fprintf(stderr, "(default: PyTorch's defaults)\n");
       return cachet::cli::kExitOk;
     } catch (const cachet::ConfigError& e) {
       std::fprintf(stderr, "error: %s\n", e.what());

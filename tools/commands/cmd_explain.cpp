@@ -20,6 +20,7 @@ struct Args {
   std::string cap;
   std::string fraction;  // --fraction F: the cap is F x the device memory
   std::string device_memory;
+  std::optional<std::string> conf;  // --conf: start from it in place of the recorded configuration
   unsigned threads = 2;
   std::size_t top = 8;
   bool json = false;
@@ -29,11 +30,12 @@ int run_explain(const Args& a) {
   using namespace cachet::replay;
   std::string cap_text = a.cap;  // --cap, or --fraction's cap in bytes
   if (!fraction_to_cap("explain", a.path, a.fraction, a.device_memory, cap_text)) return kExitBadInput;
-  auto in = load_explain_input("explain", a.path, cap_text, a.device_memory, a.threads);
+  auto in = load_explain_input("explain", a.path, cap_text, a.device_memory, a.threads, a.conf);
   if (!in) return kExitBadInput;
   ExplainOptions eo;
   eo.threads = a.threads;
   eo.top_sites = a.top;
+  eo.cap_text = cap_text;
   const Explanation e = explain(in->loaded, in->options, in->frames, eo);
   const std::string out = a.json ? explain_json(e) : explain_text(e);
   std::fputs(out.c_str(), stdout);
@@ -46,6 +48,7 @@ Runner setup(CLI::App& sub) {
   sub.add_option("--cap", a->cap,
                  "the memory cap the run had (set_per_process_memory_fraction x total memory; K/M/G/T ok)");
   sub.add_option("--fraction", a->fraction, kFractionHelp);
+  sub.add_option("--conf", a->conf, kStartConfHelp);
   sub.add_option("--device-memory", a->device_memory, kDeviceMemoryHelp);
   sub.add_option("--threads", a->threads, "worker threads for the search of a fix (default 2)");
   sub.add_option("--top", a->top, "allocation sites to list (default 8)");

@@ -1,4 +1,4 @@
-// `cachet plot TRACE -o FILE.svg [--conf STRING]`: memory over time (allocated and reserved)
+// `cachet plot TRACE -o FILE.svg [--conf STRING] [--from T] [--to T]`: memory over time (allocated and reserved)
 // and the segment map at peak reserved (blocks coloured by state), as one self-contained SVG
 // (no scripts, no network) that opens in any browser.
 #if __has_include("cachet/replay/replay.h")
@@ -29,7 +29,35 @@ struct Args {
   std::string device_memory;
   std::string cap;
   std::string fraction;  // --fraction F: the cap is F x the device memory
+  std::string from, to;  // --from/--to: a time window ("12.5s") or trace events (a bare integer)
 };
+
+// One end of --from/--to: seconds since the first event ("12.5s") or a trace event (a bare
+// whole number). Gives false, with the error printed, on anything else.
+struct WindowEnd {
+  bool set = false;
+  bool seconds = false;
+  double value = 0;
+};
+bool parse_window_end(const char* option, const std::string& text, WindowEnd& out) {
+  if (text.empty()) return true;
+  std::string num = text;
+  out.seconds = num.ends_with('s');
+  if (out.seconds) num.pop_back();
+  char* end = nullptr;
+  const double v = std::strtod(num.c_str(), &end);
+  const bool whole = num.find_first_not_of("0123456789") == std::string::npos;
+  if (num.empty() || end != num.c_str() + num.size() || !(v >= 0) || (!out.seconds && !whole)) {
+    std::fprintf(stderr,
+                 "cachet plot: %s %s: not a time or a trace event: give seconds since the first event with an s "
+                 "('12.5s') or a trace event as a whole number ('5754')\n",
+                 option, text.c_str());
+    return false;
+  }
+  out.set = true;
+  out.value = v;
+  return true;
+}
 
 std::string base_name(const std::string& p) {
   const auto s = p.find_last_of('/');
@@ -66,7 +94,9 @@ int run_plot(const Args& a) {
   }
   std::string cap_text = a.cap;  // --cap, or --fraction's cap in bytes
   if (!fraction_to_cap("plot", a.path, a.fraction, a.device_memory, cap_text)) return kExitBadInput;
-  auto in = load_trace_input("plot", a.path, a.conf, a.device_memory, cap_text);
+  WindowEnd from, to;
+  if (!parse_window_end("--from", a.from, from) || !parse_window_end("--to", a.to, to)) return kExitBadInput;
+  auto in = load_trace_input("plot", a.path, a.conf, a.device_memory, cap_text, /*draw_without_cap=*/true);
   if (!in) return kExitBadInput;
   const LoadedTrace& lt = in->loaded;
   const Config& config = in->config;
@@ -78,11 +108,29 @@ int run_plot(const Args& a) {
   auto xof = [&](std::size_t k) {
     return d.x_is_time ? static_cast<double>(t.event_time_us[k] - t0) / 1e6 : static_cast<double>(t.ops[k].event);
   };
+  if ((from.set && from.seconds) || (to.set && to.seconds))
+    if (!d.x_is_time) {
+      std::fprintf(stderr, "cachet plot: --from/--to in seconds: the trace records no times; give trace events (whole "
+                           "numbers) instead\n");
+      return kExitBadInput;
+    }
+  // Op k is in the window when its x (seconds) or its trace event is within both ends.
+  auto in_window = [&](std::size_t k) {
+    auto after = [&](const WindowEnd& w) {
+      return !w.set || (w.seconds ? xof(k) >= w.value : t.ops[k].event >= w.value);
+    };
+    auto before = [&](const WindowEnd& w) {
+      return !w.set || (w.seconds ? xof(k) <= w.value : t.ops[k].event <= w.value);
+    };
+    return after(from) && before(to);
+  };
+  const bool windowed = from.set || to.set;
   ReplayOptions o = recorded_options(lt, recorded ? AddressMode::Recorded : AddressMode::Synthetic);
   std::int64_t best = -1;
   std::size_t peak_op = 0;
   d.timeline.reserve(t.ops.size());
   o.observer = [&](std::size_t k, const CachingAllocator& al) {
+    if (windowed && !in_window(k)) return;
     const DeviceStats s = al.stats();
     d.timeline.push_back({xof(k), s.allocated_bytes[0].current, s.reserved_bytes[0].current});
     if (s.reserved_bytes[0].current > best) {
@@ -91,6 +139,14 @@ int run_plot(const Args& a) {
     }
   };
   ReplayResult r = cachet::replay::replay(t, config, o);
+  if (windowed && d.timeline.empty()) {
+    std::fprintf(stderr, "cachet plot: --from %s --to %s: no event of the trace is in that window (it has %llu "
+                         "events%s)\n",
+                 a.from.empty() ? "(start)" : a.from.c_str(), a.to.empty() ? "(end)" : a.to.c_str(),
+                 static_cast<unsigned long long>(t.events),
+                 d.x_is_time ? fmt::format(" over {:.3f} s", xof(t.ops.size() - 1)).c_str() : "");
+    return kExitBadInput;
+  }
   if (!t.ops.empty()) {
     ReplayOptions at = recorded_options(lt, r.recorded_addresses ? AddressMode::Recorded : AddressMode::Synthetic);
     at.stop_after = peak_op + 1;
@@ -100,12 +156,15 @@ int run_plot(const Args& a) {
     d.peak_x = xof(peak_op);
   }
   for (std::size_t k = 0; k < t.ops.size(); ++k)
-    if (t.ops[k].kind == OpKind::OomRequest) d.ooms.push_back(xof(k));
+    if (t.ops[k].kind == OpKind::OomRequest && (!windowed || in_window(k))) d.ooms.push_back(xof(k));
   d.cap = static_cast<std::int64_t>(o.cap);
   d.title = base_name(lt.file.name);
-  d.subtitle = fmt::format("configuration: {}   |   peak allocated {}, peak reserved {} (reserved/allocated {:.3f})   |   {} events",
+  d.subtitle = fmt::format("configuration: {}   |   peak allocated {}, peak reserved {} (reserved/allocated {:.3f})   |   {} events{}",
                            r.conf.empty() ? "(default)" : r.conf, human_bytes(r.peak_allocated()),
-                           human_bytes(r.peak_reserved()), r.fragmentation(), t.events);
+                           human_bytes(r.peak_reserved()), r.fragmentation(), t.events,
+                           windowed ? fmt::format("   |   window {} to {}; the segment map at its peak reserved",
+                                                  a.from.empty() ? "start" : a.from, a.to.empty() ? "end" : a.to)
+                                    : std::string());
   const std::string svg = render_svg(d);
   errno = 0;
   std::ofstream f(a.output, std::ios::binary);
@@ -128,6 +187,9 @@ Runner setup(CLI::App& sub) {
   sub.add_option("--device-memory", a->device_memory, kDeviceMemoryHelp);
   sub.add_option("--cap", a->cap, "memory cap (set_per_process_memory_fraction), same syntax: '12G'");
   sub.add_option("--fraction", a->fraction, kFractionHelp);
+  sub.add_option("--from", a->from,
+                 "start of the window drawn: seconds since the first event ('12.5s') or a trace event (a whole number)");
+  sub.add_option("--to", a->to, "end of the window drawn, as --from (the out-of-memory requests in it are marked)");
   return [a] { return run_plot(*a); };
 }
 

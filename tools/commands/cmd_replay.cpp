@@ -16,6 +16,7 @@
 
 #include "cachet/errors.h"
 #include "cachet/io/file.h"
+#include "cachet/replay/recommend.h"
 #include "cachet/replay/replay.h"
 #include "cachet/replay/report.h"
 #include "cachet/replay/tune.h"
@@ -98,12 +99,14 @@ int run_replay(const Args& a) {
     if (j.config.policy == Policy::Cachet) j.recorded = false;
 
   std::vector<ReplayResult> results;
+  std::vector<ReplayOptions> used;  // each row's options (its verdict replays under them)
   Progress progress("replaying");
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     AddressMode mode = jobs[i].recorded ? AddressMode::Recorded : AddressMode::Synthetic;
     if (a.addresses == "recorded") mode = AddressMode::Recorded;
     if (a.addresses == "synthetic") mode = AddressMode::Synthetic;
     ReplayOptions o = recorded_options(lt, mode);
+    used.push_back(o);
     if (progress.enabled() && lt.trace.ops.size() > 1'000'000)
       o.progress = [&, i](std::size_t done, std::size_t total) {
         progress.update(i * total + done, jobs.size() * total);
@@ -222,7 +225,15 @@ int run_replay(const Args& a) {
                          r.conf.empty() ? "(default)" : r.conf, r.pytorch_failures, r.pytorch_failures == 1 ? "" : "s",
                          r.pytorch_failure);
   }
+  // The verdict for each configuration (cachet/replay/recommend.h): fits or not, headroom, retries,
+  // the smallest cap that fits, as tune, explain and report give it.
+  std::string verdicts;
+  for (std::size_t i = 0; i < results.size(); ++i)
+    verdicts += "\n" + verdict_text(judge(lt, results[i], used[i], cap_text), output_width());
+  if (auto c = oom_end_caveat(lt); !c.empty())
+    verdicts += "\n" + wrap_text("Caveat: " + c + ".", output_width(), "");
   std::fputs(fit_lines(out, output_width()).c_str(), stdout);
+  std::fputs(verdicts.c_str(), stdout);
   return kExitOk;
 }
 

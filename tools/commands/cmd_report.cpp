@@ -17,6 +17,7 @@
 
 #include "cachet/replay/explain.h"
 #include "cachet/replay/html_report.h"
+#include "cachet/replay/recommend.h"
 #include "command.h"
 #include "explain_input.h"
 
@@ -29,6 +30,7 @@ struct Args {
   std::string cap;
   std::string fraction;  // --fraction F: the cap is F x the device memory
   std::string device_memory;
+  std::optional<std::string> conf;  // --conf: start from it in place of the recorded configuration
   unsigned threads = 2;
   std::size_t top = 20;
 };
@@ -61,12 +63,13 @@ int run_report(const Args& a) {
   }
   std::string cap_text = a.cap;  // --cap, or --fraction's cap in bytes
   if (!fraction_to_cap("report", a.path, a.fraction, a.device_memory, cap_text)) return kExitBadInput;
-  auto in = load_explain_input("report", a.path, cap_text, a.device_memory, a.threads);
+  auto in = load_explain_input("report", a.path, cap_text, a.device_memory, a.threads, a.conf);
   if (!in) return kExitBadInput;
   const LoadedTrace& lt = in->loaded;
   const Trace& t = lt.trace;
   ExplainOptions eo;
   eo.threads = a.threads;
+  eo.cap_text = cap_text;
   Explanation e = explain(lt, in->options, in->frames, eo);
 
   HtmlReport r;
@@ -110,26 +113,15 @@ int run_report(const Args& a) {
   if (e.at.oom) r.oom_segments = e.at.segments;
   r.explain = explain_text(e);
 
-  // The table: explain's search when it ran (an out-of-memory), else tune's space now.
-  if (!e.tried) {
-    ReplayOptions x = in->options;
-    x.addresses = AddressMode::Synthetic;
-    e.tried = tune(t, lt.run.config, tune_space(lt.run.config, x.cap > 0), x, a.threads);
-  }
-  std::vector<std::size_t> order(e.tried->results.size());
-  std::iota(order.begin(), order.end(), 0);
-  auto key = [&](std::size_t i) {
-    const ReplayResult& x = e.tried->results[i];
-    return std::make_tuple(x.stats.num_ooms + x.failed_allocs, x.peak_reserved(),
-                           x.stats.num_device_alloc + x.stats.num_device_free, x.conf.size());
-  };
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return key(x) < key(y); });
-  r.rows.push_back(&e.tried->baseline);
-  for (std::size_t k = 0; k < order.size() && k < a.top; ++k) r.rows.push_back(&e.tried->results[order[k]]);
+  // The table: tune's space (explain's search), in tune's ranking: the one recommendation heads it.
+  const TuneResult& tr = *e.tried;
+  r.rows.push_back(&tr.baseline);
+  for (std::size_t k = 0; k < tr.ranking.size() && k < a.top; ++k) r.rows.push_back(&tr.results[tr.ranking[k]]);
+  const std::size_t tried = tr.results.size();
   r.rows_note = fmt::format(
-      "{} configurations replayed (synthetic addresses{}); the best {} by out-of-memory errors and failed "
-      "allocations, then peak reserved, then device calls. The first row is the recorded configuration.",
-      order.size() + 1, e.cap ? ", the same cap" : "", std::min(a.top, order.size()));
+      "{} configurations replayed (synthetic addresses{}); the best {} in cachet tune's ranking: fewest "
+      "out-of-memory errors, then peak reserved, then device calls. The first row is the recorded configuration.",
+      tried + 1, e.cap ? ", the same cap" : "", std::min(a.top, tried));
 
   const std::string html = render_html(r);
   errno = 0;
@@ -143,6 +135,18 @@ int run_report(const Args& a) {
               e.at.oom ? "first out-of-memory explained" : "no out-of-memory, the peak explained",
               r.peak_segments.size(),
               r.oom_segments ? fmt::format(", {} at the out-of-memory", r.oom_segments->size()).c_str() : "");
+  // The one recommendation and the verdict, as tune, explain and replay give them.
+  const Recommendation& rec = *e.rec;
+  const Verdict& v = *e.verdict;
+  std::printf("recommendation (cachet tune's pick): %s\n",
+              rec.pick == kRecorded ? fmt::format("keep the recorded configuration, \"{}\"", e.conf).c_str()
+                                    : fmt::format("{}=\"{}\"{}", conf_variable(tr.results[rec.pick].config),
+                                                  tr.results[rec.pick].conf,
+                                                  rec.only_plugin_avoids ? " (only cachet's plug-in avoids the out-of-memory)" : "")
+                                          .c_str());
+  std::printf("verdict: the recorded configuration %s%s\n", v.fits() ? "fits" : "does not fit",
+              v.smallest_cap ? fmt::format("; the smallest cap it fits under: {}", human_bytes_exact(*v.smallest_cap)).c_str()
+                             : "");
   return kExitOk;
 }
 
@@ -153,6 +157,7 @@ Runner setup(CLI::App& sub) {
   sub.add_option("--cap", a->cap,
                  "the memory cap the run had (set_per_process_memory_fraction x total memory; K/M/G/T ok)");
   sub.add_option("--fraction", a->fraction, kFractionHelp);
+  sub.add_option("--conf", a->conf, kStartConfHelp);
   sub.add_option("--device-memory", a->device_memory, kDeviceMemoryHelp);
   sub.add_option("--threads", a->threads, "worker threads for the configurations (default 2)");
   sub.add_option("--top", a->top, "rows of the configuration table (default 20)");

@@ -31,7 +31,7 @@ int run_summary(const Args& a) {
   using namespace cachet::replay;
   std::string cap_text = a.cap;  // --cap, or --fraction's cap in bytes
   if (!fraction_to_cap("summary", a.path, a.fraction, a.device_memory, cap_text)) return kExitBadInput;
-  auto in = load_trace_input("summary", a.path, a.conf, a.device_memory, cap_text);
+  auto in = load_trace_input("summary", a.path, a.conf, a.device_memory, cap_text, /*draw_without_cap=*/true);
   if (!in) return kExitBadInput;
   const LoadedTrace& lt = in->loaded;
   const Config& config = in->config;

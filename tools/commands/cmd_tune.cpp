@@ -4,7 +4,8 @@
 // calls: cachet/replay/tune.h) and names two answers: the best configuration PyTorch's own
 // allocator accepts (PYTORCH_CUDA_ALLOC_CONF) and, when clearly better, cachet's plug-in
 // (CACHET_ALLOC_CONF). When nothing avoids the out-of-memory errors it says how much memory the
-// recommended configuration needs (memory_needed). Exit 0, or 2 on bad input.
+// recommended configuration needs (memory_needed). The recommendation and the verdict are
+// cachet/replay/recommend.h's, the same explain, report and predict give. Exit 0, or 2 on bad input.
 #if __has_include("cachet/replay/replay.h")
 #include <fmt/format.h>
 
@@ -14,6 +15,7 @@
 #include <string>
 
 #include "cachet/io/file.h"
+#include "cachet/replay/recommend.h"
 #include "cachet/replay/replay.h"
 #include "cachet/replay/report.h"
 #include "cachet/replay/tune.h"
@@ -30,17 +32,17 @@ struct Args {
   std::string cap;
   std::string fraction;  // --fraction F: the cap is F x the device memory
   std::string device_memory;
+  std::optional<std::string> conf;  // --conf: start from it in place of the recorded configuration
   int threads = 2;
   std::size_t top = 10;
   bool json = false;
 };
 
-// What tune decided, beside the TuneResult.
+// What tune decided, beside the TuneResult: the one recommendation (cachet/replay/recommend.h)
+// and the verdict on the recorded configuration.
 struct Answer {
-  std::size_t plugin = kRecorded;  // best_plugin(): the cachet-only candidate named
-  bool recommend_plugin = false;   // clearly better than best_native (plugin_clearly_better)
-  // memory_needed by best, best_native and the plug-in's candidate, when they still run out of memory.
-  std::optional<Bytes> needed_best, needed_native, needed_plugin;
+  Recommendation rec;
+  Verdict verdict;
 };
 
 const char* source_name(DeviceMemoryFacts::Source s) {
@@ -66,10 +68,12 @@ std::string to_json(const LoadedTrace& lt, const ReplayOptions& o, const TuneRes
   return fmt::format(
       "{{\"baseline\": 0, \"best\": {}, \"best_native\": {}, \"best_plugin\": {}, \"recommend_plugin\": {}, "
       "\"memory_needed\": {}, \"memory_needed_native\": {}, \"cap\": {}, \"device_memory\": {}, "
-      "\"device_memory_source\": \"{}\", \"results\": {}}}\n",
-      idx(tr.best), idx(tr.best_native), an.plugin == kRecorded ? -1LL : idx(an.plugin),
-      an.recommend_plugin ? "true" : "false", num(an.needed_best), num(an.needed_native), o.cap, o.device_memory,
-      source_name(lt.memory.source), results_json(rows));
+      "\"device_memory_source\": \"{}\", \"pick\": {}, \"only_plugin_avoids\": {}, \"fewest_keys\": {}, "
+      "\"verdict\": {}, \"results\": {}}}\n",
+      idx(tr.best), idx(tr.best_native), an.rec.plugin == kRecorded ? -1LL : idx(an.rec.plugin),
+      an.rec.recommend_plugin ? "true" : "false", num(an.rec.needed_best), num(an.rec.needed_native), o.cap,
+      o.device_memory, source_name(lt.memory.source), idx(an.rec.pick), an.rec.only_plugin_avoids ? "true" : "false",
+      an.rec.fewest_keys == kRecorded ? -1LL : idx(an.rec.fewest_keys), verdict_json(an.verdict), results_json(rows));
 }
 
 std::string to_text(const Args& a, const LoadedTrace& lt, const ReplayOptions& o, const TuneResult& tr,
@@ -83,9 +87,10 @@ std::string to_text(const Args& a, const LoadedTrace& lt, const ReplayOptions& o
   if (auto line = failed_request_line(lt); !line.empty()) out += line + "\n";
   out += fmt::format("{} configurations replayed on {} threads: the recorded one and {} candidates\n", n + 1,
                      a.threads, n);
-  out += "\nrecorded configuration:\n" + results_table({&tr.baseline});
-  if (!tr.baseline.note.empty()) out += "note (recorded configuration): " + tr.baseline.note + "\n";
-  if (auto note = recorded_peak_note(lt, tr.baseline, o.cap); !note.empty()) out += note + "\n";
+  const char* start = an.rec.from_given ? "given configuration (--conf)" : "recorded configuration";
+  out += fmt::format("\n{}:\n", start) + results_table({&tr.baseline});
+  if (!tr.baseline.note.empty()) out += fmt::format("note ({}): {}\n", start, tr.baseline.note);
+  if (auto note = recorded_peak_note(lt, tr.baseline, o.cap); !note.empty() && !an.rec.from_given) out += note + "\n";
   const std::size_t shown = std::min(a.top, n);
   out += fmt::format("\nranking, fewest OOMs first, then peak reserved, then device calls ({} of {}):\n", shown, n);
   std::vector<const ReplayResult*> rows;
@@ -96,68 +101,17 @@ std::string to_text(const Args& a, const LoadedTrace& lt, const ReplayOptions& o
   }
   // The plug-in's row, when the rows above do not show it (none with --top 0).
   for (std::size_t k = shown; k < n && shown > 0; ++k)
-    if (tr.ranking[k] == an.plugin) {
-      rows.push_back(&tr.results[an.plugin]);
+    if (tr.ranking[k] == an.rec.plugin) {
+      rows.push_back(&tr.results[an.rec.plugin]);
       ranks.push_back(std::to_string(k + 1));
     }
   out += results_table(rows, ranks);
 
-  const ReplayResult& base = tr.baseline;
-  const ReplayResult& native = tr.at(tr.best_native);
   const std::size_t width = output_width();
-  auto needs = [&](const std::optional<Bytes>& m) {
-    if (!m) return std::string();
-    return fmt::format(" To avoid them it needs {} of memory (found by replay, to 2 MiB): {}.",
-                       human_bytes_exact(*m),
-                       o.cap ? fmt::format("a cap of at least that, {} now", human_bytes(o.cap))
-                             : fmt::format("that much device memory for the process, {} now", human_bytes(o.device_memory)));
-  };
-  if (auto c = oom_end_caveat(lt); !c.empty() && base.stats.num_ooms > 0) out += "\n" + wrap_text("Caveat: " + c + ".", width, "");
-  auto headroom = [&](const ReplayResult& r) {
-    std::string h = headroom_text(r.peak_reserved(), o.cap);
-    if (h.empty() || r.stats.num_ooms > 0) return std::string();
-    h[0] = 'H';
-    return " " + h + ".";
-  };
-  out += "\n";
-  if (tr.best_native == kRecorded)
-    out += fmt::format("With PyTorch's allocator: keep the recorded configuration, PYTORCH_CUDA_ALLOC_CONF=\"{}\"\n",
-                       base.conf) +
-           wrap_text("No candidate tried fails fewer requests, reserves less or makes fewer device calls." +
-                         needs(an.needed_native),
-                     width, "  ");
-  else
-    out += fmt::format("With PyTorch's allocator: PYTORCH_CUDA_ALLOC_CONF=\"{}\"\n", native.conf) +
-           wrap_text(describe_change(base, native) + headroom(native) + needs(an.needed_native), width, "  ");
-  if (an.plugin != kRecorded) {
-    const ReplayResult& p = tr.results[an.plugin];
-    const auto rank = std::find(tr.ranking.begin(), tr.ranking.end(), an.plugin) - tr.ranking.begin() + 1;
-    if (an.recommend_plugin)
-      out += fmt::format("With cachet's plug-in (python/README.md): CACHET_ALLOC_CONF=\"{}\"\n", p.conf) +
-             wrap_text(describe_change(base, p) + headroom(p) + needs(an.needed_plugin), width, "  ");
-    else if (an.plugin != tr.best)
-      out += wrap_text(fmt::format("With cachet's plug-in: nothing better: CACHET_ALLOC_CONF=\"{}\" ranks {}.", p.conf,
-                                   rank),
-                       width, "");
-    else
-      out += wrap_text(
-          fmt::format("With cachet's plug-in: not recommended: CACHET_ALLOC_CONF=\"{}\" ranks {} but is not clearly "
-                      "better than PyTorch's allocator (it would need fewer OOMs, or as many and at least {:.0f}% less "
-                      "peak reserved{}: {} against {}).",
-                      p.conf, rank, 100 * kPluginMinSaving,
-                      o.cap ? fmt::format(", or, with none, {} under the cap where PyTorch's allocator leaves less",
-                                          human_bytes(static_cast<std::int64_t>(kSafeHeadroom)))
-                            : std::string(),
-                      human_bytes(p.peak_reserved()), human_bytes(native.peak_reserved())),
-          width, "");
-  }
-  if (tr.at(tr.best).stats.num_ooms > 0)
-    out += "\n" + wrap_text(fmt::format("No configuration tried avoids running out of memory: the best still fails {}.",
-                                         tr.at(tr.best).stats.num_ooms == 1
-                                             ? std::string("1 request")
-                                             : fmt::format("{} requests", tr.at(tr.best).stats.num_ooms)) +
-                                 needs(an.needed_best),
-                             width, "");
+  out += "\n" + verdict_text(an.verdict, width);
+  if (auto c = oom_end_caveat(lt); !c.empty() && tr.baseline.stats.num_ooms > 0)
+    out += "\n" + wrap_text("Caveat: " + c + ".", width, "");
+  out += "\n" + recommendation_text(tr, an.rec, o, width);
   return out;
 }
 
@@ -185,7 +139,10 @@ int run_tune(const Args& a) {
     return kExitBadInput;
   }
   if (!cap_fits("tune", lt, cap_text, cap)) return kExitBadInput;
-  const ReplayOptions o = recorded_options(lt, AddressMode::Synthetic);
+  ReplayOptions o = recorded_options(lt, AddressMode::Synthetic);
+  ReplayOptions ov = recorded_options(lt, AddressMode::Recorded);  // the verdict's, as replay's
+  if (!start_from_conf("tune", a.conf, lt, &ov)) return kExitBadInput;
+  o.baseline_recorded_addresses = ov.baseline_recorded_addresses;
   const auto space = tune_space(lt.run.config, o.cap > 0);
   Progress progress("tuning");
   TuneResult tr;
@@ -193,16 +150,9 @@ int run_tune(const Args& a) {
   try {
     tr = tune(lt.trace, lt.run.config, space, o, static_cast<unsigned>(a.threads),
               [&](std::size_t done, std::size_t total) { progress.update(done, total); });
-    an.plugin = best_plugin(tr);
-    an.recommend_plugin = an.plugin != kRecorded && an.plugin == tr.best &&
-                          plugin_clearly_better(tr.results[an.plugin], tr.at(tr.best_native), o.cap);
-    auto needed = [&](std::size_t i) -> std::optional<Bytes> {
-      if (tr.at(i).stats.num_ooms == 0) return std::nullopt;
-      return memory_needed(lt.trace, tr.at(i).config, o);
-    };
-    an.needed_best = needed(tr.best);
-    an.needed_native = tr.best_native == tr.best ? an.needed_best : needed(tr.best_native);
-    if (an.plugin != kRecorded) an.needed_plugin = an.plugin == tr.best ? an.needed_best : needed(an.plugin);
+    an.rec = recommend(lt.trace, lt.run.config, tr, o);
+    an.rec.from_given = !o.baseline_recorded_addresses;
+    an.verdict = judge(lt, tr.baseline, ov, cap_text);
   } catch (const std::exception& e) {
     progress.clear();
     std::fprintf(stderr, "cachet tune: %s\n", e.what());
@@ -221,12 +171,14 @@ Runner setup(CLI::App& sub) {
                  "memory cap (set_per_process_memory_fraction) in bytes, or with a suffix K/M/G/T (powers of 1024): "
                  "'13.5G'; also searches garbage_collection_threshold");
   sub.add_option("--fraction", a->fraction, kFractionHelp);
+  sub.add_option("--conf", a->conf, kStartConfHelp);
   sub.add_option("--device-memory", a->device_memory, kDeviceMemoryHelp);
   sub.add_option("--threads", a->threads, "worker threads, at least 1 (default 2)");
   sub.add_option("--top", a->top, "rows of the ranking to print (default 10)");
   sub.add_flag("--json", a->json,
                "print JSON: {baseline, best, best_native, best_plugin, recommend_plugin, memory_needed, "
-               "memory_needed_native, cap, device_memory, device_memory_source, results: [...]}");
+               "memory_needed_native, cap, device_memory, device_memory_source, pick, only_plugin_avoids, "
+               "fewest_keys, verdict: {...}, results: [...]}");
   return [a] { return run_tune(*a); };
 }
 

@@ -48,4 +48,10 @@ inline constexpr const char* kFractionHelp =
     "the cap as set_per_process_memory_fraction(F) sets it: F x the device memory (--device-memory, or "
     "from the trace); not with --cap";
 
+// The help of --conf on tune, explain and report (trace_input.h, start_from_conf).
+inline constexpr const char* kStartConfHelp =
+    "start from this configuration in place of the recorded one (PYTORCH_CUDA_ALLOC_CONF syntax, or "
+    "policy:cachet): the verdict is for it, changes are counted from it. These commands have no --policy: "
+    "--conf policy:cachet starts from cachet's policy";
+
 }  // namespace cachet::cli

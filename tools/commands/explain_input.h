@@ -25,19 +25,14 @@ struct ExplainInput {
   replay::ReplayOptions options;  // the recorded run: device memory, cap, recorded addresses
 };
 
+// `conf` (--conf): the configuration to start from in place of the recorded one (start_from_conf).
 inline std::optional<ExplainInput> load_explain_input(const char* cmd, const std::string& path, const std::string& cap_text,
-                                                      const std::string& device_memory, unsigned threads) {
+                                                      const std::string& device_memory, unsigned threads,
+                                                      const std::optional<std::string>& conf = std::nullopt) {
   using namespace cachet::replay;
   std::optional<Bytes> mem, cap;
-  if (!device_memory.empty() && (!(mem = parse_bytes(device_memory)) || *mem == 0)) {
-    std::fprintf(stderr, "cachet %s: --device-memory: not a size: '%s' (e.g. 80G, 85017493504)\n", cmd,
-                 device_memory.c_str());
+  if (!size_option(cmd, "--device-memory", device_memory, mem) || !size_option(cmd, "--cap", cap_text, cap))
     return std::nullopt;
-  }
-  if (!cap_text.empty() && (!(cap = parse_bytes(cap_text)) || *cap == 0)) {
-    std::fprintf(stderr, "cachet %s: --cap: not a size: '%s' (e.g. 12G, 12884901888)\n", cmd, cap_text.c_str());
-    return std::nullopt;
-  }
   if (threads == 0) {
     std::fprintf(stderr, "cachet %s: --threads 0: give at least 1 worker thread\n", cmd);
     return std::nullopt;
@@ -62,6 +57,7 @@ inline std::optional<ExplainInput> load_explain_input(const char* cmd, const std
   }
   if (!cap_fits(cmd, in.loaded, cap_text, cap)) return std::nullopt;
   in.options = recorded_options(in.loaded, AddressMode::Recorded);
+  if (!start_from_conf(cmd, conf, in.loaded, &in.options)) return std::nullopt;
   if (in.options.cap && in.options.cap >= in.options.device_memory) {
     std::fprintf(stderr, "cachet %s: --cap %s is not below the device memory (%s): give a smaller cap or --device-memory\n",
                  cmd, human_bytes(static_cast<std::int64_t>(in.options.cap)).c_str(),

@@ -25,11 +25,18 @@ struct TraceInput {
   bool recorded = true;   // config is the recorded one: replay with the recorded addresses
 };
 
-// --cap / --device-memory: a positive size in bytes ("13.5G", "12GiB", "512MB": K/M/G/T are
-// powers of 1024). "" leaves `out` empty. Prints the error and gives false on bad input.
+// --cap / --device-memory: a positive size in bytes ("13.5G", "12GiB", "512M": K/M/G/T and
+// KiB/MiB/GiB/TiB are powers of 1024; KB/MB/GB/TB are refused as ambiguous, and so is a size under
+// 1 MiB: "8" is 8 bytes, "did you mean 8G?", replay::parse_size). "" leaves `out` empty. Prints
+// the error and gives false on bad input.
 inline bool size_option(const char* cmd, const char* option, const std::string& text, std::optional<Bytes>& out) {
   if (text.empty()) return true;
-  out = replay::parse_bytes(text);
+  const replay::SizeParse p = replay::parse_size(text);
+  out = p.bytes;
+  if (!p.error.empty()) {
+    std::fprintf(stderr, "cachet %s: %s: %s\n", cmd, option, p.error.c_str());
+    return false;
+  }
   if (out && *out == 0 && std::string_view(option) == "--cap") {
     std::fprintf(stderr, "cachet %s: --cap %s: a cap of 0 bytes; leave --cap out for no cap\n", cmd, text.c_str());
     return false;
@@ -130,10 +137,14 @@ inline bool fraction_to_cap(const char* cmd, const std::string& path, const std:
   return true;
 }
 
+// `draw_without_cap` (plot, summary): a trace that shows a cap but was given none is drawn
+// without one, and a note on stderr says what cannot be judged (replay, tune, explain and report
+// refuse it: their verdicts need the cap).
 inline std::optional<TraceInput> load_trace_input(const char* cmd, const std::string& path,
                                                   const std::optional<std::string>& conf,
                                                   const std::string& device_memory,
-                                                  const std::string& cap_text = "") {
+                                                  const std::string& cap_text = "",
+                                                  bool draw_without_cap = false) {
   std::optional<Bytes> mem, cap;
   if (!size_option(cmd, "--device-memory", device_memory, mem) || !size_option(cmd, "--cap", cap_text, cap))
     return std::nullopt;
@@ -158,11 +169,45 @@ inline std::optional<TraceInput> load_trace_input(const char* cmd, const std::st
   }
   // A cap the trace shows but does not record is asked for, not guessed.
   if (auto e = replay::missing_cap_error(in.loaded); !e.empty()) {
-    std::fprintf(stderr, "cachet %s: %s\n", cmd, e.c_str());
-    return std::nullopt;
+    if (!draw_without_cap) {
+      std::fprintf(stderr, "cachet %s: %s\n", cmd, e.c_str());
+      return std::nullopt;
+    }
+    const replay::DeviceMemoryFacts& m = in.loaded.memory;
+    std::fprintf(stderr,
+                 "cachet %s: note: a memory cap was in force (the request at trace event %zu found %s free on the "
+                 "device) and no --cap was given: replayed without a cap, so the recorded out-of-memory is marked "
+                 "where it happened but does not happen in the replay, and no cap is drawn; what the cap would have "
+                 "done (the out-of-memory, the headroom) is not judged here: give --cap (PyTorch's \"... GiB "
+                 "allowed\") for it\n",
+                 cmd, m.oom_event, replay::human_bytes(static_cast<std::int64_t>(m.oom_free)).c_str());
   }
   if (!cap_fits(cmd, in.loaded, cap_text, cap)) return std::nullopt;
   return in;
+}
+
+// --conf STR on tune, explain and report: one starting configuration in place of the recorded one
+// (lt.run.config). The verdict is then for it, and the changes are counted from it; it replays with
+// synthetic addresses unless it equals the recorded one (as `cachet replay --conf` does), which
+// `o` says (baseline_recorded_addresses, addresses). Prints the error and gives false when it
+// does not parse.
+inline bool start_from_conf(const char* cmd, const std::optional<std::string>& conf, replay::LoadedTrace& lt,
+                            replay::ReplayOptions* o = nullptr) {
+  if (!conf) return true;
+  Config c;
+  try {
+    c = parse_config(*conf, ConfigSource::Cachet).config;
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "cachet %s: --conf '%s': %s\n", cmd, conf->c_str(), e.what());
+    return false;
+  }
+  if (c == lt.run.config) return true;
+  lt.run.config = c;
+  if (o) {
+    o->baseline_recorded_addresses = false;
+    o->addresses = replay::AddressMode::Synthetic;
+  }
+  return true;
 }
 
 }  // namespace cachet::cli

@@ -116,4 +116,15 @@ struct EnvConfig {
 };
 EnvConfig config_from_environment();
 
+// Every key of the configuration string, for `cachet check-conf --list`: its name, the values it
+// takes (as error messages state them), what it does, and whether only CACHET_ALLOC_CONF takes it
+// (PyTorch rejects it). PyTorch 2.11's keys (with their HIP aliases) first, then cachet's.
+struct ConfigKeyDoc {
+  std::string_view name;
+  std::string_view values;
+  std::string_view meaning;
+  bool cachet_only = false;
+};
+std::vector<ConfigKeyDoc> config_keys();
+
 }  // namespace cachet

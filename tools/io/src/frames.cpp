@@ -2,6 +2,8 @@
 // here (PickleTree): the trace reader keeps only the events.
 #include "cachet/io/frames.h"
 
+#include <cctype>
+
 #include <fmt/format.h>
 
 #include "cachet/io/file.h"
@@ -68,7 +70,7 @@ std::vector<std::vector<Frame>> read_event_frames(const std::string& path, Devic
 std::string to_string(const Frame& f) {
   const auto slash = f.filename.find_last_of('/');
   const std::string file = slash == std::string::npos ? f.filename : f.filename.substr(slash + 1);
-  if (file.empty()) return f.name;
+  if (file.empty() || file == "??") return f.name;  // a C++ frame without its source file
   return fmt::format("{} ({}:{})", f.name, file, f.line);
 }
 
@@ -82,12 +84,55 @@ bool is_python_frame(const Frame& f) {
   return n.size() >= 3 && n.compare(n.size() - 3, 3, ".py") == 0;
 }
 
+bool is_internal_cpp_frame(const Frame& f) {
+  if (is_python_frame(f)) return false;
+  const std::string& n = f.name;
+  if (n.empty() || n.starts_with("??") || n.starts_with("0x")) return true;  // unsymbolised
+  // The qualified name, without its arguments and template arguments: "void at::native::foo<...>(...)"
+  // -> "void at::native::foo".
+  std::string q = n.substr(0, std::min(n.find('('), n.find('<')));
+  if (const auto sp = q.find_last_of(' '); sp != std::string::npos) q = q.substr(sp + 1);
+  for (const char* ns : {"torch::", "c10::", "at::", "caffe2::", "c10d::", "std::", "pthread_", "__", "start_thread",
+                         "clone"})
+    if (q.starts_with(ns)) return true;
+  return q.starts_with("_Py") || (q.size() > 2 && q.starts_with("Py") && std::isupper(static_cast<unsigned char>(q[2])));
+}
+
 std::size_t site_frame(const std::vector<Frame>& frames) {
   for (std::size_t i = 0; i < frames.size(); ++i)
     if (is_python_frame(frames[i]) && !is_pytorch_frame(frames[i])) return i;
   for (std::size_t i = 0; i < frames.size(); ++i)
     if (is_python_frame(frames[i])) return i;
-  return frames.empty() ? frames.size() : 0;
+  for (std::size_t i = 0; i < frames.size(); ++i)
+    if (!is_internal_cpp_frame(frames[i])) return i;
+  // Only PyTorch's own C++ frames: autograd's backward node, when the stack names one (the
+  // backward thread records no Python frame), says which operation's gradient it was.
+  for (std::size_t i = 0; i < frames.size(); ++i)
+    if (!autograd_node(frames[i]).empty()) return i;
+  return frames.size();
+}
+
+std::string autograd_node(const Frame& f) {
+  static constexpr std::string_view kGenerated = "torch::autograd::generated::";
+  const std::string& n = f.name;
+  const auto at = n.find(kGenerated);
+  if (at == std::string::npos) return {};
+  const auto from = at + kGenerated.size();
+  const auto end = n.find("::apply(", from);
+  if (end == std::string::npos) return {};
+  const std::string node = n.substr(from, end - from);
+  if (node.find("Backward") == std::string::npos || node.find_first_of(":<( ") != std::string::npos) return {};
+  return node;
+}
+
+std::string site_text(const Frame& f) {
+  if (const std::string node = autograd_node(f); !node.empty())
+    return node + " (autograd's backward; the stack has only PyTorch's C++ frames)";
+  if (is_python_frame(f)) return to_string(f);
+  // A C++ frame: its name without the arguments.
+  Frame g = f;
+  if (const auto paren = g.name.find('('); paren != std::string::npos && paren > 0) g.name = g.name.substr(0, paren);
+  return to_string(g);
 }
 
 }  // namespace cachet::io

@@ -98,7 +98,8 @@ std::string TraceStats::one_line() const {
   const std::string live = bytes_never_freed < KiB ? format_size(bytes_never_freed)
                                                    : fmt::format("{} = {} bytes", format_size(bytes_never_freed),
                                                                  bytes_never_freed);
-  out += fmt::format("; live at end: {} blocks ({}), {} frees pending", allocs_never_freed, live,
+  // The trace's alloc entries record what the program asked for: requested bytes, not the blocks'.
+  out += fmt::format("; live at end: {} blocks ({} requested), {} frees pending", allocs_never_freed, live,
                      frees_pending_at_end);
   out += fmt::format("; anomalies: {}", anomalies.empty() ? "none" : anomalies);
   if (starts_mid_run()) out += " (trace starts mid-run or its ring buffer dropped events)";

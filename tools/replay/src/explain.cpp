@@ -184,7 +184,9 @@ std::vector<Site> sites_at(const Trace& t, std::size_t op, const std::vector<std
     const Op& x = t.ops[alloc_op[s]];
     const auto& fr = x.event < frames.size() ? frames[x.event] : none;
     const std::size_t at = io::site_frame(fr);
-    std::string where = at < fr.size() ? clip_line(io::to_string(fr[at]), kMaxFrameLine) : "(no frames recorded)";
+    std::string where = at < fr.size() ? clip_line(io::site_text(fr[at]), kMaxFrameLine)
+                        : fr.empty()   ? std::string(kNoFramesSite)
+                                       : std::string(kNoUsableFrameSite);
     Site& site = by[where];
     if (site.blocks == 0) {
       site.where = where;

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "cachet/replay/explain.h"
+#include "cachet/replay/recommend.h"
 #include "cachet/replay/report.h"
 
 namespace cachet::replay {
@@ -129,49 +130,43 @@ Explanation explain(const LoadedTrace& lt, const ReplayOptions& o, const std::ve
         m.lacked > 0 && static_cast<Bytes>(std::max<std::int64_t>(m.allocated - m.requested, 0)) + m.request_rounding >= m.lacked;
   }
   e.sites = sites_at(t, m.op, frames, eo.top_sites);
-  if (std::string note = recorded_peak_note(lt, e.baseline, o.cap); !note.empty()) e.notes.push_back(note);
+  if (std::any_of(e.sites.begin(), e.sites.end(), [](const Site& s) { return s.where == kNoUsableFrameSite; }) &&
+      std::all_of(e.sites.begin(), e.sites.end(),
+                  [](const Site& s) { return s.where == kNoUsableFrameSite || s.where == kNoFramesSite; }))
+    e.notes.push_back("no allocation live at the moment has a usable stack frame: their stacks hold only PyTorch's own "
+                      "C++ frames (torch::unwind, c10::, at::, unsymbolised ?\?); record with "
+                      "_record_memory_history(stacks=\"python\") or stacks=\"all\" for the Python lines");
+  if (std::string note = recorded_peak_note(lt, e.baseline, o.cap); !note.empty() && o.baseline_recorded_addresses)
+    e.notes.push_back(note);
   if (std::string c = oom_end_caveat(lt); !c.empty() && m.oom) e.notes.push_back(c);
   if (std::string line = device_memory_line(lt, o.cap); !line.empty())
     e.notes.push_back(line.starts_with("note: ") ? line.substr(6) : line);
 
-  if (!m.oom || !eo.search_fix) return e;
+  // The verdict on the recorded configuration, as replay, tune and report give it.
+  e.verdict = judge(lt, e.baseline, o, eo.cap_text);
+  if (!eo.search_fix) return e;
+  // The recommendation is tune's (cachet/replay/recommend.h): one answer in every command.
   const auto space = tune_space(config, o.cap > 0);
   ReplayOptions x = o;
   x.observer = nullptr;
   x.addresses = AddressMode::Synthetic;
   TuneResult tr = tune(t, config, space, x, eo.threads);
   e.candidates = space.size();
-  // Under a cap, a change that leaves at least kSafeHeadroom under it comes first: one that fits
-  // by a few MiB in the replay can still fail on the GPU (docs/explain.md, "The smallest change").
-  auto safe = [&](const Change& c) { return is_safe_under_cap(tr.results[c.index].peak_reserved(), o.cap); };
-  auto fewer_keys = [&](const Change& c, const std::optional<Change>& than) {
-    if (!than) return true;
-    if (c.keys.size() != than->keys.size()) return c.keys.size() < than->keys.size();
-    const std::int64_t pc = tr.results[c.index].peak_reserved(), pt = tr.results[than->index].peak_reserved();
-    if (pc != pt) return pc < pt;
-    return c.conf.size() < than->conf.size();
+  for (std::size_t i = 0; i < space.size(); ++i) e.candidates_without_oom += avoids(tr.results[i]) ? 1 : 0;
+  Recommendation rec = recommend(t, config, tr, x);
+  rec.from_given = !o.baseline_recorded_addresses;  // --conf gave the configuration to start from
+  auto change = [&](std::size_t i) -> std::optional<Change> {
+    if (i == kRecorded || !avoids(tr.results[i])) return std::nullopt;
+    return Change{space[i].conf, changed_keys(config, space[i].config), i};
   };
-  auto better = [&](const Change& c, const std::optional<Change>& than) {
-    if (than && safe(c) != safe(*than)) return safe(c);
-    return fewer_keys(c, than);
-  };
-  for (std::size_t i = 0; i < space.size(); ++i) {
-    if (!avoids(tr.results[i])) continue;
-    ++e.candidates_without_oom;
-    Change c{space[i].conf, changed_keys(config, space[i].config), i};
-    if (better(c, e.fix)) e.fix = c;
-    if (pytorch_accepts(space[i].config) && better(c, e.native_fix)) e.native_fix = c;
-    if (fewer_keys(c, e.smallest_fix)) e.smallest_fix = c;
-    if (pytorch_accepts(space[i].config) && fewer_keys(c, e.smallest_native_fix)) e.smallest_native_fix = c;
+  if (m.oom) {
+    e.fix = change(rec.pick);
+    e.native_fix = change(rec.native);
+    e.smallest_fix = change(rec.fewest_keys);
+    if (e.smallest_fix && e.native_fix && e.smallest_fix->index == e.native_fix->index) e.smallest_fix.reset();
+    if (!e.native_fix) e.cap_needed = e.verdict->smallest_cap;
   }
-  // Said only when it was passed over for a safer one.
-  if (e.smallest_fix && e.fix && e.smallest_fix->index == e.fix->index) e.smallest_fix.reset();
-  if (e.smallest_native_fix && e.native_fix && e.smallest_native_fix->index == e.native_fix->index)
-    e.smallest_native_fix.reset();
-  if (!e.native_fix) {
-    ReplayOptions y = x;
-    e.cap_needed = memory_needed(t, config, y);
-  }
+  e.rec = std::move(rec);
   e.tried = std::move(tr);
   return e;
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "cachet/replay/explain.h"
+#include "cachet/replay/recommend.h"
 #include "cachet/replay/report.h"
 
 namespace cachet::replay {
@@ -37,18 +38,32 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
 // counted in one line.
 std::string stack_lines(const std::vector<io::Frame>& fr) {
   std::string o;
-  std::size_t cpp = 0;
+  std::size_t cpp = 0, python = 0;
+  for (const auto& f : fr) python += io::is_python_frame(f) ? 1 : 0;
   const io::Frame* first_cpp = nullptr;
   for (const auto& f : fr) {
-    if (!io::is_python_frame(f)) {
-      if (cpp++ == 0) first_cpp = &f;
+    // With no Python frame, the C++ frames that name user or library code are listed; PyTorch's
+    // own (torch::unwind, c10::, at::, ??, ...) are counted.
+    const bool shown = io::is_python_frame(f) || (python == 0 && !io::is_internal_cpp_frame(f));
+    if (!shown) {
+      if (cpp++ == 0 || (first_cpp && io::is_internal_cpp_frame(*first_cpp) && !io::is_internal_cpp_frame(f)))
+        first_cpp = &f;
       continue;
     }
-    o += clip_line(fmt::format("    {} {}:{}", f.name, f.filename, f.line), kMaxFrameLine) + "\n";
+    o += clip_line(io::is_python_frame(f) ? fmt::format("    {} {}:{}", f.name, f.filename, f.line)
+                                          : "    " + io::to_string(f),
+                   kMaxFrameLine) +
+         "\n";
   }
+  std::string node;
+  for (const auto& f : fr)
+    if (node.empty()) node = io::autograd_node(f);
   if (cpp > 0)
-    o += clip_line(fmt::format("    ({} C++ frame{} left out, the innermost {}; --json lists them)", cpp,
-                               cpp == 1 ? "" : "s", first_cpp->name),
+    o += clip_line(fmt::format("    ({} C++ frame{} left out{}{}; --json lists them)", cpp, cpp == 1 ? "" : "s",
+                               io::is_internal_cpp_frame(*first_cpp)
+                                   ? std::string(", PyTorch's own (torch::unwind, c10::, at::, ?\?)")
+                                   : ", the innermost " + first_cpp->name,
+                               python == 0 && !node.empty() ? ", in autograd's backward of " + node : std::string()),
                    kMaxFrameLine) +
          "\n";
   return o;
@@ -123,6 +138,7 @@ std::string explain_text(const Explanation& e) {
                    e.device_memory_known ? hb(e.device_memory) : std::string("not recorded (no device limit)"),
                    e.cap ? "; cap " + hb(e.cap) : std::string());
   for (const auto& n : e.notes) o += "note: " + n + "\n";
+  if (e.verdict) o += "\n" + verdict_text(*e.verdict, 100);
   o += "\n";
   if (m.oom)
     o += fmt::format("The first out-of-memory, at trace event {}: a request of {} ({} bytes) on stream {}{}", m.event,
@@ -144,7 +160,14 @@ std::string explain_text(const Explanation& e) {
     o += e.frames_recorded ? "  (no stack recorded for this request)\n"
                            : "  (no stacks recorded: _record_memory_history(stacks=\"python\") records them)\n";
   }
-  o += fmt::format("\nMemory {}:\n", m.oom ? "when it failed" : "at the peak");
+  // At the peak, the figures are those of one moment, the first of peak reserved: allocated and
+  // requested then, not their own peaks (replay's "peak allocated" is another moment).
+  o += m.oom ? fmt::format("\nMemory when it failed (trace event {}: that moment's figures; the run's peak reserved is "
+                           "the verdict's):\n",
+                           m.event)
+             : fmt::format("\nMemory at peak reserved (trace event {}; allocated and requested as they were then, not "
+                           "their own peaks):\n",
+                           m.event);
   o += fmt::format("  reserved  {:>11}  {:>15} bytes (segments from the device)\n", hb(m.reserved), m.reserved);
   o += fmt::format("  allocated {:>11}  {:>15} bytes (blocks in use)\n", hb(m.allocated), m.allocated);
   o += fmt::format("  requested {:>11}  {:>15} bytes (what the program asked for; rounding: {})\n", hb(m.requested),
@@ -173,54 +196,63 @@ std::string explain_text(const Explanation& e) {
 
   if (!e.sites.empty()) {
     o += fmt::format("\nAllocation sites holding the most memory {} (innermost frame outside PyTorch):\n",
-                     m.oom ? "when it failed" : "at the peak");
+                     m.oom ? "when it failed" : "at peak reserved");
     for (const auto& s : e.sites) o += fmt::format("  {:>11} {:>6} blocks  {}\n", hb(s.bytes), s.blocks, s.where);
   }
 
-  if (!m.oom) return o;
-  o += fmt::format("\nSmallest change that avoids it (by replay: {} configurations tried, {} without out-of-memory):\n",
-                   e.candidates, e.candidates_without_oom);
-  if (!e.fix) o += "  none of them avoids it.\n";
-  auto change = [&](const Change& c) {
-    const ReplayResult& r = e.result(c);
+  if (!e.rec) return o;
+  const Recommendation& rec = *e.rec;
+  const TuneResult& tr = *e.tried;
+  const char* start = rec.from_given ? "given configuration (--conf)" : "recorded configuration";
+  auto change = [&](const ReplayResult& r, const std::vector<std::string>& keys) {
     const ReplayResult& b = e.base();
-    o += fmt::format("  {}=\"{}\"\n", variable(r.config), c.conf);
-    o += fmt::format("  {} key{} changed: {}\n", c.keys.size(), c.keys.size() == 1 ? "" : "s", join(c.keys, ", "));
+    o += fmt::format("  {}=\"{}\"\n", variable(r.config), r.conf);
+    o += fmt::format("  {} key{} changed: {}\n", keys.size(), keys.size() == 1 ? "" : "s", join(keys, ", "));
     o += fmt::format("  out-of-memory errors: {} instead of {}\n", r.stats.num_ooms, b.stats.num_ooms);
-    o += fmt::format("  peak reserved {} instead of {} (the recorded configuration{})\n"
+    o += fmt::format("  peak reserved {} instead of {} (the {}{})\n"
                      "  device calls (segment allocations and frees) {} instead of {}; allocation retries {} instead of {}\n",
-                     hb(r.peak_reserved()), hb(b.peak_reserved()),
+                     hb(r.peak_reserved()), hb(b.peak_reserved()), start,
                      b.recorded_addresses ? ", replayed with its recorded addresses" : ", replayed the same way",
                      r.stats.num_device_alloc + r.stats.num_device_free,
                      b.stats.num_device_alloc + b.stats.num_device_free, r.stats.num_alloc_retries,
                      b.stats.num_alloc_retries);
-    if (std::string h = headroom_text(r.peak_reserved(), e.cap); !h.empty()) o += "  " + h + "\n";
+    if (std::string h = headroom_text(r.peak_reserved(), e.cap); !h.empty() && r.stats.num_ooms == 0) o += "  " + h + "\n";
     if (r.config.policy == Policy::Cachet)
-      o += "  (policy:cachet needs cachet's plug-in, python/; PyTorch rejects the key in its own variables)\n";
+      o += "  (policy:cachet needs cachet's plug-in, python/README.md; PyTorch rejects the key in its own variables)\n";
   };
-  // A smaller change passed over for a safer one: named, with its headroom.
-  auto passed_over = [&](const std::optional<Change>& small) {
-    if (!small) return;
-    const ReplayResult& r = e.result(*small);
-    o += fmt::format("  (a change of {} key{} also avoids it, {}=\"{}\", but leaves only {} under the cap, less than "
-                     "{}: the change above is preferred for its headroom)\n",
-                     small->keys.size(), small->keys.size() == 1 ? "" : "s", variable(r.config), small->conf,
-                     hb(static_cast<std::int64_t>(e.cap) - r.peak_reserved()), hb(static_cast<std::int64_t>(kSafeHeadroom)));
-  };
-  if (e.fix) {
-    change(*e.fix);
-    passed_over(e.smallest_fix);
+  o += fmt::format("\nRecommended {} (cachet tune's pick: fewest out-of-memory errors, then lowest peak reserved; "
+                   "cachet's plug-in only when clearly better; by replay: {} configurations tried, {} without "
+                   "out-of-memory):\n",
+                   m.oom ? "change" : "configuration", e.candidates, e.candidates_without_oom);
+  if (m.oom && !e.fix) {
+    o += "  none of them avoids it.\n";
+  } else if (rec.pick == kRecorded) {
+    o += fmt::format("  keep the {}: no configuration tried fails fewer requests, reserves less or makes fewer "
+                     "device calls.\n",
+                     start);
+  } else {
+    change(tr.results[rec.pick], rec.pick_keys);
   }
-  if (e.fix && e.native_fix && e.native_fix->index != e.fix->index) {
-    o += "With PyTorch's own allocator:\n";
-    change(*e.native_fix);
-    if (!e.smallest_fix || !e.smallest_native_fix || e.smallest_fix->index != e.smallest_native_fix->index)
-      passed_over(e.smallest_native_fix);
+  if (rec.only_plugin_avoids)
+    o += "  Only cachet's plug-in avoids it: with PyTorch's own allocator, none of the configurations tried does.\n";
+  if (m.oom && e.fix && e.native_fix && e.native_fix->index != e.fix->index) {
+    o += "With PyTorch's own allocator (its pick among what PyTorch accepts):\n";
+    change(e.result(*e.native_fix), e.native_fix->keys);
   }
-  if (!e.native_fix && e.fix) o += "With PyTorch's own allocator, none of the configurations tried avoids it.\n";
+  if (m.oom && !e.native_fix && e.fix && !rec.only_plugin_avoids)
+    o += "With PyTorch's own allocator, none of the configurations tried avoids it.\n";
   if (e.cap_needed)
-    o += fmt::format("  The recorded configuration needs a cap of at least {} ({} bytes, found by replay to 2 MiB).\n",
-                     hb(*e.cap_needed), *e.cap_needed);
+    o += fmt::format("  The {} needs a cap of at least {} ({} bytes, found by replay to 2 MiB).\n",
+                     rec.from_given ? "given configuration" : "recorded configuration", hb(*e.cap_needed), *e.cap_needed);
+  if (e.smallest_fix) {
+    const ReplayResult& r = e.result(*e.smallest_fix);
+    std::string h = headroom_text(r.peak_reserved(), e.cap);
+    o += fmt::format("The change with the fewest keys that also avoids it (a second answer, not the recommendation): "
+                     "{}=\"{}\", {} key{} changed ({}); peak reserved {}{}\n",
+                     variable(r.config), e.smallest_fix->conf, e.smallest_fix->keys.size(),
+                     e.smallest_fix->keys.size() == 1 ? "" : "s", join(e.smallest_fix->keys, ", "),
+                     hb(r.peak_reserved()), h.empty() ? std::string() : "; " + h);
+  }
   return o;
 }
 
@@ -276,6 +308,21 @@ std::string explain_json(const Explanation& e) {
   o += "], \"fix\": " + change(e.fix) + ", \"native_fix\": " + change(e.native_fix);
   o += ", \"smaller_fix_passed_over\": " + change(e.smallest_fix) +
        ", \"smaller_native_fix_passed_over\": " + change(e.smallest_native_fix);
+  if (e.rec) {
+    const Recommendation& rec = *e.rec;
+    auto conf_or_null = [&](std::size_t i) {
+      return i == kRecorded ? std::string("null") : json_quote(e.tried->results[i].conf);
+    };
+    o += fmt::format(", \"recommendation\": {{\"variable\": \"{}\", \"conf\": {}, \"keep_recorded\": {}, "
+                     "\"recommend_plugin\": {}, \"only_plugin_avoids\": {}, \"native\": {}, \"fewest_keys\": {}}}",
+                     rec.pick == kRecorded ? "PYTORCH_CUDA_ALLOC_CONF" : variable(e.tried->results[rec.pick].config),
+                     rec.pick == kRecorded ? json_quote(e.conf) : conf_or_null(rec.pick),
+                     rec.pick == kRecorded ? "true" : "false", rec.recommend_plugin ? "true" : "false",
+                     rec.only_plugin_avoids ? "true" : "false", conf_or_null(rec.native), conf_or_null(rec.fewest_keys));
+  } else {
+    o += ", \"recommendation\": null";
+  }
+  o += ", \"verdict\": " + (e.verdict ? verdict_json(*e.verdict) : std::string("null"));
   o += fmt::format(", \"candidates\": {}, \"candidates_without_oom\": {}, \"cap_needed\": {}, \"notes\": [", e.candidates,
                    e.candidates_without_oom, e.cap_needed ? std::to_string(*e.cap_needed) : "null");
   for (std::size_t i = 0; i < e.notes.size(); ++i) o += (i ? ", " : "") + json_quote(e.notes[i]);

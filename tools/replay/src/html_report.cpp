@@ -81,10 +81,10 @@ std::string timeline_svg(const HtmlReport& r) {
 // Segments in address order laid end to end over `rows` rows; each segment one <g>.
 std::string segment_map_svg(const Snapshot& segs, const char* id) {
   const double left = 10, right = 1090, row_h = 14, gap = 4;
-  const int rows = 16;
+  const int rows = kSegmentMapRows;  // the plot's SVG has as many: one scale in both
   Bytes total = 0;
   for (const auto& s : segs) total += s.total_size;
-  const double per_row = total > 0 ? std::ceil(static_cast<double>(total) / rows) : 1.0;
+  const double per_row = segment_map_per_row(total);
   std::string o = fmt::format(
       "<svg id=\"{}\" class=\"segmap\" xmlns=\"http://www.w3.org/2000/svg\" width=\"1100\" height=\"{}\" "
       "viewBox=\"0 0 1100 {}\" role=\"img\" aria-label=\"segment map\">\n",
@@ -129,7 +129,7 @@ std::string map_section(const char* id, const std::string& heading, const Snapsh
                      "allocated; segments in address order, end to end, each row {} of them.</p>\n{}</section>\n",
                      id, html_escape(heading), segs.size(), human_bytes(static_cast<std::int64_t>(total)),
                      human_bytes(static_cast<std::int64_t>(alloc)),
-                     human_bytes(static_cast<std::int64_t>(std::ceil(static_cast<double>(total) / 16))),
+                     human_bytes(static_cast<std::int64_t>(segment_map_per_row(total))),
                      segment_map_svg(segs, (std::string(id) + "-svg").c_str()));
 }
 

@@ -62,6 +62,51 @@ std::optional<Bytes> parse_bytes(std::string_view s) {
   return static_cast<Bytes>(v * mult);
 }
 
+SizeParse parse_size(std::string_view text) {
+  SizeParse r;
+  std::string_view s = text;
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  std::size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  const std::string num(s.substr(0, i));
+  std::string unit(s.substr(i));
+  std::erase_if(unit, [](char c) { return std::isspace(static_cast<unsigned char>(c)); });
+  std::string lower = unit;
+  for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  static constexpr const char* kForm =
+      "bytes, or with a suffix K, M, G or T (or KiB, MiB, GiB, TiB), powers of 1024: '13.5G', '80GiB'";
+  if (num.empty() || std::count(num.begin(), num.end(), '.') > 1 || num == ".") {
+    r.error = fmt::format("not a size: '{}' ({})", text, kForm);
+    return r;
+  }
+  if (lower == "kb" || lower == "mb" || lower == "gb" || lower == "tb") {
+    const char p = static_cast<char>(std::toupper(static_cast<unsigned char>(lower[0])));
+    r.error = fmt::format("'{}': {} is ambiguous (powers of 1000 or of 1024?): write {}{} or {}{}iB for powers of 1024 "
+                          "(PyTorch's messages print GiB and MiB), or the size in bytes",
+                          text, unit, num, p, num, p);
+    return r;
+  }
+  const auto b = parse_bytes(s);
+  if (!b) {
+    r.error = fmt::format("not a size: '{}' ({})", text, kForm);
+    return r;
+  }
+  if (*b > 0 && *b < kMinSize) {
+    if (lower.empty() || lower == "b")
+      r.error = fmt::format("'{}' is {} byte{}: did you mean {}{}? (a size without a suffix is in bytes; K, M, G and T "
+                            "are powers of 1024; no cap or device is under 1 MiB)",
+                            text, num, num == "1" ? "" : "s", num, *b < 1024 ? "G" : "M");
+    else
+      r.error = fmt::format("'{}' is {}: under 1 MiB, which no cap or device is; did you mean {}{}?", text,
+                            human_bytes(static_cast<std::int64_t>(*b)), num,
+                            lower[0] == 'k' ? "M" : "G");
+    return r;
+  }
+  r.bytes = b;
+  return r;
+}
+
 std::string json_quote(std::string_view s) {
   std::string o = "\"";
   for (char c : s) {
@@ -291,7 +336,7 @@ std::string render_svg(const PlotData& d) {
   const double W = 1200, left = 90, right = 1160;
   const double t_top = 110, t_bottom = 420;  // timeline panel
   const double s_top = 520;                  // segment map panel
-  const int rows = 20;
+  const int rows = kSegmentMapRows;
   const double row_h = 14, row_gap = 4;
   const double s_bottom = s_top + rows * (row_h + row_gap);
   const double H = s_bottom + 70;
@@ -408,7 +453,7 @@ std::string render_svg(const PlotData& d) {
       "<text x=\"{}\" y=\"{}\" font-size=\"16\" font-weight=\"bold\" fill=\"#222\">Segments at peak reserved: {} in {} "
       "segments</text>\n",
       left, s_top - 34, html_escape(human_bytes(static_cast<std::int64_t>(total))), d.peak_segments.size());
-  const double per_row = total > 0 ? std::ceil(static_cast<double>(total) / rows) : 1.0;
+  const double per_row = segment_map_per_row(total);
   o += fmt::format(
       "<text x=\"{}\" y=\"{}\" font-size=\"12\" fill=\"#555\">each row is {} of device memory, segments in address "
       "order; thin dark lines mark segment starts</text>\n",

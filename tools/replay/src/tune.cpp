@@ -128,7 +128,7 @@ TuneResult tune(const Trace& t, const Config& recorded, const std::vector<TuneCa
   // `cachet replay` does: one figure for it everywhere (synthetic addresses change best-fit
   // ties); it falls back to synthetic addresses, with a note, where the addresses do not hold.
   ReplayOptions ob = o;
-  ob.addresses = AddressMode::Recorded;
+  if (opts.baseline_recorded_addresses) ob.addresses = AddressMode::Recorded;
   tr.results.resize(space.size());
   std::atomic<std::size_t> next{0};
   std::mutex mu;

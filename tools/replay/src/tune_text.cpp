@@ -90,7 +90,8 @@ std::string requests(std::int64_t n) { return n == 1 ? "1 request" : fmt::format
 std::string ooms_sentence(std::int64_t from, std::int64_t to) {
   if (from == to)
     return from == 0   ? ""
-           : from == 1 ? "The request that ran out of memory still does. "
+           // Said of the recorded configuration's replay, which may fail where the recorded run did not.
+           : from == 1 ? "The request that runs out of memory with the recorded configuration still does. "
                        : fmt::format("The same {} requests still run out of memory. ", from);
   if (to == 0) return from == 1 ? "The request that ran out of memory succeeds. "
                                 : fmt::format("All {} that ran out of memory succeed. ", requests(from));

@@ -41,8 +41,23 @@ bool is_pytorch_frame(const Frame& f);
 // C++ frames first (torch::unwind::unwind(), c10, ATen; file "??", line 0, or a .cpp/.h/.so).
 bool is_python_frame(const Frame& f);
 
+// A C++ frame of PyTorch's own or of the interpreter, which says nothing of where the program
+// asked for memory: a function of torch::, c10::, at:: or caffe2:: (torch::unwind::unwind() first
+// of all), an unsymbolised one ("??"), or CPython's (_Py..., Py...).
+bool is_internal_cpp_frame(const Frame& f);
+
 // Where memory was asked for: the innermost Python frame outside PyTorch's own code; else the
-// innermost Python frame; else the innermost frame; frames.size() when there is none.
+// innermost Python frame; else the innermost C++ frame that is not PyTorch's own
+// (is_internal_cpp_frame); else the autograd node the stack runs (autograd_node);
+// frames.size() when there is none (no frame, or only PyTorch's own).
 std::size_t site_frame(const std::vector<Frame>& frames);
+
+// The autograd node a C++ frame runs ("PowBackward0" for
+// torch::autograd::generated::PowBackward0::apply(...)), or "" when it runs none.
+std::string autograd_node(const Frame& f);
+
+// A site frame as explain lists it: to_string for a Python frame; a C++ frame's name without its
+// arguments; an autograd node as "PowBackward0 (autograd's backward; ...)".
+std::string site_text(const Frame& f);
 
 }  // namespace cachet::io

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "cachet/io/frames.h"
+#include "cachet/replay/recommend.h"
 #include "cachet/replay/replay.h"
 #include "cachet/replay/tune.h"
 #include "cachet/snapshot.h"
@@ -50,6 +51,12 @@ struct FreePart {
   Bytes bytes = 0;
   std::uint64_t blocks = 0;
 };
+
+// Site::where when the allocation has no frame, and when it has only PyTorch's own C++ frames
+// (torch::unwind, c10::, at::, unsymbolised ??: io::is_internal_cpp_frame).
+inline constexpr const char* kNoFramesSite = "(no frames recorded)";
+inline constexpr const char* kNoUsableFrameSite =
+    "(no usable frame: only PyTorch's own C++ frames, torch::unwind, c10::, at::, ?\?)";
 
 struct Site {
   std::string where;               // io::to_string of the site frame ("(no frames recorded)")
@@ -115,18 +122,22 @@ struct Explanation {
   bool frames_recorded = false;
   bool rounding_set = false;          // the recorded configuration sets roundup_power2_divisions
   ReplayResult baseline;              // the recorded configuration, whole trace
-  // Under a cap, a change that leaves at least kSafeHeadroom first (is_safe_under_cap); then fewest
-  // keys changed, then lowest peak reserved.
+  // At an out-of-memory: tune's recommendation (rec.pick, cachet/replay/recommend.h) when it avoids
+  // the out-of-memory: the one answer tune, report and predict give too.
   std::optional<Change> fix;
-  std::optional<Change> native_fix;   // the same among the candidates PyTorch's allocator accepts
-  // The change of fewest keys (then lowest peak) when it is not `fix` / `native_fix`: it fits
-  // with less than kSafeHeadroom under the cap, and was passed over for a safer one.
+  // PyTorch's own allocator's pick (rec.native) when it avoids the out-of-memory.
+  std::optional<Change> native_fix;
+  // The change of fewest keys (then lowest peak reserved) that avoids it, when it is neither `fix`
+  // nor `native_fix`: a second answer, labelled as such, never the headline.
   std::optional<Change> smallest_fix;
-  std::optional<Change> smallest_native_fix;
+  std::optional<Change> smallest_native_fix;  // no longer set (kept for the --json field)
+  std::optional<Recommendation> rec;  // tune's recommendation (with or without an out-of-memory)
+  std::optional<Verdict> verdict;     // the recorded configuration under the cap (judge)
   std::size_t candidates = 0;         // configurations tried for the fix
   std::size_t candidates_without_oom = 0;
   // With no native fix: the smallest memory cap (to 2 MiB, by replay) under which the recorded
-  // configuration has no out-of-memory; nullopt when not searched or none up to the device.
+  // configuration has no out-of-memory (the verdict's smallest_cap); nullopt when not searched or
+  // none up to the device.
   std::optional<Bytes> cap_needed;
   // Every configuration replayed for the fix (results[i] is tune_space()[i]), when searched.
   std::optional<TuneResult> tried;
@@ -150,7 +161,8 @@ std::vector<Site> sites_at(const Trace& t, std::size_t op, const std::vector<std
 struct ExplainOptions {
   unsigned threads = 2;
   std::size_t top_sites = 8;
-  bool search_fix = true;
+  bool search_fix = true;  // replay tune's space for the recommendation
+  std::string cap_text;    // the --cap as given (Verdict::cap_rounding)
 };
 
 // The whole analysis. `o`: the recorded run's options (device memory, cap). Throws UsageError

@@ -149,6 +149,10 @@ struct ReplayOptions {
   std::size_t stop_after = static_cast<std::size_t>(-1);
   // Keep the allocator in ReplayResult::allocator (for snapshot()/summary()).
   bool keep_allocator = false;
+  // tune(): the configuration it starts from replays with the trace's addresses (it is the recorded
+  // one). false when a command's --conf gave another starting configuration: then it replays with
+  // `addresses`, as `cachet replay --conf` replays a configuration other than the recorded one.
+  bool baseline_recorded_addresses = true;
 };
 
 struct ReplayResult {

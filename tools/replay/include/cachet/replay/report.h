@@ -26,6 +26,18 @@ std::string human_bytes_exact(Bytes bytes);
 // nullopt when not a size.
 std::optional<Bytes> parse_bytes(std::string_view text);
 
+// A size given on the command line (--cap, --device-memory), strictly: bytes, or a number with
+// K, M, G or T, or KiB, MiB, GiB or TiB (powers of 1024). KB, MB, GB and TB are refused (10^9 or
+// 2^30? the text does not say), and so is a size under 1 MiB, which no cap or device is: "8"
+// is 8 bytes, most likely meant as 8G. `error` (empty when `bytes` is set) says what was wrong
+// and what to write, without the option's name.
+struct SizeParse {
+  std::optional<Bytes> bytes;
+  std::string error;
+};
+inline constexpr Bytes kMinSize = 1024 * 1024;
+SizeParse parse_size(std::string_view text);
+
 // The width tables are fitted to: the terminal's when stdout is one, else 100 columns.
 std::size_t output_width();
 
@@ -108,6 +120,13 @@ std::string cap_label(std::int64_t cap);
 // The step for about `ticks` ticks over `range`: 1, 2, 2.5 or 5 times a power of ten (1 when
 // range <= 0).
 double nice_step(double range, int ticks);
+
+// The segment maps of both charts (the plot's SVG, the HTML report) have this many rows, so one
+// trace gets one scale in both: segment_map_per_row bytes of device memory per row.
+inline constexpr int kSegmentMapRows = 20;
+inline double segment_map_per_row(Bytes total) {
+  return total > 0 ? std::ceil(static_cast<double>(total) / kSegmentMapRows) : 1.0;
+}
 
 // The segment maps of both charts (the plot's SVG, the HTML report) lay the segments end to end
 // in rows of `per_row` bytes drawn from x = left to right: the bytes [from, to) of that line, cut

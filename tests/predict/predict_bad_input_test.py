@@ -20,8 +20,9 @@ os.chmod(no_torch, 0o755)
 cases = [
     (["--gpu", "X100", "--", script], "--gpu X100: not a GPU cachet knows", "NVIDIA H200"),
     (["--", script], "name the target GPU: --gpu NAME, or --device-memory BYTES with --arch sm_XY", "Tesla T4"),
-    (["--gpu", "H100", "--cap", "8", "--", script], "--cap 8: 8 bytes is under 1 MiB; did you mean 8G?", None),
-    (["--gpu", "H100", "--cap", "1.5", "--", script], "--cap 1.5: 1 bytes is under 1 MiB; did you mean 1.5G?", None),
+    (["--gpu", "H100", "--cap", "8", "--", script], "--cap 8: '8' is 8 bytes: did you mean 8G?", None),
+    (["--gpu", "H100", "--cap", "1.5", "--", script], "--cap 1.5: '1.5' is 1.5 bytes: did you mean 1.5G?", None),
+    (["--gpu", "H100", "--cap", "8GB", "--", script], "GB is ambiguous", None),
     (["--gpu", "H100", "--cap", "100G", "--", script], "--cap 100G: more than the allocator can have on this GPU", None),
     (["--device-memory", "24G", "--", script], "name the target GPU", None),
     (["--device-memory", "24G", "--arch", "sm_42", "--", script], "--arch sm_42: not a CUDA architecture", None),

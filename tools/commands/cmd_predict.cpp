@@ -219,16 +219,14 @@ int fail(const Args& a, const std::string& msg) {
 }
 
 std::optional<std::uint64_t> size_arg(const std::string& option, const std::string& text, std::string* error) {
-  auto v = replay::parse_bytes(text);
-  if (!v || *v == 0) {
-    *error = fmt::format("{} {}: not a positive size (bytes, or with K, M, G or T, powers of 1024: '80G')", option, text);
+  // The sizes of every cachet command (replay::parse_size): K/M/G/T and KiB..TiB are powers of
+  // 1024, KB/MB/GB/TB are refused as ambiguous, and under 1 MiB is refused with what was meant.
+  const replay::SizeParse p = replay::parse_size(text);
+  if (!p.bytes) {
+    *error = fmt::format("{} {}: {}", option, text, p.error);
     return std::nullopt;
   }
-  if (*v < (1ULL << 20)) {
-    *error = fmt::format("{} {}: {} bytes is under 1 MiB; did you mean {}G?", option, text, *v, text);
-    return std::nullopt;
-  }
-  return *v;
+  return *p.bytes;
 }
 
 // The batch value the program's arguments give (--NAME X or --NAME=X), if any.

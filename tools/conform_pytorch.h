@@ -3,8 +3,9 @@
 // outcome compared with what PyTorch recorded: each returned pointer or OOM, the six stats after
 // every op, the OOM messages (driver figures masked), every final memory_stats() key, the final
 // segments and blocks, the private pools made and alive, the memory_summary() text and the trace.
-// The orders no rule gives (§14.10.3) are taken from the recording (conform_order.h). The other
-// policy's replay, compared with nothing but itself, is conform_cachet.h.
+// The orders no rule gives (docs/pytorch-allocator.md §14.10.3) are taken from the recording
+// (conform_order.h). The other policy's replay, compared with nothing but itself, is
+// conform_cachet.h.
 #pragma once
 
 #include <cstddef>

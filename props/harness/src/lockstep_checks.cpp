@@ -3,7 +3,10 @@
 // op's trace events, the stats (and sleep stats), both sides' invariants, the snapshots and the
 // pools' use counts. end_case() is the check of a refusal where PyTorch fails (§14.8).
 #include <algorithm>
+#include <cstdint>
 #include <sstream>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "cachet/errors.h"
@@ -13,6 +16,16 @@
 #include "lockstep_state.h"
 
 namespace cachet::lockstep {
+
+namespace {
+// The keys whose values differ, "key: model vs key: sut" a line (both lists sorted by key).
+void report_keys(std::ostringstream& r, const std::vector<std::pair<std::string, std::int64_t>>& m,
+                 const std::vector<std::pair<std::string, std::int64_t>>& s) {
+  for (std::size_t i = 0; i < m.size() && i < s.size(); ++i)
+    if (m[i] != s[i])
+      r << "  " << m[i].first << ": " << m[i].second << " vs " << s[i].first << ": " << s[i].second << "\n";
+}
+}  // namespace
 
 template <class Model, class Impl>
 std::optional<std::string> Lockstep<Model, Impl>::State::end_case(const SutState& before) {
@@ -143,26 +156,23 @@ std::optional<std::string> Lockstep<Model, Impl>::State::compare() {
   // The sut's state now: compared here, and the state a §14.8 refusal of the next op must keep.
   sut_before = sut_state(*sut);
   if (opts.compare_stats) {
-    const auto ms = flatten(model->stats());
-    const auto& ss = sut_before.stats;
-    if (ms != ss) {
+    // Compared as the accounting records' numbers (DeviceStats, SleepStats); flattened to their
+    // keys only to report a difference. flatten() names every field once (the 122 keys, the 21
+    // sleep keys), so two records are equal exactly when their keys are.
+    const DeviceStats ms = model->stats();
+    if (ms != sut_before.stats) {
       r << "stats differ (key: model vs sut)\n";
-      for (std::size_t i = 0; i < ms.size() && i < ss.size(); ++i)
-        if (ms[i] != ss[i])
-          r << "  " << ms[i].first << ": " << ms[i].second << " vs " << ss[i].first << ": " << ss[i].second << "\n";
+      report_keys(r, flatten(ms), flatten(sut_before.stats));
       return r.str();
     }
     // The 21 sleep.* keys beside them (docs/sleep-wake.md section 5), where both sides sleep.
     if constexpr (HasSleep<Model> && HasSleep<Impl>) {
       if (opts.config.sleep) {
-        const auto msl = flatten(model->sleep_stats());
-        const auto ssl = flatten(sut->sleep_stats());
+        const SleepStats msl = model->sleep_stats();
+        const SleepStats ssl = sut->sleep_stats();
         if (msl != ssl) {
           r << "sleep stats differ (key: model vs sut)\n";
-          for (std::size_t i = 0; i < msl.size() && i < ssl.size(); ++i)
-            if (msl[i] != ssl[i])
-              r << "  " << msl[i].first << ": " << msl[i].second << " vs " << ssl[i].first << ": " << ssl[i].second
-                << "\n";
+          report_keys(r, flatten(msl), flatten(ssl));
           return r.str();
         }
       }

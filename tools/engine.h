@@ -1,6 +1,6 @@
 // tools/engine.h: a replay engine, the allocator a recording is replayed through. `cachet
 // conform` (and later replays) drive engines by name: "model" (model/, registered in
-// tools/commands/cmd_conform.cpp) and "impl" (gpu/, registered by an adapter in
+// tools/engine_model.cpp) and "impl" (gpu/, registered by an adapter in
 // tools/engine_gpu.cpp once gpu/ exists). An engine registers itself at static-initialisation time:
 //
 //   static const bool registered = cachet::cli::register_engine("impl", make_gpu_engine);

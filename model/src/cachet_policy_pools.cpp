@@ -2,6 +2,8 @@
 // routing of allocations to the active pool, use counts and their refusals (as PyTorch's,
 // docs/pytorch-allocator.md §14.2, §14.4), the release that gives a pool's free blocks to the
 // default pool, empty_cache(id), and the trim when the last active pool ends.
+#include <algorithm>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -11,24 +13,27 @@
 namespace cachet::model {
 
 namespace {
+// A pool id as the messages write it: {first, second}.
 std::string describe(PoolId id) {
-  return "{" + std::to_string(id.first) + ", " + std::to_string(id.second) + "}";
+  std::ostringstream out;
+  out << '{' << id.first << ", " << id.second << '}';
+  return out.str();
 }
 }  // namespace
 
+// §14.4: a new id makes a pool with one user; a known one gains a user, unless every user has
+// released it: as PyTorch, such a pool is not reused while it is still known (R11).
 void CachetPolicy::create_or_incref_pool(PoolId id) {
   if (id.is_default())
     throw UsageError("create_or_incref_pool: {0, 0} names the default pool, not a private pool");
-  auto it = pools_.find(id);
-  if (it == pools_.end()) {
-    pools_.emplace(id, Pool{});  // use_count 1 (§14.4)
-    return;
-  }
-  // As PyTorch: a pool every user released is not reused while it is still known (R11).
-  if (it->second.use_count <= 0)
+  if (!pools_.contains(id)) {
+    pools_.emplace(id, Pool{});  // use_count 1
+  } else if (Pool& pool = pools_.at(id); pool.use_count > 0) {
+    ++pool.use_count;
+  } else {
     throw UsageError("create_or_incref_pool(" + describe(id) +
                      "): every user has released this pool; make a new pool (§14.4)");
-  ++it->second.use_count;
+  }
 }
 
 void CachetPolicy::begin_allocate_to_pool(PoolId id, PoolRoute route) {
@@ -42,15 +47,13 @@ void CachetPolicy::begin_allocate_to_pool(PoolId id, PoolRoute route) {
 }
 
 void CachetPolicy::end_allocate_to_pool(PoolId id) {
-  for (auto it = active_.begin(); it != active_.end(); ++it) {
-    if (it->first != id) continue;
-    active_.erase(it);
-    if (!pool_active()) trim_to_budget();  // R12: the last active pool ended
-    return;
-  }
-  throw UsageError("end_allocate_to_pool(" + describe(id) +
-                   "): not allocating to this pool (PyTorch: \"endAllocatePool: not currently "
-                   "recording to mempool_id\")");
+  const auto it = std::ranges::find(active_, id, &std::pair<PoolId, PoolRoute>::first);
+  if (it == active_.end())
+    throw UsageError("end_allocate_to_pool(" + describe(id) +
+                     "): not allocating to this pool (PyTorch: \"endAllocatePool: not currently "
+                     "recording to mempool_id\")");
+  active_.erase(it);
+  if (!pool_active()) trim_to_budget();  // R12: the last active pool ended
 }
 
 void CachetPolicy::release_pool(PoolId id) {

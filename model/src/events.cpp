@@ -5,6 +5,8 @@
 // of malloc walks each stream's FIFO and stops at its first incomplete event (head-of-line,
 // issue #71616). synchronize_and_free_events() waits for all of them.
 #include <algorithm>
+#include <iterator>
+#include <set>
 #include <string>
 
 #include "cachet/errors.h"
@@ -32,43 +34,47 @@ void Allocator::complete_all_events() {
   for (auto& [stream, events] : cuda_events_) completed_upto_[stream] = next_event_seq_;
 }
 
-// §14.10.3: the streams of set_event_stream_order first (those with events), the others by id.
+// §14.10.3: the streams with pending events, in the order process_events walks them: those
+// set_event_stream_order named, in its order, then every other one by id (cuda_events_ is a map
+// ordered by id).
 std::vector<StreamId> Allocator::event_walk_order() const {
-  std::vector<StreamId> out;
-  out.reserve(cuda_events_.size());
-  for (StreamId s : event_stream_order_)
-    if (cuda_events_.contains(s)) out.push_back(s);
+  std::vector<StreamId> walk;
+  std::ranges::copy_if(event_stream_order_, std::back_inserter(walk),
+                       [this](StreamId s) { return cuda_events_.contains(s); });
   for (const auto& [s, events] : cuda_events_)
-    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
-  return out;
+    if (std::ranges::find(walk, s) == walk.end()) walk.push_back(s);
+  return walk;
 }
 
+// Each stream of the walk with the blocks of its pending events, oldest first.
 std::vector<std::pair<StreamId, std::vector<std::uint64_t>>> Allocator::event_queues() const {
-  std::vector<std::pair<StreamId, std::vector<std::uint64_t>>> out;
+  std::vector<std::pair<StreamId, std::vector<std::uint64_t>>> queues;
   for (StreamId s : event_walk_order()) {
-    std::vector<std::uint64_t> blocks;
-    for (const Event& e : cuda_events_.at(s)) blocks.push_back(e.block->ptr);
-    out.emplace_back(s, std::move(blocks));
+    auto& [stream, blocks] = queues.emplace_back(s, std::vector<std::uint64_t>{});
+    std::ranges::transform(cuda_events_.at(stream), std::back_inserter(blocks),
+                           [](const Event& e) { return e.block->ptr; });
   }
-  return out;
+  return queues;
 }
 
-// Checked whole before the order changes.
+// §14.10.3: the streams named walk first, in the order named, the others after them in the order
+// they walk now. The order is checked whole before anything changes: every stream named has
+// pending events and is named once.
 void Allocator::set_event_stream_order(const std::vector<StreamId>& order) {
-  std::vector<StreamId> first;
+  std::set<StreamId> named;
   for (StreamId s : order) {
     if (!cuda_events_.contains(s))
       throw UsageError("set_event_stream_order: stream " + std::to_string(s) +
                        " has no pending events (event_queues() lists the streams that have; "
                        "docs/pytorch-allocator.md §14.10.3)");
-    if (std::find(first.begin(), first.end(), s) != first.end())
+    if (!named.insert(s).second)
       throw UsageError("set_event_stream_order: stream " + std::to_string(s) +
                        " is named twice; name each stream once");
-    first.push_back(s);
   }
+  std::vector<StreamId> walk = order;
   for (StreamId s : event_walk_order())
-    if (std::find(first.begin(), first.end(), s) == first.end()) first.push_back(s);
-  event_stream_order_ = std::move(first);
+    if (!named.contains(s)) walk.push_back(s);
+  event_stream_order_ = std::move(walk);
 }
 
 void Allocator::process_events() {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <set>
 #include <string>
 
 #include "cachet/errors.h"
@@ -128,19 +129,19 @@ std::vector<PrivatePool*> FreeableOrder::in_order() const {
 
 // ---- the allocator's private pools ----
 
+// §14.4: a new id makes a pool with one user; a known one gains a user. PyTorch asserts the pool
+// is live: a pool all of whose users released it is not reused.
 void Allocator::create_or_incref_pool(PoolId id) {
   if (id.is_default())
     throw UsageError("create_or_incref_pool: {0, 0} names the default pools, not a private pool");
-  auto it = graph_pools_.find(id);
-  if (it == graph_pools_.end()) {
-    graph_pools_.emplace(id, std::make_unique<PrivatePool>(id));  // use_count 1 (§14.4)
-    return;
-  }
-  // PyTorch asserts the pool is live: a pool all of whose users released it is not reused.
-  if (it->second->use_count <= 0)
+  if (!graph_pools_.contains(id)) {
+    graph_pools_.emplace(id, std::make_unique<PrivatePool>(id));  // use_count 1
+  } else if (PrivatePool& pp = *graph_pools_.at(id); pp.use_count > 0) {
+    ++pp.use_count;
+  } else {
     throw UsageError("create_or_incref_pool(" + describe(id) +
                      "): every user has released this pool; make a new pool (§14.4)");
-  ++it->second->use_count;
+  }
 }
 
 void Allocator::begin_allocate_to_pool(PoolId id, PoolRoute route) {
@@ -160,23 +161,20 @@ void Allocator::begin_allocate_to_pool(PoolId id, PoolRoute route) {
 }
 
 void Allocator::end_allocate_to_pool(PoolId id) {
-  for (auto it = captures_underway_.begin(); it != captures_underway_.end(); ++it) {
-    if (it->first == id) {
-      if (it->second.is_capture()) {
-        // cudaStreamEndCapture first: refused, nothing changed, while a joined stream is not
-        // joined back (§14.10.1); PyTorch forgets the capture's visited nodes (§14.10.1).
-        const StreamId origin = it->second.stream;
-        const CaptureId capture = graphs_.capture_of(origin).value_or(0);
-        graphs_.end(origin);
-        visited_.erase(capture);
-      }
-      captures_underway_.erase(it);
-      return;
-    }
+  const auto it = std::ranges::find(captures_underway_, id, &std::pair<PoolId, PoolRoute>::first);
+  if (it == captures_underway_.end())
+    throw UsageError("end_allocate_to_pool(" + describe(id) +
+                     "): not allocating to this pool (PyTorch: \"endAllocatePool: not currently "
+                     "recording to mempool_id\")");
+  if (it->second.is_capture()) {
+    // cudaStreamEndCapture first: refused, nothing changed, while a joined stream is not joined
+    // back (§14.10.1); PyTorch forgets the capture's visited nodes (§14.10.1).
+    const StreamId origin = it->second.stream;
+    const CaptureId capture = graphs_.capture_of(origin).value_or(0);
+    graphs_.end(origin);
+    visited_.erase(capture);
   }
-  throw UsageError("end_allocate_to_pool(" + describe(id) +
-                   "): not allocating to this pool (PyTorch: \"endAllocatePool: not currently "
-                   "recording to mempool_id\")");
+  captures_underway_.erase(it);
 }
 
 void Allocator::release_pool(PoolId id) {
@@ -239,24 +237,22 @@ std::vector<std::uint64_t> Allocator::deferred_frees() const {
   return out;
 }
 
-// §14.10.3: the order is checked whole before the list changes.
+// §14.10.3: the frees named come first, in the order named, the others after them as they were.
+// The order is checked whole before the list changes: every address named is a pending deferred
+// free, named once.
 void Allocator::set_deferred_free_order(const std::vector<std::uint64_t>& order) {
-  std::vector<Block*> first;
-  first.reserve(order.size());
+  std::set<std::uint64_t> named;
   for (std::uint64_t ptr : order) {
-    const auto it = std::find_if(deferred_blocks_.begin(), deferred_blocks_.end(),
-                                 [ptr](const Block* b) { return b->ptr == ptr; });
-    if (it == deferred_blocks_.end())
+    if (std::ranges::none_of(deferred_blocks_, [ptr](const Block* b) { return b->ptr == ptr; }))
       throw UsageError("set_deferred_free_order: " + hex_address(ptr) +
                        " is not a free deferred by a capture and still pending (deferred_frees() lists them; "
                        "docs/pytorch-allocator.md §14.10.3)");
-    if (std::find(first.begin(), first.end(), *it) != first.end())
+    if (!named.insert(ptr).second)
       throw UsageError("set_deferred_free_order: " + hex_address(ptr) + " is named twice; name each deferred free once");
-    first.push_back(*it);
   }
-  for (Block* b : deferred_blocks_)
-    if (std::find(first.begin(), first.end(), b) == first.end()) first.push_back(b);
-  deferred_blocks_ = std::move(first);
+  // A block's place: where the order names its address (order.size(): not named, after them all).
+  const auto place = [&order](const Block* b) { return std::ranges::find(order, b->ptr) - order.begin(); };
+  std::ranges::stable_sort(deferred_blocks_, {}, place);
 }
 
 // The frees made with stream uses while a capture was under way get their events now; stream

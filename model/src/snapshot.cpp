@@ -100,48 +100,48 @@ void Allocator::check_invariants() const {
     for (const Event& e : events) ++queued[e.block];
   for (const auto& [key, owned] : owned_) {
     const Block* b = owned.get();
-    const std::string at = " at " + std::to_string(b->ptr);
+    const auto at = [b] { return " at " + std::to_string(b->ptr); };  // formatted only on failure
     if (b->size == 0 || b->size % kMinBlockSize != 0)
-      fail("[INV-SIZE-1]", "size " + std::to_string(b->size) + " is not a multiple of 512" + at);
+      fail("[INV-SIZE-1]", "size " + std::to_string(b->size) + " is not a multiple of 512" + at());
     if (b->next != nullptr && b->next->ptr != b->ptr + b->size)
-      fail("[INV-SEG-1]", "the next block does not start where this one ends" + at);
-    if (b->next != nullptr && b->next->prev != b) fail("[INV-SEG-2]", "broken link" + at);
+      fail("[INV-SEG-1]", "the next block does not start where this one ends" + at());
+    if (b->next != nullptr && b->next->prev != b) fail("[INV-SEG-2]", "broken link" + at());
     if (b->next != nullptr && (b->next->stream != b->stream || b->next->pool != b->pool ||
                                b->next->expandable != b->expandable))
-      fail("[INV-SEG-3]", "the next block has another stream, pool or segment" + at);
+      fail("[INV-SEG-3]", "the next block has another stream, pool or segment" + at());
     if (b->is_free_or_unmapped() && b->next != nullptr && b->next->state() == b->state() &&
         (b->pool->blocks.contains(const_cast<Block*>(b)) || b->is_unmapped()))
-      fail("[INV-MERGE-1]", "two free neighbours not merged" + at);
+      fail("[INV-MERGE-1]", "two free neighbours not merged" + at());
     // The state agrees with the events, the stream uses and the containers.
     const BlockState s = b->state();
     if (s == BlockState::Allocated && b->size < round_size(config_, b->requested_size))
       fail("[INV-SIZE-2]",
-           "smaller than round_size(" + std::to_string(b->requested_size) + ")" + at);
+           "smaller than round_size(" + std::to_string(b->requested_size) + ")" + at());
     // The split-size limit (§2.3): see docs/invariants.md.
     if (b->expandable == nullptr && !b->pool->is_small && b->size <= kSmallSize)
-      fail("[INV-SIZE-3]", "a large-pool block of 1 MiB or less in a cudaMalloc segment" + at);
+      fail("[INV-SIZE-3]", "a large-pool block of 1 MiB or less in a cudaMalloc segment" + at());
     if (b->pool->is_small && s == BlockState::Allocated && b->size > kSmallSize && !never_splits(*b->pool))
-      fail("[INV-SIZE-3]", "a small-pool allocation larger than 1 MiB" + at);
+      fail("[INV-SIZE-3]", "a small-pool allocation larger than 1 MiB" + at());
     if ((s == BlockState::AwaitingEvents) != (b->event_count > 0))
       fail("[INV-EVENT-1]", std::string(state_name(s)) + " with " + std::to_string(b->event_count) +
-                                " outstanding events" + at);
+                                " outstanding events" + at());
     const int q = queued.count(b) ? queued.at(b) : 0;
     if (q != b->event_count)
       fail("[INV-EVENT-2]", "event_count " + std::to_string(b->event_count) + " but " +
-                                std::to_string(q) + " queued events" + at);
+                                std::to_string(q) + " queued events" + at());
     // Stream uses stay on an allocated block, and on a free deferred by a capture (§14.7).
     if (s != BlockState::Allocated && s != BlockState::Deferred && !b->stream_uses.empty())
-      fail("[INV-EVENT-3]", std::string("stream uses on a block in state ") + state_name(s) + at);
+      fail("[INV-EVENT-3]", std::string("stream uses on a block in state ") + state_name(s) + at());
     if (s == BlockState::Deferred && b->stream_uses.empty())
-      fail("[INV-EVENT-3]", "a deferred free without stream uses" + at);
+      fail("[INV-EVENT-3]", "a deferred free without stream uses" + at());
     const bool active = b->is_active();
     if (active != (find_active(b->ptr) == b))
-      fail("[INV-POOL-1]", std::string("active_blocks disagrees with state ") + state_name(s) + at);
+      fail("[INV-POOL-1]", std::string("active_blocks disagrees with state ") + state_name(s) + at());
     if (s == BlockState::Free && !b->pool->blocks.contains(const_cast<Block*>(b)) &&
         sleeping_range_of(b) == nullptr)
-      fail("[INV-POOL-1]", "a Free block outside its pool" + at);
+      fail("[INV-POOL-1]", "a Free block outside its pool" + at());
     if (s == BlockState::Unmapped && !b->pool->unmapped.contains(const_cast<Block*>(b)))
-      fail("[INV-POOL-1]", "an Unmapped block outside its pool's unmapped set" + at);
+      fail("[INV-POOL-1]", "an Unmapped block outside its pool's unmapped set" + at());
   }
   std::size_t asleep_free = 0;  // the free blocks of sleeping runs are in no container
   for (const auto& [key, owned] : owned_)

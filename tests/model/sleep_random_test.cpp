@@ -127,8 +127,10 @@ void run(A& a, std::uint64_t seed, int ops) {
   for (const auto& [p, size] : live) a.free(p);  // every pointer is still the caller's
   live.clear();
   a.complete_all_events();
+  // (The requires-expression names a PoolId of its own: clang-14 refuses a structured binding
+  // there, "reference to local binding declared in enclosing function".)
   for (auto& [id, n] : refs) {
-    if constexpr (requires { a.set_use_on_oom(id, false); }) a.set_use_on_oom(id, false);
+    if constexpr (requires { a.set_use_on_oom(PoolId{0, 1}, false); }) a.set_use_on_oom(id, false);
     for (; n > 0; --n) a.release_pool(id);
   }
   a.empty_cache();  // the sleeping ranges hold no live block now: they go back

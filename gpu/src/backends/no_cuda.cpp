@@ -1,6 +1,6 @@
 // The CUDA backend entry points when cachet is built without CUDA (CACHET_CUDA=OFF or no CUDA
-// Toolkit): gpu/CMakeLists.txt builds this file instead of cuda_backend.cpp. No device is
-// found, and asking for one says why.
+// Toolkit): gpu/CMakeLists.txt builds this file instead of cuda_runtime_backend.cpp and
+// cuda_vmm_backend.cpp. No device is found, and asking for one says why.
 #include <memory>
 #include <string>
 

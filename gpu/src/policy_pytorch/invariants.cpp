@@ -33,11 +33,11 @@ std::vector<std::string> PytorchPolicy::invariants() const {
   Bytes reserved = 0;
   Bytes max_page = 0;
   for (const auto& [base, seg] : segments_) {
-    const std::string where = "segment " + hex(base);
-    if (base < prev_end) fail("[INV-SEG-3]", where + " overlaps the previous segment");
+    const auto where = [base = base] { return "segment " + hex(base); };  // formatted only on failure
+    if (base < prev_end) fail("[INV-SEG-3]", where() + " overlaps the previous segment");
     prev_end = base + seg->size;
     if (seg->head == nullptr || seg->head->prev != nullptr) {
-      fail("[INV-SEG-2]", where + " has no head block, or its head has a prev link");
+      fail("[INV-SEG-2]", where() + " has no head block, or its head has a prev link");
       continue;
     }
     if (seg->expandable) max_page = std::max(max_page, seg->page_size);
@@ -52,38 +52,40 @@ std::vector<std::string> PytorchPolicy::invariants() const {
     std::size_t nblocks = 0;
     for (const Block* b = seg->head; b != nullptr; b = b->next) {
       ++nblocks;
-      const std::string bw = "block " + hex(b->ptr) + " (" + std::to_string(b->size) + " B) of " + where;
-      if (b->segment != seg.get()) fail("[INV-SEG-3]", bw + " points to another segment");
-      if (b->ptr != at) fail("[INV-SEG-1]", bw + " starts at " + hex(b->ptr) + ", expected " + hex(at));
+      const auto bw = [&] {  // formatted only on failure
+        return "block " + hex(b->ptr) + " (" + std::to_string(b->size) + " B) of " + where();
+      };
+      if (b->segment != seg.get()) fail("[INV-SEG-3]", bw() + " points to another segment");
+      if (b->ptr != at) fail("[INV-SEG-1]", bw() + " starts at " + hex(b->ptr) + ", expected " + hex(at));
       at = b->ptr + b->size;
-      if (at > base + seg->size) fail("[INV-SEG-3]", bw + " ends past its segment");
-      if (b->next && b->next->prev != b) fail("[INV-SEG-2]", bw + ": next->prev is not this block");
-      if (b->stream != seg->stream) fail("[INV-SEG-3]", bw + " has stream " + std::to_string(b->stream));
-      if (b->is_small != seg->is_small) fail("[INV-SEG-3]", bw + " is in the other pool");
-      if (b->size == 0 || b->size % kMinBlockSize != 0) fail("[INV-SIZE-1]", bw + ": size is not a multiple of 512");
+      if (at > base + seg->size) fail("[INV-SEG-3]", bw() + " ends past its segment");
+      if (b->next && b->next->prev != b) fail("[INV-SEG-2]", bw() + ": next->prev is not this block");
+      if (b->stream != seg->stream) fail("[INV-SEG-3]", bw() + " has stream " + std::to_string(b->stream));
+      if (b->is_small != seg->is_small) fail("[INV-SEG-3]", bw() + " is in the other pool");
+      if (b->size == 0 || b->size % kMinBlockSize != 0) fail("[INV-SIZE-1]", bw() + ": size is not a multiple of 512");
       if (b->is_allocated() && b->size < round_size(b->requested_size))
-        fail("[INV-SIZE-2]", bw + ": smaller than round_size(" + std::to_string(b->requested_size) + ")");
+        fail("[INV-SIZE-2]", bw() + ": smaller than round_size(" + std::to_string(b->requested_size) + ")");
       // Split-size limit (§2.3): a large-pool split leaves more than 1 MiB and large requests are
       // larger than 1 MiB, so no block of a cudaMalloc large-pool segment is 1 MiB or smaller;
       // a small-pool allocation is at most 1 MiB, unless its pool never splits (no_split, §15.2).
       if (!seg->expandable && !seg->is_small && b->size <= kSmallSize)
-        fail("[INV-SIZE-3]", bw + ": a large-pool block of 1 MiB or less (split below the limit)");
+        fail("[INV-SIZE-3]", bw() + ": a large-pool block of 1 MiB or less (split below the limit)");
       if (seg->is_small && b->is_allocated() && b->size > kSmallSize && !no_split(*seg->pool))
-        fail("[INV-SIZE-3]", bw + ": a small-pool allocation larger than 1 MiB");
+        fail("[INV-SIZE-3]", bw() + ": a small-pool allocation larger than 1 MiB");
       // The state against the other fields (shell/block_state.h).
       const bool deferred = b->state() == BlockState::Deferred;
       if (!b->is_allocated() && !deferred && !b->stream_uses.empty())
-        fail("[INV-EVENT-3]", bw + ": stream uses on a block that is not allocated");
-      if (deferred && b->stream_uses.empty()) fail("[INV-EVENT-3]", bw + ": a deferred free without stream uses");
+        fail("[INV-EVENT-3]", bw() + ": stream uses on a block that is not allocated");
+      if (deferred && b->stream_uses.empty()) fail("[INV-EVENT-3]", bw() + ": a deferred free without stream uses");
       if (deferred != (std::find(deferred_blocks_.begin(), deferred_blocks_.end(), b) != deferred_blocks_.end()))
-        fail("[INV-POOL-1]", bw + " is " + state_name(b->state()) + " but the deferred list disagrees (§14.7)");
+        fail("[INV-POOL-1]", bw() + " is " + state_name(b->state()) + " but the deferred list disagrees (§14.7)");
       if ((b->state() == BlockState::AwaitingEvents) != (b->event_count > 0))
-        fail("[INV-EVENT-1]", bw + " is " + state_name(b->state()) + " with event_count " +
+        fail("[INV-EVENT-1]", bw() + " is " + state_name(b->state()) + " with event_count " +
                                   std::to_string(b->event_count));
-      if (!b->is_mapped() && !seg->expandable) fail("[INV-MAP-2]", bw + " is unmapped in a cudaMalloc segment");
+      if (!b->is_mapped() && !seg->expandable) fail("[INV-MAP-2]", bw() + " is unmapped in a cudaMalloc segment");
       const int q = queued.count(b) ? queued.at(b) : 0;
       if (q != b->event_count)
-        fail("[INV-EVENT-2]", bw + ": event_count " + std::to_string(b->event_count) + " but " + std::to_string(q) +
+        fail("[INV-EVENT-2]", bw() + ": event_count " + std::to_string(b->event_count) + " but " + std::to_string(q) +
                             " queued events");
 
       const BlockPool& pool = *seg->pool;
@@ -95,16 +97,16 @@ std::vector<std::string> PytorchPolicy::invariants() const {
       const bool in_active = active_.find(b->ptr) == b;
       if (!b->is_mapped()) {
         ++unmapped_count;
-        if (!in_unmapped) fail("[INV-POOL-1]", bw + " is unmapped but not in its pool's unmapped set");
-        if (in_active) fail("[INV-MAP-1]", bw + " is unmapped and in the active table");
-        if (b->next && !b->next->is_mapped()) fail("[INV-MERGE-1]", bw + " and the next block are both unmapped");
+        if (!in_unmapped) fail("[INV-POOL-1]", bw() + " is unmapped but not in its pool's unmapped set");
+        if (in_active) fail("[INV-MAP-1]", bw() + " is unmapped and in the active table");
+        if (b->next && !b->next->is_mapped()) fail("[INV-MERGE-1]", bw() + " and the next block are both unmapped");
         continue;
       }
       if (seg->expandable) c[p].reserved_bytes += static_cast<std::int64_t>(b->size), reserved += b->size;
       if (b->is_active()) {
         ++active_count;
-        if (!in_active) fail("[INV-POOL-1]", bw + " is active but not in the active table");
-        if (in_free) fail("[INV-POOL-1]", bw + " is active (or waiting for events) and in a free pool");
+        if (!in_active) fail("[INV-POOL-1]", bw() + " is active but not in the active table");
+        if (in_free) fail("[INV-POOL-1]", bw() + " is active (or waiting for events) and in a free pool");
         c[p].active += 1;
         c[p].active_bytes += static_cast<std::int64_t>(b->size);
         c[p].requested_bytes += static_cast<std::int64_t>(b->requested_size);
@@ -115,18 +117,18 @@ std::vector<std::string> PytorchPolicy::invariants() const {
         }
       } else if (seg->sleeping_runs != 0 && sleeping_range_of(b) != nullptr) {
         // A free block of a sleeping range is in no free set (docs/sleep-wake.md SLEEP-R2).
-        if (in_free) fail("[INV-SLEEP-1]", bw + " is free in a sleeping range but in its pool's free set");
+        if (in_free) fail("[INV-SLEEP-1]", bw() + " is free in a sleeping range but in its pool's free set");
         if (b->next && b->next->is_free())
-          fail("[INV-MERGE-1]", bw + " and the next block are both free: they should have merged");
+          fail("[INV-MERGE-1]", bw() + " and the next block are both free: they should have merged");
       } else {
         ++free_count;
-        if (!in_free) fail("[INV-POOL-1]", bw + " is free but not in its pool");
+        if (!in_free) fail("[INV-POOL-1]", bw() + " is free but not in its pool");
         if (b->next && b->next->is_free())
-          fail("[INV-MERGE-1]", bw + " and the next block are both free: they should have merged");
+          fail("[INV-MERGE-1]", bw() + " and the next block are both free: they should have merged");
       }
     }
     if (at != base + seg->size)
-      fail("[INV-SEG-1]", where + ": blocks cover " + std::to_string(at - base) + " of " + std::to_string(seg->size) + " B");
+      fail("[INV-SEG-1]", where() + ": blocks cover " + std::to_string(at - base) + " of " + std::to_string(seg->size) + " B");
     if (!seg->expandable && nblocks > 1) {
       for (const Block* b = seg->head; b != nullptr; b = b->next)
         if (!b->is_active()) {

@@ -356,23 +356,26 @@ void PytorchPolicy::empty_cache(PoolId id) {
 }
 
 // The freeable private pools (all of them for the default id, else only that one), in PyTorch's
-// order: small half before large; a pool with no device allocation left is forgotten.
+// order; each gives back its small half, then its large half, and is forgotten once no device
+// allocation is left (§14.5, §14.6). One pool is found by its id, not by walking the list.
 void PytorchPolicy::release_private_pools(PoolId id) {
-  std::vector<PrivatePool*> order = graph_pools_freeable_.in_order();
-  if (flipped(RuleFlip::FreeableInIdOrder))  // rule flip: in id order
-    std::sort(order.begin(), order.end(), [](const PrivatePool* a, const PrivatePool* b) {
-      return std::pair(a->id.first, a->id.second) < std::pair(b->id.first, b->id.second);
-    });
-  for (PrivatePool* pp : order) {
-    if (!id.is_default()) {
-      if (pp->id != id) continue;
-      synchronize_and_free_events(pp);
-    }
-    const bool large_first = flipped(RuleFlip::PrivateReleaseLargeFirst);  // rule flip
-    release_blocks(large_first ? pp->large : pp->small);
-    release_blocks(large_first ? pp->small : pp->large);
-    if (pp->device_allocs == 0) forget_pool(pp);
+  const bool large_first = flipped(RuleFlip::PrivateReleaseLargeFirst);  // rule flip
+  auto release = [&](PrivatePool& pp) {
+    release_blocks(large_first ? pp.large : pp.small);
+    release_blocks(large_first ? pp.small : pp.large);
+    if (pp.device_allocs == 0) forget_pool(&pp);  // may destroy pp
+  };
+  if (!id.is_default()) {
+    if (!graph_pools_freeable_.contains(id)) return;
+    PrivatePool& pp = *graph_pools_.at(id);
+    synchronize_and_free_events(&pp);
+    release(pp);
+    return;
   }
+  std::vector<PrivatePool*> pools = graph_pools_freeable_.in_order();
+  if (flipped(RuleFlip::FreeableInIdOrder))  // rule flip: in id order
+    std::ranges::sort(pools, {}, [](const PrivatePool* p) { return std::pair(p->id.first, p->id.second); });
+  for (PrivatePool* pp : pools) release(*pp);
 }
 
 // PyTorch erases the pool at a device allocation count of 0 (§14.5). Its reservations without

@@ -23,15 +23,15 @@
 namespace cachet::lockstep::detail {
 
 // What a refusal where PyTorch fails (docs/pytorch-allocator.md §14.8) must leave as it was: the
-// sut's 122 stats and its snapshot.
+// sut's stats (the record of the 122 keys) and its snapshot.
 struct SutState {
-  std::vector<std::pair<std::string, std::int64_t>> stats;
+  DeviceStats stats;
   Snapshot snapshot;
   friend bool operator==(const SutState&, const SutState&) = default;
 };
 template <class Impl>
 SutState sut_state(Impl& sut) {  // snapshot() records a trace event: not const
-  return SutState{flatten(sut.stats()), sut.snapshot()};
+  return SutState{sut.stats(), sut.snapshot()};
 }
 
 // Thrown to the front end when a call did not succeed alike on both sides; the lockstep runner

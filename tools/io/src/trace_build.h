@@ -11,7 +11,7 @@
 #include <string_view>
 
 #include "cachet/io/file.h"
-#include "cachet/io/trace_reader.h"
+#include "cachet/io/trace_file.h"
 
 namespace cachet::io::detail {
 

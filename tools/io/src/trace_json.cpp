@@ -1,12 +1,13 @@
 // JSON traces with simdjson's On-Demand API (one forward pass, no DOM): the _snapshot()
 // dictionary as JSON, the oracle recordings' trace rows, and the .stats.json sidecar.
 // Keys are matched in any order; unknown keys are skipped unparsed.
+#include "cachet/io/trace_json.h"
+
 #include <fmt/format.h>
 
 #include <simdjson.h>
 
 #include "cachet/io/file.h"
-#include "cachet/io/trace_reader.h"
 #include "json_damage.h"
 #include "trace_build.h"
 

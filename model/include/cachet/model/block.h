@@ -38,8 +38,10 @@
 // Allocated and Deferred; and the rest).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -53,15 +55,13 @@ namespace cachet::model {
 // which shows only mapped blocks and has no Unmapped; see the table above.
 enum class BlockState : std::uint8_t { Allocated, AwaitingEvents, Free, Unmapped, Deferred };
 
+// The states' names, in the enum's order.
+inline constexpr const char* kStateNames[] = {"Allocated", "AwaitingEvents", "Free", "Unmapped", "Deferred"};
+static_assert(std::size(kStateNames) == static_cast<std::size_t>(BlockState::Deferred) + 1);
+
 inline const char* state_name(BlockState s) {
-  switch (s) {
-    case BlockState::Allocated: return "Allocated";
-    case BlockState::AwaitingEvents: return "AwaitingEvents";
-    case BlockState::Free: return "Free";
-    case BlockState::Unmapped: return "Unmapped";
-    case BlockState::Deferred: return "Deferred";
-  }
-  return "?";
+  const auto i = static_cast<std::size_t>(s);
+  return i < std::size(kStateNames) ? kStateNames[i] : "?";
 }
 
 // [INV-STATE-1]: the transitions of the table above.

@@ -1,299 +1,29 @@
-// The CUDA backends (see cachet/gpu/cuda_backend.h). Built only when CACHET_HAVE_CUDA.
+// The CUDA VMM backend (cachet/gpu/cuda_backend.h: CudaVmmBackend), PyTorch's expandable segments
+// (docs/pytorch-allocator.md §7): address ranges reserved with cuMemAddressReserve, physical
+// memory created and mapped in granules (cuMemCreate, cuMemMap, cuMemSetAccess) and unmapped
+// again, through driver entry points fetched at run time (no binary links libcuda); and the sleep
+// calls (pinned host buffers, the copies of backed-up contents). Its cudaMalloc, events and
+// capture queries are the runtime backend's (cuda_runtime_backend.cpp). Built only when
+// CACHET_HAVE_CUDA.
 #include "cachet/gpu/cuda_backend.h"
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cinttypes>
 #include <cstdint>
-#include <cstdio>
+#include <iterator>
 #include <memory>
 #include <new>
 #include <string>
 #include <vector>
 
 #include "cachet/errors.h"
+#include "cuda_calls.h"
 
 namespace cachet::gpu {
 
-namespace {
-
-std::string cuda_msg(const char* call, cudaError_t e) {
-  return std::string(call) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
-}
-
-Status status_of(const char* call, cudaError_t e) {
-  if (e == cudaSuccess) return Status::ok();
-  (void)cudaGetLastError();  // clear the sticky-free error state
-  if (e == cudaErrorMemoryAllocation) return Status::oom(cuda_msg(call, e));
-  return Status::error(cuda_msg(call, e));
-}
-
-// Selects `device` for the scope, restores the caller's device after.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
-    if (prev_ != device) (void)cudaSetDevice(device);
-  }
-  ~DeviceGuard() {
-    if (prev_ >= 0) (void)cudaSetDevice(prev_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int prev_ = -1;
-};
-
-cudaStream_t stream_of(StreamId s) { return reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(s)); }
-cudaEvent_t event_of(EventHandle e) { return reinterpret_cast<cudaEvent_t>(static_cast<std::uintptr_t>(e)); }
-void* ptr_of(DevicePtr p) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(p)); }
-
-std::string hex(std::uint64_t v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
-  return buf;
-}
-
-// ------------------------------------------------- CUDA graph capture (docs §14.7, §14.8.2)
-
-// The capture status of a stream as PyTorch reads it (currentStreamCaptureStatusMayInitCtx):
-// capturing unless cudaStreamCaptureStatusNone (an invalidated capture counts as capturing).
-struct Capture {
-  bool known = false;      // a stream was asked about
-  bool capturing = false;
-  StreamId stream = 0;
-  std::string error;       // cudaStreamIsCapturing failed: the call is refused with this
-};
-
-Capture capture_of(StreamId s) {
-  Capture c;
-  c.known = true;
-  c.stream = s;
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  if (cudaError_t e = cudaStreamIsCapturing(stream_of(s), &st); e != cudaSuccess) {
-    (void)cudaGetLastError();
-    c.error = cuda_msg("cudaStreamIsCapturing", e);
-    return c;
-  }
-  c.capturing = st != cudaStreamCaptureStatusNone;
-  return c;
-}
-
-// The thread's current stream (CurrentStream, else its provider's); neither: treated as not
-// capturing. Device calls only.
-Capture current_capture() {
-  if (CurrentStream::is_set()) return capture_of(CurrentStream::get());
-  if (CurrentStream::Provider p = CurrentStream::provider()) return capture_of(p());
-  return Capture{};
-}
-
-// Why `call` is refused for capture `c`, or "" when it may go ahead. `what` says what PyTorch
-// does instead.
-std::string refusal(const char* call, const Capture& c, const char* subject, const char* what) {
-  if (!c.known || (!c.capturing && c.error.empty())) return "";
-  std::string m = std::string(call) + " refused: ";
-  if (!c.error.empty())
-    return m + "cannot tell whether " + subject + " " + hex(c.stream) + " is capturing a CUDA graph (" + c.error + ")";
-  return m + subject + " " + hex(c.stream) + " is capturing a CUDA graph; " + what;
-}
-
-constexpr const char* kGiveBack =
-    "the driver forbids giving memory back during a capture and would invalidate the capture (PyTorch 2.11 "
-    "fails here too, docs/pytorch-allocator.md §14.8.2); nothing was changed";
-constexpr const char* kNoEvents =
-    "PyTorch records, queries and waits for no event during a capture (docs/pytorch-allocator.md §14.7); "
-    "nothing was done";
-
-// PyTorch's CUDAStreamCaptureModeGuard{cudaStreamCaptureModeRelaxed}, applied only when `on`:
-// device allocations on a capturing stream (cudaMallocMaybeCapturing) may then run without
-// invalidating the capture.
-class RelaxedCaptureMode {
- public:
-  explicit RelaxedCaptureMode(bool on) {
-    if (!on) return;
-    if (cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess) active_ = true;
-    else (void)cudaGetLastError();
-  }
-  ~RelaxedCaptureMode() {
-    if (active_) (void)cudaThreadExchangeStreamCaptureMode(&mode_);  // back to the caller's mode
-  }
-  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
-  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
-
- private:
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-  bool active_ = false;
-};
-
-}  // namespace
-
-int cuda_device_count() {
-  int n = 0;  // left unwritten on error 35
-  cudaError_t e = cudaGetDeviceCount(&n);
-  if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  if (e != cudaSuccess) throw DeviceError(cuda_msg("cudaGetDeviceCount", e));
-  return n;
-}
-
-CudaRuntimeBackend::CudaRuntimeBackend(DeviceIndex device) : device_(device) {
-  const int n = cuda_device_count();
-  if (device < 0 || device >= n)
-    throw DeviceError("CUDA device " + std::to_string(device) + " does not exist (this process sees " +
-                      std::to_string(n) + " device(s))");
-}
-
-Result<DevicePtr> CudaRuntimeBackend::malloc(Bytes n) {
-  DeviceGuard g(device_);
-  const Capture c = current_capture();
-  if (!c.error.empty()) return {Status::error(refusal("cudaMalloc", c, "the current stream", "")), 0};
-  RelaxedCaptureMode relaxed(c.capturing);
-  void* p = nullptr;
-  Status st = status_of("cudaMalloc", cudaMalloc(&p, n));
-  return {st, st.is_ok() ? static_cast<DevicePtr>(reinterpret_cast<std::uintptr_t>(p)) : 0};
-}
-
-Status CudaRuntimeBackend::free(DevicePtr p) {
-  if (auto why = refusal("cudaFree", current_capture(), "the current stream", kGiveBack); !why.empty())
-    return Status::error(why);
-  DeviceGuard g(device_);
-  return status_of("cudaFree", cudaFree(ptr_of(p)));
-}
-
-Result<MemInfo> CudaRuntimeBackend::mem_get_info() {
-  DeviceGuard g(device_);
-  std::size_t free = 0, total = 0;
-  Status st = status_of("cudaMemGetInfo", cudaMemGetInfo(&free, &total));
-  return {st, MemInfo{free, total, std::nullopt}};  // no NVML: the process figure is omitted
-}
-
-bool CudaRuntimeBackend::stream_valid(StreamId s) {
-  if (s == 0 || s == reinterpret_cast<std::uintptr_t>(cudaStreamLegacy) ||
-      s == reinterpret_cast<std::uintptr_t>(cudaStreamPerThread))
-    return true;
-#if CUDART_VERSION >= 12080
-  // cudaStreamGetDevice on a stream that is capturing fails (cudaErrorStreamCaptureUnsupported,
-  // relaxed mode or not) and invalidates the capture (seen on an H100, CUDA 13.0), so a capturing
-  // stream is not asked: a stream first used while it captures (torch.cuda.graph's own capture
-  // stream) is taken as this device's when it is a live capturing stream; PyTorch checks no
-  // stream's device at all.
-  const Capture c = capture_of(s);
-  if (!c.error.empty()) return false;  // no stream
-  if (c.capturing) return true;
-  int dev = -1;
-  cudaError_t e = cudaSuccess;
-  {
-    RelaxedCaptureMode relaxed(true);  // a query: never refused for another thread's capture
-    e = cudaStreamGetDevice(stream_of(s), &dev);
-  }
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return dev == device_;
-#else
-  return true;
-#endif
-}
-
-// ------------------------------------------------- the capture graph (docs §14.10.1)
-
-// cudaStreamGetCaptureInfo as PyTorch's stream_get_capture_info calls it (CUDA 13: the edge data
-// argument, left null; before: the _v2 entry point). An invalidated capture is an error (PyTorch
-// asserts). A query: allowed during any capture, on any thread.
-Result<CaptureInfo> CudaRuntimeBackend::capture_info(StreamId s) {
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  unsigned long long id = 0;
-  cudaGraph_t graph = nullptr;
-  const cudaGraphNode_t* deps = nullptr;
-  std::size_t n = 0;
-#if CUDART_VERSION >= 13000
-  const cudaError_t e = cudaStreamGetCaptureInfo(stream_of(s), &st, &id, &graph, &deps, nullptr, &n);
-#else
-  const cudaError_t e = cudaStreamGetCaptureInfo_v2(stream_of(s), &st, &id, &graph, &deps, &n);
-#endif
-  if (e != cudaSuccess) return {status_of("cudaStreamGetCaptureInfo", e), {}};
-  if (st == cudaStreamCaptureStatusInvalidated)
-    return {Status::error("cudaStreamGetCaptureInfo: the capture of stream " + hex(s) +
-                          " was invalidated (PyTorch asserts \"Invalid stream capture status\")"),
-            {}};
-  CaptureInfo info;
-  if (st != cudaStreamCaptureStatusActive) return {Status::ok(), info};
-  info.capturing = true;
-  info.capture_id = id;
-  info.terminals.reserve(n);
-  for (std::size_t i = 0; i < n; ++i) info.terminals.push_back(reinterpret_cast<std::uintptr_t>(deps[i]));
-  return {Status::ok(), std::move(info)};
-}
-
-// cudaGraphNodeGetDependencies: the count first, then the nodes (CUDA 13: with edge data).
-Result<std::vector<GraphNode>> CudaRuntimeBackend::node_dependencies(GraphNode n) {
-  const auto node = reinterpret_cast<cudaGraphNode_t>(static_cast<std::uintptr_t>(n));
-  std::size_t count = 0;
-#if CUDART_VERSION >= 13000
-  cudaError_t e = cudaGraphNodeGetDependencies(node, nullptr, nullptr, &count);
-#else
-  cudaError_t e = cudaGraphNodeGetDependencies(node, nullptr, &count);
-#endif
-  if (e != cudaSuccess) return {status_of("cudaGraphNodeGetDependencies", e), {}};
-  std::vector<cudaGraphNode_t> deps(count);
-  if (count > 0) {
-#if CUDART_VERSION >= 13000
-    std::vector<cudaGraphEdgeData> edges(count);
-    e = cudaGraphNodeGetDependencies(node, deps.data(), edges.data(), &count);
-#else
-    e = cudaGraphNodeGetDependencies(node, deps.data(), &count);
-#endif
-    if (e != cudaSuccess) return {status_of("cudaGraphNodeGetDependencies", e), {}};
-    deps.resize(count);
-  }
-  std::vector<GraphNode> out;
-  out.reserve(deps.size());
-  for (cudaGraphNode_t d : deps) out.push_back(reinterpret_cast<std::uintptr_t>(d));
-  return {Status::ok(), std::move(out)};
-}
-
-Result<EventHandle> CudaRuntimeBackend::event_create() {
-  DeviceGuard g(device_);
-  cudaEvent_t e = nullptr;
-  Status st = status_of("cudaEventCreateWithFlags", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  return {st, static_cast<EventHandle>(reinterpret_cast<std::uintptr_t>(e))};
-}
-
-Status CudaRuntimeBackend::event_record(EventHandle e, StreamId s) {
-  // An event recorded on a capturing stream would become a node of the graph, never complete.
-  if (auto why = refusal("cudaEventRecord", capture_of(s), "stream", kNoEvents); !why.empty())
-    return Status::error(why);
-  DeviceGuard g(device_);
-  return status_of("cudaEventRecord", cudaEventRecord(event_of(e), stream_of(s)));
-}
-
-Result<bool> CudaRuntimeBackend::event_query(EventHandle e) {
-  if (auto why = refusal("cudaEventQuery", current_capture(), "the current stream", kNoEvents); !why.empty())
-    return {Status::error(why), false};
-  cudaError_t r = cudaEventQuery(event_of(e));
-  if (r == cudaErrorNotReady) {
-    (void)cudaGetLastError();
-    return {Status::ok(), false};
-  }
-  Status st = status_of("cudaEventQuery", r);
-  return {st, st.is_ok()};
-}
-
-Status CudaRuntimeBackend::event_synchronize(EventHandle e) {
-  if (auto why = refusal("cudaEventSynchronize", current_capture(), "the current stream", kNoEvents); !why.empty())
-    return Status::error(why);
-  return status_of("cudaEventSynchronize", cudaEventSynchronize(event_of(e)));
-}
-
-void CudaRuntimeBackend::event_destroy(EventHandle e) { (void)cudaEventDestroy(event_of(e)); }
-
-// ------------------------------------------------------------------------------ VMM
+using namespace cuda_detail;
 
 struct CudaVmmBackend::Driver {
   using AddressReserve = CUresult (*)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
@@ -521,7 +251,8 @@ Status CudaVmmBackend::unmap(DevicePtr p, Bytes n) {
   return Status::ok();
 }
 
-// ------------------------------------------------------------------ sleep calls
+// ------------------------------------------------------------------ sleep calls (pinned host
+// buffers and the copies of backed-up contents, docs/sleep-wake.md)
 
 Result<void*> CudaVmmBackend::host_alloc(Bytes n) {
   if (auto it = pinned_kept_.lower_bound(n); it != pinned_kept_.end()) {
@@ -591,11 +322,6 @@ Status CudaVmmBackend::copy_synchronize() {
   copies_pending_ = false;
   if (copy_stream_ == nullptr) return Status::ok();
   return status_of("cudaStreamSynchronize", cudaStreamSynchronize(static_cast<cudaStream_t>(copy_stream_)));
-}
-
-std::unique_ptr<DeviceMemory> make_cuda_memory(DeviceIndex device, bool expandable) {
-  if (expandable) return make_device_memory<CudaVmmBackend>(device);
-  return make_device_memory<CudaRuntimeBackend>(device);
 }
 
 }  // namespace cachet::gpu

@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """Bad input to `cachet predict` exits 2 and says what was wrong (tests/predict/CMakeLists.txt).
 
-    predict_bad_input_test.py CACHET"""
+    predict_bad_input_test.py CACHET (with-fake-device | without-fake-device)
+
+Without the fake device (a build with no CUDA Toolkit headers) the cases that reach the capture
+expect predict to say that libcachet_fakecuda.so is missing instead."""
 import os
 import subprocess
 import sys
 import tempfile
 
 cachet = sys.argv[1]
+fake = len(sys.argv) < 3 or sys.argv[2] == "with-fake-device"
 fails = 0
 script = os.path.join(tempfile.mkdtemp(), "train.py")
 open(script, "w").write("print('never run')\n")
@@ -30,11 +34,13 @@ cases = [
     (["--gpu", "H100"], "no program: give it after --", None),
     (["--gpu", "H100", "--", "/nonexistent/train.py"], "/nonexistent/train.py: no such script", None),
     (["--gpu", "H100", "--conf", "max_split_size_mb:abc", "--", script], "--conf 'max_split_size_mb:abc'", None),
-    (["--gpu", "H100", "--python", "/nonexistent/python3", "--", script], "give the Python that has torch with --python", None),
+    (["--gpu", "H100", "--python", "/nonexistent/python3", "--", script],
+     "give the Python that has torch with --python" if fake else "libcachet_fakecuda.so not found", None),
 ]
 probe = subprocess.run([no_torch, "-c", "import torch"], capture_output=True)
 if probe.returncode != 0:
-    cases.append((["--gpu", "H100", "--python", no_torch, "--", script], "cannot import torch", "--python"))
+    cases.append((["--gpu", "H100", "--python", no_torch, "--", script],
+                  "cannot import torch" if fake else "libcachet_fakecuda.so not found", "--python" if fake else None))
 for args, want, also in cases:
     r = subprocess.run([cachet, "predict", *args], capture_output=True, text=True, timeout=60)
     ok = r.returncode == 2 and want in r.stderr and (also is None or also in r.stderr) and not r.stdout.strip()

@@ -282,10 +282,12 @@ int run(Args& a) {
   if (a.program[0] == "-m" && a.program.size() < 2) return fail(a, "-m needs a module name");
   if (a.program[0] != "-m" && !fs::exists(a.program[0])) return fail(a, fmt::format("{}: no such script", a.program[0]));
   if (a.python.empty()) a.python = "python3";
-  const std::string pydir = find_python_package_dir(a.python);
-  if (pydir.empty()) return fail(a, "the cachet_torch package was not found; set CACHET_PYTHONPATH to the folder holding it");
-  const std::string fakecuda = find_fakecuda(pydir);
-  if (fakecuda.empty())
+  const bool offline = std::getenv("CACHET_PREDICT_USE_CAPTURE") && *std::getenv("CACHET_PREDICT_USE_CAPTURE");
+  const std::string pydir = offline ? std::string() : find_python_package_dir(a.python);
+  if (pydir.empty() && !offline)
+    return fail(a, "the cachet_torch package was not found; set CACHET_PYTHONPATH to the folder holding it");
+  const std::string fakecuda = offline ? std::string() : find_fakecuda(pydir);
+  if (fakecuda.empty() && !offline)
     return fail(a, "libcachet_fakecuda.so not found (built with the CUDA Toolkit's headers, installed to lib/cachet/); set CACHET_FAKECUDA to its path");
 
   Capture cap = run_capture(a, t, fakecuda, pydir, std::nullopt, &error);

@@ -63,6 +63,25 @@ struct Capture {
   double seconds = 0;
 };
 
+// Reads a capture folder's capture.json and finds its snapshot.pickle into `c` (c.ok on success);
+// `missing` is the error when either is absent.
+bool read_capture(Capture& c, const std::string& missing, std::string* error) {
+  c.snapshot = c.dir + "/snapshot.pickle";
+  std::ifstream in(c.dir + "/capture.json");
+  if (!in || !fs::exists(c.snapshot)) {
+    *error = missing;
+    return false;
+  }
+  try {
+    in >> c.info;
+  } catch (const std::exception& e) {
+    *error = fmt::format("{}/capture.json: {}", c.dir, e.what());
+    return false;
+  }
+  c.ok = true;
+  return true;
+}
+
 Capture run_capture(const Args& a, const Target& t, const std::string& fakecuda, const std::string& pydir,
                     std::optional<long long> batch, std::string* error) {
   Capture c;
@@ -70,20 +89,9 @@ Capture run_capture(const Args& a, const Target& t, const std::string& fakecuda,
     // Offline: the answers for a capture made before (its folder: capture.json, snapshot.pickle),
     // without running the program again. Tests use it where there is no torch.
     c.dir = replayed;
-    c.snapshot = c.dir + "/snapshot.pickle";
-    std::ifstream in(c.dir + "/capture.json");
-    if (!in || !fs::exists(c.snapshot)) {
-      *error = fmt::format("CACHET_PREDICT_USE_CAPTURE={}: no capture.json and snapshot.pickle there", replayed);
-      return c;
-    }
-    try {
-      in >> c.info;
-    } catch (const std::exception& e) {
-      *error = fmt::format("{}/capture.json: {}", c.dir, e.what());
-      return c;
-    }
-    c.seconds = c.info.value("seconds", 0.0);
-    c.ok = true;
+    if (read_capture(c, fmt::format("CACHET_PREDICT_USE_CAPTURE={}: no capture.json and snapshot.pickle there", replayed),
+                     error))
+      c.seconds = c.info.value("seconds", 0.0);
     return c;
   }
   char tmpl[] = "/tmp/cachet-predict-XXXXXX";
@@ -124,22 +132,12 @@ Capture run_capture(const Args& a, const Target& t, const std::string& fakecuda,
     return c;
   }
   c.exit_code = r->exit_code;
-  c.snapshot = c.dir + "/snapshot.pickle";
-  std::ifstream in(c.dir + "/capture.json");
-  if (!in || !fs::exists(c.snapshot)) {
-    *error = r->exit_code == 2 ? "the capture could not start (its message is above)"
-                               : fmt::format("the capture ended with exit code {} before writing its snapshot "
-                                             "(the program's output is above)",
-                                             r->exit_code);
-    return c;
-  }
-  try {
-    in >> c.info;
-  } catch (const std::exception& e) {
-    *error = fmt::format("{}/capture.json: {}", c.dir, e.what());
-    return c;
-  }
-  c.ok = true;
+  read_capture(c,
+               r->exit_code == 2 ? "the capture could not start (its message is above)"
+                                 : fmt::format("the capture ended with exit code {} before writing its snapshot "
+                                               "(the program's output is above)",
+                                               r->exit_code),
+               error);
   return c;
 }
 

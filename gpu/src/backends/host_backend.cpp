@@ -18,7 +18,7 @@ Bytes align_up(Bytes n, Bytes a) { return (n + a - 1) / a * a; }
 }  // namespace
 
 HostSim::HostSim(HostOptions opts)
-    : opts_(std::move(opts)), bump_(opts_.first_address), va_bump_(opts_.first_address + (Bytes{1} << 44)) {
+    : opts_(std::move(opts)), bump_(opts_.first_address), low_(opts_.first_address + (Bytes{1} << 42)), va_bump_(opts_.first_address + (Bytes{1} << 44)) {
   if (!opts_.total_memory) opts_.total_memory = opts_.capacity;
 }
 
@@ -85,6 +85,15 @@ Result<DevicePtr> HostSim::malloc(Bytes n) {
                             hex(p) + " (address #" + std::to_string(recorded_pos_) +
                             ") overlaps a live segment; the replay made other device calls than PyTorch did"),
               0};
+  } else if (opts_.driver_like_addresses) {
+    const Bytes span = align_up(n, kSyntheticAlign);
+    if (auto it = freed_.lower_bound({span, 0}); it != freed_.end() && it->first == span) {
+      p = it->second;
+      freed_.erase(it);
+    } else {
+      low_ -= span;
+      p = low_;
+    }
   } else {
     p = bump_;
     bump_ = align_up(bump_ + n, kSyntheticAlign);
@@ -99,6 +108,7 @@ Status HostSim::free(DevicePtr p) {
   auto it = segments_.find(p);
   if (it == segments_.end()) return Status::error("host backend: free of " + hex(p) + ", which malloc did not return");
   used_ -= it->second;
+  if (opts_.driver_like_addresses && !opts_.recorded) freed_.insert({align_up(it->second, kSyntheticAlign), p});
   forget_contents_locked(p, it->second);
   segments_.erase(it);
   return Status::ok();

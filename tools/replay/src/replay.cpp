@@ -66,6 +66,8 @@ Trace prepare_trace(std::span<const TraceEvent> ev, const RecordedRun& run, std:
   std::vector<std::uint32_t> free_pseudo;
   std::vector<std::uint32_t> deferred;  // completions left to a synchronize
   Bytes reserved = 0;                   // the trace's reserved bytes
+  std::unordered_map<std::uint64_t, Bytes> trace_segments;  // cudaMalloc segments allocated in the trace
+  std::uint32_t trace_segment_frees = 0;
   std::size_t release_end = 0;          // end of the release run already classified
 
   auto push = [&](Op op, std::size_t i) {
@@ -144,9 +146,12 @@ Trace prepare_trace(std::span<const TraceEvent> ev, const RecordedRun& run, std:
       case TraceAction::SegmentMap:
         reserved += e.size;
         t.recorded_addresses.push_back(e.addr);
+        t.recorded_calls.push_back({e.size, e.action == TraceAction::SegmentAlloc, trace_segment_frees});
+        if (e.action == TraceAction::SegmentAlloc) trace_segments[e.addr] = e.size;
         break;
       case TraceAction::SegmentFree:
       case TraceAction::SegmentUnmap: {
+        if (e.action == TraceAction::SegmentFree && trace_segments.erase(e.addr) > 0) ++trace_segment_frees;
         if (i >= release_end) {
           std::size_t j = i;
           while (j < ev.size() && (is_segment_release(ev[j].action) || ev[j].action == TraceAction::FreeCompleted)) ++j;
@@ -182,18 +187,33 @@ namespace {
 
 enum class RunStatus { Done, Diverged };
 
-// Recorded-address mode: the host backend hands out the trace's addresses in order. When the
-// replay's segments live longer than the recorded ones (a trace recorded mid-run, another
-// configuration), an address could be handed out while a segment there is still live. This
-// wrapper refuses that (a device error, so the replay falls back to synthetic addresses).
+// Recorded-address mode: the host backend hands out the trace's addresses in order. They are
+// the driver's answers to the recorded device calls, so they hold only while the replay makes
+// those calls: each cudaMalloc of the recorded size, after as many frees of the trace's segments
+// as the recording had made (a replay under a cap that releases earlier, or another
+// configuration, asks the driver other questions, and the driver would answer otherwise). Nor
+// may an address be handed out while a segment there is still live (a trace recorded mid-run).
+// This wrapper refuses either (a device error, so the replay runs again with driver-like
+// synthetic addresses, docs/pytorch-allocator.md §3.2).
 class CheckedMemory final : public gpu::DeviceMemory {
  public:
-  explicit CheckedMemory(std::unique_ptr<gpu::DeviceMemory> inner) : in_(std::move(inner)) {}
+  CheckedMemory(std::unique_ptr<gpu::DeviceMemory> inner, const std::vector<Trace::RecordedCall>& calls)
+      : in_(std::move(inner)), calls_(calls) {}
   gpu::BackendCaps caps() const override { return in_->caps(); }
   DeviceIndex device() const override { return in_->device(); }
   gpu::Result<gpu::DevicePtr> malloc(Bytes n) override {
+    if (pos_ < calls_.size()) {
+      const Trace::RecordedCall& c = calls_[pos_];
+      if (!c.malloc || c.size != n || c.frees_before != frees_)
+        return {gpu::Status::error(fmt::format(
+                    "the replay's device call #{} is a cudaMalloc of {} bytes after {} segment frees, the recording's "
+                    "was {} of {} bytes after {}",
+                    pos_ + 1, n, frees_, c.malloc ? "a cudaMalloc" : "a map", c.size, c.frees_before)),
+                0};
+    }
     auto r = in_->malloc(n);
     if (r.is_ok()) {
+      ++pos_;
       if (overlaps(live_, r.value, n)) {
         (void)in_->free(r.value);
         return {gpu::Status::error(overlap_message("segment", r.value)), 0};
@@ -204,7 +224,10 @@ class CheckedMemory final : public gpu::DeviceMemory {
   }
   gpu::Status free(gpu::DevicePtr p) override {
     auto st = in_->free(p);
-    if (st.is_ok()) live_.erase(p);
+    if (st.is_ok()) {
+      live_.erase(p);
+      ++frees_;
+    }
     return st;
   }
   gpu::Result<gpu::MemInfo> mem_get_info() override { return in_->mem_get_info(); }
@@ -230,7 +253,11 @@ class CheckedMemory final : public gpu::DeviceMemory {
     if (st.is_ok()) reserved_.erase(p);
     return st;
   }
-  gpu::Status map(gpu::DevicePtr p, Bytes n) override { return in_->map(p, n); }
+  gpu::Status map(gpu::DevicePtr p, Bytes n) override {
+    auto st = in_->map(p, n);
+    if (st.is_ok()) ++pos_;
+    return st;
+  }
   gpu::Status unmap(gpu::DevicePtr p, Bytes n) override { return in_->unmap(p, n); }
   gpu::Result<void*> host_alloc(Bytes n) override { return in_->host_alloc(n); }
   void host_free(void* h) override { in_->host_free(h); }
@@ -258,6 +285,9 @@ class CheckedMemory final : public gpu::DeviceMemory {
            ") lies in a segment the replay still holds";
   }
   std::unique_ptr<gpu::DeviceMemory> in_;
+  const std::vector<Trace::RecordedCall>& calls_;
+  std::size_t pos_ = 0;         // device calls that took a recorded address so far
+  std::uint32_t frees_ = 0;     // segments freed so far
   std::map<gpu::DevicePtr, Bytes> live_;
   std::map<gpu::DevicePtr, Bytes> reserved_;
 };
@@ -274,9 +304,10 @@ struct Runner {
     ho.capacity = o.device_memory;
     ho.total_memory = o.device_memory;
     if (recorded) ho.recorded = t.recorded_addresses;
+    ho.driver_like_addresses = !recorded;
     std::shared_ptr<gpu::HostSim> sim;
     std::unique_ptr<gpu::DeviceMemory> mem = gpu::make_host_memory(std::move(ho), &sim);
-    if (recorded) mem = std::make_unique<CheckedMemory>(std::move(mem));
+    if (recorded) mem = std::make_unique<CheckedMemory>(std::move(mem), t.recorded_calls);
     auto alloc = std::make_unique<CachingAllocator>(std::move(mem), config);
     if (o.cap > 0 && o.cap < o.device_memory)
       alloc->set_memory_fraction(static_cast<double>(o.cap) / static_cast<double>(o.device_memory));

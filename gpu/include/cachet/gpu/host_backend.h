@@ -2,7 +2,11 @@
 // a configurable capacity, simulated streams and events.
 //
 // Addresses: by default segments get deterministic synthetic addresses (bump allocation,
-// 2 MiB aligned, never reused). In recorded-address mode (`HostOptions::recorded`) the
+// 2 MiB aligned, never reused). With `HostOptions::driver_like_addresses` they come as the CUDA
+// driver hands out cudaMalloc addresses (docs/pytorch-allocator.md §3.2): a freed range of the same
+// 2 MiB-rounded size is given again (the lowest such), else the range just below the lowest
+// address handed out so far, so a newer segment lies below the older ones and best-fit ties
+// between equal sizes (lowest address first) break as on the GPU. In recorded-address mode (`HostOptions::recorded`) the
 // backend replays the addresses PyTorch's driver returned, in order, as an oracle recording's
 // trace lists them (segment_alloc and segment_map addresses, in trace order):
 //   malloc    takes the next address;
@@ -60,6 +64,7 @@ struct HostOptions {
   std::optional<Bytes> total_memory;   // cudaMemGetInfo's total (default: capacity)
   std::optional<std::vector<DevicePtr>> recorded;  // recorded-address mode
   DevicePtr first_address = 0x7f0000000000;        // synthetic mode: first segment
+  bool driver_like_addresses = false;              // synthetic mode: as the driver (above)
   bool events_complete_when_recorded = false;      // a device with no kernels queued
 };
 
@@ -126,6 +131,8 @@ class HostSim {
   HostOptions opts_;
   Bytes used_ = 0;
   DevicePtr bump_;
+  DevicePtr low_;                                  // driver-like: lowest address handed out
+  std::set<std::pair<Bytes, DevicePtr>> freed_;    // driver-like: freed ranges (rounded size, base)
   DevicePtr va_bump_;
   std::size_t recorded_pos_ = 0;
   std::map<DevicePtr, Bytes> segments_;     // malloc'd

@@ -86,6 +86,16 @@ struct Trace {
   std::uint64_t events = 0;          // trace events read
   std::vector<std::int64_t> event_time_us;  // time of each op's event (empty when none recorded)
   std::vector<gpu::DevicePtr> recorded_addresses;  // segment_alloc/segment_map addresses, in order
+  // Per entry of recorded_addresses, the recorded device call: its size, whether it was a
+  // cudaMalloc (segment_alloc; else a map), and how many segments allocated inside the trace had
+  // been freed (segment_free) before it. Recorded addresses hold only while the replay makes
+  // these calls (replay.cpp, CheckedMemory).
+  struct RecordedCall {
+    Bytes size = 0;
+    bool malloc = false;
+    std::uint32_t frees_before = 0;
+  };
+  std::vector<RecordedCall> recorded_calls;
   io::TraceStats stats;              // counts and anomalies (mid-run traces)
   std::uint64_t empty_cache_calls = 0;
   // Runs of segment releases made by the recorded allocator itself inside a malloc, not

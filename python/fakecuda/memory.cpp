@@ -12,7 +12,6 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <set>
 #include <string>
 
 namespace cachet::fakecuda {
@@ -93,49 +92,6 @@ void release_va(std::uintptr_t p) {
   }
   va_free[s] = n;
 }
-// cudaMalloc's addresses, placed as the driver places them (docs/pytorch-allocator.md §3.2): a
-// range cudaFree gave back is handed out again for the next allocation of the same 2 MiB-rounded
-// size, else the new range lies at the top of the highest free address range, below the older
-// ones. PyTorch's best fit takes the lowest address among equal sizes, so this decides ties as
-// on the GPU. (Reservations for expandable segments keep reserve_va's lowest-first order.)
-namespace {
-std::set<std::pair<std::uint64_t, std::uintptr_t>> malloc_freed;  // (rounded size, base)
-bool carve_locked(std::uintptr_t start, std::uint64_t n) {
-  auto it = va_free.upper_bound(start);
-  if (it == va_free.begin()) return false;
-  --it;
-  std::uintptr_t fs = it->first;
-  std::uint64_t fsz = it->second;
-  if (start + n > fs + fsz) return false;
-  va_free.erase(it);
-  if (start > fs) va_free[fs] = start - fs;
-  if (fs + fsz > start + n) va_free[start + n] = fs + fsz - start - n;
-  va_live[start] = n;
-  return true;
-}
-std::uintptr_t reserve_va_for_malloc(std::uint64_t size) {
-  std::lock_guard<std::mutex> g(mu);
-  init_va();
-  const std::uint64_t n = round_up(size ? size : 1, kPage);
-  for (auto it = malloc_freed.lower_bound({n, 0}); it != malloc_freed.end() && it->first == n;) {
-    std::uintptr_t start = it->second;
-    it = malloc_freed.erase(it);
-    if (carve_locked(start, n)) return start;  // else another reservation took part of it
-  }
-  for (auto it = va_free.rbegin(); it != va_free.rend(); ++it) {
-    if (it->second < n) continue;
-    std::uintptr_t start = (it->first + it->second - n) & ~(kPage - 1);
-    if (start < it->first) continue;
-    if (carve_locked(start, n)) return start;
-  }
-  return 0;
-}
-void forget_malloc_range(std::uintptr_t p, std::uint64_t size) {
-  std::lock_guard<std::mutex> g(mu);
-  malloc_freed.insert({round_up(size ? size : 1, kPage), p});
-}
-}  // namespace
-
 bool is_device_pointer(const void* p) {
   auto a = reinterpret_cast<std::uintptr_t>(p);
   return va_base && a >= va_base && a < va_base + va_size;
@@ -157,7 +113,7 @@ bool is_pinned(const void* p) {
 }
 cudaError_t device_malloc(void** ptr, size_t size) {
   if (!take_device_bytes(round_up(size ? size : 1, 512))) return cudaErrorMemoryAllocation;
-  std::uintptr_t p = reserve_va_for_malloc(size);
+  std::uintptr_t p = reserve_va(size, kPage);
   if (!p) { give_device_bytes(round_up(size ? size : 1, 512)); return cudaErrorMemoryAllocation; }
   {
     std::lock_guard<std::mutex> g(mu);
@@ -178,7 +134,6 @@ cudaError_t device_free(void* ptr) {
   }
   give_device_bytes(n);
   release_va(reinterpret_cast<std::uintptr_t>(ptr));
-  forget_malloc_range(reinterpret_cast<std::uintptr_t>(ptr), n);
   return cudaSuccess;
 }
 // Where a copy lands on the host, the placeholder; host to host copies are real.

@@ -10,7 +10,8 @@
 
 The names, arguments and meaning of torch_memory_saver 0.0.10's entrypoint (TorchMemorySaver, the
 singleton torch_memory_saver, configure_subprocess(), the TMS_* variables), with cachet as
-PyTorch's allocator underneath (cachet_torch.install(); CACHET_ALLOC_CONF gets cachet_sleep:True):
+PyTorch's allocator underneath (the first use calls cachet_torch.install(); CACHET_ALLOC_CONF gets
+cachet_sleep:True; $CACHET_TORCH_AUTOINSTALL_BACKEND, "c10" or "plugin", picks the backend):
 
   * a region is a cachet tag: allocations inside carry "tms.<tag>" (with enable_cpu_backup,
     "tms.<tag>.cpu"); pause(tag) is cachet_torch.sleep() of those tags with the ".cpu" ones backed
@@ -83,21 +84,30 @@ def _sleep_conf() -> None:
     os.environ["CACHET_ALLOC_CONF"] = (conf + "," if conf.strip() else "") + "cachet_sleep:True"
 
 
-def ensure_cachet() -> None:
-    """Installs cachet (with cachet_sleep:True) unless it is; the message above when CUDA was
-    initialised first; RuntimeError when cachet runs without cachet_sleep:True."""
+BACKEND_ENV = "CACHET_TORCH_AUTOINSTALL_BACKEND"  # the backend cachet installs itself with
+
+
+def ensure_cachet(who: str = "torch_memory_saver") -> None:
+    """Installs cachet (with cachet_sleep:True) unless it is: the first use of torch_memory_saver's
+    API or of vLLM's CuMemAllocator (`who`) does it, through the backend named by
+    $CACHET_TORCH_AUTOINSTALL_BACKEND ("auto" when unset, else "c10" or "plugin", as
+    configure_subprocess()'s children take it). The message above when CUDA was initialised first;
+    RuntimeError when cachet already runs without cachet_sleep:True (installed by the program
+    itself before CACHET_ALLOC_CONF had the key)."""
     from . import _install, _stats  # noqa: PLC0415
     if not _install.installed():
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():
             raise RuntimeError(CUDA_ALREADY_INITIALISED)
         _sleep_conf()
-        _install.install()
+        _install.install(backend=os.environ.get(BACKEND_ENV) or "auto")
     canonical = _stats.settings().get("canonical", "")
     if "cachet_sleep:True" not in canonical:
-        raise RuntimeError(f"torch_memory_saver (cachet): cachet runs with {canonical!r}, without "
-                           "cachet_sleep:True, so nothing can be paused: set CACHET_ALLOC_CONF before the "
-                           "first CUDA allocation (or let torch_memory_saver install cachet)")
+        raise RuntimeError(f"{who} (cachet): cachet runs with {canonical!r}, without cachet_sleep:True, so "
+                           "nothing can be paused: cachet was installed before CACHET_ALLOC_CONF had "
+                           "cachet_sleep:True. Let the first use of "
+                           f"{who} install cachet (${BACKEND_ENV}=c10|plugin picks the backend), or "
+                           "add cachet_sleep:True to CACHET_ALLOC_CONF before cachet_torch.install()")
 
 
 class TorchMemorySaver:

@@ -17,6 +17,10 @@ the others. Each case runs in a fresh interpreter.
   which makes get_mem_allocator_instance() cachet's; suspend(1)/suspend(2)/resume(tags) as
   CuMemBackend's; use_memory_pool, sleep(offload_tags), wake_up, discard, get_current_usage, the
   tag restored after an exception inside the pool.
+  Installing: the first use_memory_pool() (directly or under the sleep-mode backend, which installs
+  nothing itself) and the first region() install cachet with cachet_sleep:True through the backend
+  $CACHET_TORCH_AUTOINSTALL_BACKEND names; cachet installed by the program without cachet_sleep:True
+  is refused with both ways out.
 
 usage: test_drop_in.py --lib path/to/libcachet_torch.so
 """
@@ -83,9 +87,10 @@ PRELUDE = '''
 import json, os, sys
 import cachet_torch
 import cachet_torch._install as I, cachet_torch._library as L, cachet_torch._sleep as S
-installs, calls = [], []
+installs, calls, backends = [], [], []
 def fake_install(*a, **k):
     installs.append(os.environ.get("CACHET_ALLOC_CONF"))
+    backends.append(k.get("backend", "auto"))
     L.load()
     L._set_backend("plugin")
 I.install = fake_install
@@ -99,7 +104,7 @@ def rec_wake(tags=None, device=None):
 S.sleep, S.wake = rec_sleep, rec_wake
 out = {}
 def done():
-    out["installs"], out["calls"] = installs, calls
+    out["installs"], out["calls"], out["backends"] = installs, calls, backends
     print("RESULT " + json.dumps(out))
 '''
 
@@ -373,6 +378,69 @@ def main():
     ''', dict(base, CACHET_VLLM_ALLOCATOR="1"))
     check(bool(res and res["at_load"] == "cachet_torch.vllm_backend"),
           f"CACHET_VLLM_ALLOCATOR=1: cachet's allocator from the plug-in's load on: {res and res['at_load']}")
+
+    # 6. The backend cachet installs itself with: $CACHET_TORCH_AUTOINSTALL_BACKEND, for vLLM's
+    # allocator (directly and through the sleep-mode backend) and torch_memory_saver alike.
+    res, _ = run_child('''
+        from cachet_torch.vllm_backend import CuMemAllocator
+        alloc = CuMemAllocator.get_instance()
+        out["before"] = cachet_torch.installed()
+        with alloc.use_memory_pool(tag="weights"):
+            pass
+        out["canonical"] = cachet_torch.settings()["canonical"]
+        done()
+    ''', dict(base, CACHET_TORCH_AUTOINSTALL_BACKEND="plugin", PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True"))
+    check(bool(res and res["before"] is False and res["backends"] == ["plugin"]
+               and res["installs"] == ["expandable_segments:True,cachet_sleep:True"]
+               and res["canonical"] == "expandable_segments:True,cachet_sleep:True"),
+          f"vLLM's allocator installs cachet at its first use_memory_pool(), with cachet_sleep:True added and the "
+          f"backend $CACHET_TORCH_AUTOINSTALL_BACKEND names: {res}")
+    res, _ = run_child('''
+        from vllm.plugins import load_general_plugins
+        from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory
+        import vllm.device_allocator as da
+        load_general_plugins()
+        class MC:
+            sleep_mode_backend = "cachet"
+        b = SleepModeBackendFactory.create_backend(MC())
+        b.suspend(level=1); b.resume(None)
+        out["after_backend"] = [cachet_torch.installed(), list(calls)]
+        with da.get_mem_allocator_instance().use_memory_pool(tag="weights"):
+            pass
+        b.suspend(level=1)
+        out["canonical"] = cachet_torch.settings()["canonical"]
+        done()
+    ''', dict(base, CACHET_TORCH_AUTOINSTALL_BACKEND="c10"))
+    check(bool(res and res["after_backend"] == [False, []] and res["backends"] == ["c10"]
+               and res["installs"] == ["cachet_sleep:True"] and res["canonical"] == "cachet_sleep:True"
+               and res["calls"] == [["sleep", ["vllm.weights"], ["vllm.weights"]]]),
+          f"the sleep-mode backend path: creating the backend and suspend()/resume() before any pool install "
+          f"nothing; the worker's first use_memory_pool() installs cachet with cachet_sleep:True, through "
+          f"$CACHET_TORCH_AUTOINSTALL_BACKEND: {res}")
+    res, _ = run_child('''
+        from cachet_torch.memory_saver import torch_memory_saver as tms
+        with tms.region("weights"):
+            pass
+        done()
+    ''', dict(base, CACHET_TORCH_AUTOINSTALL_BACKEND="plugin"))
+    check(bool(res and res["backends"] == ["plugin"] and res["installs"] == ["cachet_sleep:True"]),
+          f"torch_memory_saver's first region() installs through $CACHET_TORCH_AUTOINSTALL_BACKEND too: {res}")
+    # A program that installed cachet itself without cachet_sleep:True (what test_vllm_gpu.py's
+    # worker once did): the first pool refuses, saying how to get both the backend and sleep.
+    res, _ = run_child('''
+        L.load(); L._set_backend("plugin")   # cachet_torch.install() with no CACHET_ALLOC_CONF
+        from cachet_torch.vllm_backend import CuMemAllocator
+        try:
+            with CuMemAllocator.get_instance().use_memory_pool(tag="weights"):
+                pass
+        except RuntimeError as e:
+            out["error"] = str(e)
+        done()
+    ''', base)
+    err = (res or {}).get("error") or ""
+    check("vLLM's CuMemAllocator (cachet): cachet runs with '', without cachet_sleep:True" in err
+          and "CACHET_TORCH_AUTOINSTALL_BACKEND" in err and "before cachet_torch.install()" in err,
+          f"cachet installed by the program without cachet_sleep:True: the refusal names both ways out: {err}")
 
     print(f"\n{len(check.failures)} failure(s)")
     return 1 if check.failures else 0

@@ -17,6 +17,9 @@ the others. Each case runs in a fresh interpreter.
   which makes get_mem_allocator_instance() cachet's; suspend(1)/suspend(2)/resume(tags) as
   CuMemBackend's; use_memory_pool, sleep(offload_tags), wake_up, discard, get_current_usage, the
   tag restored after an exception inside the pool.
+  disable(): under "default" in a pool of its own (torch.cuda.MemPool with the c10 backend, cachet's
+  pool of the thread with the plug-in) dropped on exit, empty_cache() only before the device has an
+  allocator.
   Installing: the first use_memory_pool() (directly or under the sleep-mode backend, which installs
   nothing itself) and the first region() install cachet with cachet_sleep:True through the backend
   $CACHET_TORCH_AUTOINSTALL_BACKEND names; cachet installed by the program without cachet_sleep:True
@@ -78,6 +81,24 @@ class _Cuda:
         def __exit__(self, *exc):
             import cachet_torch
             events.append(("graph exit", cachet_torch.current_tag()))
+
+    class MemPool:
+        def __init__(self):
+            events.append(("MemPool",))
+
+        def __del__(self):
+            events.append(("~MemPool",))
+
+    class use_mem_pool:
+        def __init__(self, pool):
+            self.pool = pool
+
+        def __enter__(self):
+            import cachet_torch
+            events.append(("use_mem_pool enter", cachet_torch.current_tag()))
+
+        def __exit__(self, *exc):
+            events.append(("use_mem_pool exit",))
 
 
 cuda = _Cuda
@@ -441,6 +462,74 @@ def main():
     check("vLLM's CuMemAllocator (cachet): cachet runs with '', without cachet_sleep:True" in err
           and "CACHET_TORCH_AUTOINSTALL_BACKEND" in err and "before cachet_torch.install()" in err,
           f"cachet installed by the program without cachet_sleep:True: the refusal names both ways out: {err}")
+
+    # 7. disable(): the allocations inside in a pool of their own, given back alone on exit (a
+    # MemPool with the c10 backend, cachet's pool calls with the plug-in), never empty_cache()
+    # while the device has an allocator (it would give back free memory that pause() put to sleep).
+    res, _ = run_child('''
+        import torch, contextlib
+        import cachet_torch._stats as St
+        empties = []
+        St.empty_cache = lambda *a: empties.append(cachet_torch.current_tag())
+        def c10_install(*a, **k):
+            installs.append(os.environ.get("CACHET_ALLOC_CONF")); L.load(); L._set_backend("c10")
+        I.install = c10_install
+        from cachet_torch.memory_saver import torch_memory_saver as tms
+        with tms.region("kv_cache"):
+            with tms.disable():
+                out["inside"] = cachet_torch.current_tag()
+            try:
+                with tms.disable():
+                    raise KeyError("inside disable")
+            except KeyError:
+                out["after_error"] = cachet_torch.current_tag()
+        out["events"], out["empties"] = torch.events, empties
+        done()
+    ''', base)
+    if res:
+        one = [["MemPool"], ["use_mem_pool enter", "default"], ["use_mem_pool exit"], ["~MemPool"]]
+        check(res["inside"] == "default" and res["after_error"] == "tms.kv_cache" and res["events"] == one + one
+              and res["empties"] == [],
+              f"c10 backend: disable() allocates under 'default' inside torch.cuda.MemPool() + use_mem_pool(pool) "
+              f"and drops the pool on exit (an exception too), no empty_cache(): {res['events']} {res['empties']}")
+    res, _ = run_child('''
+        import torch
+        import cachet_torch._stats as St
+        empties, pool_calls = [], []
+        St.empty_cache = lambda *a: empties.append(cachet_torch.current_tag())
+        from cachet_torch.memory_saver import torch_memory_saver as tms
+        with tms.disable():
+            pass
+        out["no_device"] = [list(empties), list(pool_calls)]
+        real = L.load()
+        class Lib:  # the plug-in with an allocator on device 0 (a GPU's, once something was allocated)
+            def __getattr__(self, name):
+                return getattr(real, name)
+            def cachet_torch_has_device(self, d):
+                return 1
+            def cachet_torch_begin_thread_pool(self, d, ref):
+                pool_calls.append(["begin", d, cachet_torch.current_tag()])
+                ref._obj.value = 42
+                return 0
+            def cachet_torch_end_thread_pool(self, d, pool):
+                pool_calls.append(["end", d, pool])
+                return 0
+        lib = Lib()
+        L.load = lambda path=None: lib
+        with tms.region("kv_cache"):
+            with tms.disable():
+                pool_calls.append(["body", cachet_torch.current_tag()])
+        out["pool"] = [list(empties), pool_calls]
+        out["events"] = torch.events
+        done()
+    ''', base)
+    if res:
+        check(res["no_device"] == [["default"], []] and res["pool"][0] == ["default"]
+              and res["pool"][1] == [["begin", 0, "default"], ["body", "default"], ["end", 0, 42]]
+              and not any(e[0] == "MemPool" for e in res["events"]),
+              f"plug-in: disable() begins cachet's pool of this thread on the current device and ends it on exit "
+              f"(no MemPool, which PyTorch refuses for the plug-in, no empty_cache()); before the device has an "
+              f"allocator, empty_cache() on exit: {res['no_device']} {res['pool']}")
 
     print(f"\n{len(check.failures)} failure(s)")
     return 1 if check.failures else 0

@@ -49,7 +49,7 @@ def main():
                   "cachet_torch_stats_json", "cachet_torch_snapshot_json", "cachet_torch_trace_json",
                   "cachet_torch_set_tag", "cachet_torch_current_tag", "cachet_torch_sleep",
                   "cachet_torch_wake", "cachet_torch_sleeping_json", "cachet_torch_sleep_stats_json",
-                  "cachet_torch_sleep_summary"):
+                  "cachet_torch_sleep_summary", "cachet_torch_begin_thread_pool", "cachet_torch_end_thread_pool"):
             check(syms.get(s) == "T", f"nm -D: {s} is an exported function")
         # The private-pool callbacks: C++ linkage, PyTorch's types (python/README.md, "ABI").
         demangled = subprocess.run([nm, "-DC", "--defined-only", lib], capture_output=True, text=True).stdout

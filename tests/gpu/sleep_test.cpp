@@ -325,6 +325,44 @@ TEST_P(Sleep, AGraphPoolSleepsAndWakesWhole) {
   r.a->free(outside);
 }
 
+// torch_memory_saver's disable() (python/cachet_torch/memory_saver.py): a MemPool entered with
+// use_mem_pool while tags sleep takes the thread's allocations in awake memory of its own, and
+// dropping it (releasePool twice, emptyCache of the pool: ATen's ~MemPool) gives back that memory
+// only. The sleeping ranges, the free cached segment that slept with the weights included, stay
+// asleep and wake whole. A sleep cannot start while the pool is in use (section 3 step 1).
+TEST_P(Sleep, AMemPoolWhileAsleepGivesBackOnlyItsOwnMemory) {
+  Rig r = make_rig(expandable());
+  void* w = r.alloc(30 * MiB, "weights");
+  r.fill(w, 0x11, 30 * MiB);
+  r.a->free(r.alloc(40 * MiB));  // free cached memory: it sleeps with any sleep
+  EXPECT_EQ(r.a->sleep({"weights"}, {"weights"}), (expandable() ? 40 * MiB : 30 * MiB) + 40 * MiB);
+  const SleepStats asleep = r.a->sleep_stats();
+  const std::int64_t reserved = r.a->stats().reserved_bytes[0].current;
+  EXPECT_EQ(r.sim->used(), 0u);
+
+  const PoolId pool{0, 1};
+  r.a->create_or_incref_pool(pool);                 // torch.cuda.MemPool()
+  r.a->begin_allocate_to_pool(pool, PoolRoute{});   // use_mem_pool(pool): this thread
+  void* p = r.alloc(60 * MiB);  // a segment of 60 MiB (on: three pages of 20 MiB)
+  EXPECT_EQ(r.sim->used(), 60 * MiB);
+  EXPECT_THROW(r.a->sleep({"weights"}, {}), UsageError);
+  r.a->free(p);
+  r.a->end_allocate_to_pool(pool);
+  r.a->release_pool(pool);
+  r.a->release_pool(pool);  // del pool: releasePool, then emptyCache(pool)
+  r.a->empty_cache(pool);
+
+  EXPECT_EQ(r.sim->used(), 0u);
+  EXPECT_EQ(r.a->stats().reserved_bytes[0].current, reserved);
+  EXPECT_EQ(r.a->sleep_stats().sleeping_segments.current, asleep.sleeping_segments.current);
+  EXPECT_EQ(r.a->sleep_stats().sleeping_bytes.current, asleep.sleeping_bytes.current);
+  EXPECT_EQ(r.a->sleep_stats().backup_bytes.current, asleep.backup_bytes.current);
+  r.a->wake({});
+  EXPECT_EQ(r.sim->used(), static_cast<Bytes>(reserved));  // everything that slept is back
+  EXPECT_TRUE(r.holds(w, 0x11, 30 * MiB));
+  r.a->free(w);
+}
+
 // With every allocation under "default", cachet_sleep changes no decision: the same stats and the
 // same block layout (relative to each segment) as without it.
 TEST_P(Sleep, NoDecisionChangesWithoutTags) {

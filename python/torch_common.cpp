@@ -532,6 +532,26 @@ CACHET_TORCH_API char* cachet_torch_sleep_summary(int device) {
   return dup(out);
 }
 
+// Gives back the pinned host buffers kept between sleeps on `device` (-1: every device with an
+// allocator; none is created): the bytes given back, or -1 with last_error. Buffers holding the
+// backups of sleeping memory stay; empty_cache() keeps the others (docs/sleep-wake.md section 6).
+CACHET_TORCH_API long long cachet_torch_release_backup_buffers(int device) {
+  long long total = 0;
+  const bool ok = guarded(
+      [&] {
+        if (device >= 0) {
+          if (cachet::CachingAllocator* a = cachet::torch_common::existing_allocator(device))
+            total += static_cast<long long>(a->release_backup_buffers());
+          return;
+        }
+        for (int d = 0; d < kMaxDevices; ++d)
+          if (cachet::CachingAllocator* a = state().allocators[d].load(std::memory_order_acquire))
+            total += static_cast<long long>(a->release_backup_buffers());
+      },
+      false);
+  return ok ? total : -1;
+}
+
 // ---- A private pool of the calling thread (torch_memory_saver's disable() over the plug-in) -----
 //
 // torch_memory_saver's disable() allocates inside torch.cuda.MemPool() + use_mem_pool(pool) and

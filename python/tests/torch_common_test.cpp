@@ -123,3 +123,16 @@ TEST(ThreadPool, TakesThisThreadsAllocationsAndGivesBackOnlyThem) {
   a->free(w);
   a->free(other);
 }
+
+// release_backup_buffers (docs/sleep-wake.md section 6): the host backend keeps no pinned buffers,
+// so every device gives back 0 bytes; a device with no allocator too, and none is created.
+extern "C" long long cachet_torch_release_backup_buffers(int device);
+
+TEST(ReleaseBackupBuffers, GivesBackWhatTheBackendsKeepAndCreatesNothing) {
+  const int created = tc::state().created.load();
+  EXPECT_EQ(cachet_torch_release_backup_buffers(-1), 0);
+  EXPECT_EQ(cachet_torch_release_backup_buffers(7), 0);
+  EXPECT_EQ(cachet_torch_release_backup_buffers(40), 0);
+  EXPECT_EQ(tc::existing_allocator(40), nullptr);
+  EXPECT_EQ(tc::state().created.load(), created);
+}

@@ -531,3 +531,87 @@ CACHET_TORCH_API char* cachet_torch_sleep_summary(int device) {
   if (!guarded([&] { out = cachet::sleep_summary(a->sleep_stats()); }, false)) return nullptr;
   return dup(out);
 }
+
+// Gives back the pinned host buffers kept between sleeps on `device` (-1: every device with an
+// allocator; none is created): the bytes given back, or -1 with last_error. Buffers holding the
+// backups of sleeping memory stay; empty_cache() keeps the others (docs/sleep-wake.md section 6).
+CACHET_TORCH_API long long cachet_torch_release_backup_buffers(int device) {
+  long long total = 0;
+  const bool ok = guarded(
+      [&] {
+        if (device >= 0) {
+          if (cachet::CachingAllocator* a = cachet::torch_common::existing_allocator(device))
+            total += static_cast<long long>(a->release_backup_buffers());
+          return;
+        }
+        for (int d = 0; d < kMaxDevices; ++d)
+          if (cachet::CachingAllocator* a = state().allocators[d].load(std::memory_order_acquire))
+            total += static_cast<long long>(a->release_backup_buffers());
+      },
+      false);
+  return ok ? total : -1;
+}
+
+// ---- A private pool of the calling thread (torch_memory_saver's disable() over the plug-in) -----
+//
+// torch_memory_saver's disable() allocates inside torch.cuda.MemPool() + use_mem_pool(pool) and
+// drops the pool after, so that only what was allocated inside goes back (python/cachet_torch/
+// memory_saver.py). PyTorch 2.11 refuses MemPool for the plug-in (createOrIncrefPool), so these
+// two do the same calls on cachet's allocator directly (docs/pytorch-allocator.md §14.9): begin is
+// MemPool() and entering use_mem_pool (create_or_incref_pool, then begin_allocate_to_pool with the
+// route of the calling OS thread: its allocations go to the pool, whatever their stream); end is
+// leaving it and dropping the pool (end_allocate_to_pool, release_pool for each of the two users,
+// empty_cache(id)). The ids are (0, 2^63 + n): PyTorch's own count up from 1 ((0, n) for MemPool
+// and graph_pool_handle, (n, 0) for captures), so the two never meet.
+
+namespace {
+std::atomic<unsigned long long> g_thread_pools{0};
+}  // namespace
+
+// Begins a private pool taking the calling thread's allocations on `device` (its allocator
+// created if need be): 0 and *id_out (the pool id's second half; the first is 0), or -1 with
+// last_error saying why (nothing changed).
+CACHET_TORCH_API int cachet_torch_begin_thread_pool(int device, unsigned long long* id_out) {
+  cachet::CachingAllocator* a = allocator_for(device, false);
+  if (!a) return -1;
+  const cachet::PoolId id{0, (1ULL << 63) + g_thread_pools.fetch_add(1)};
+  const bool ok = guarded(
+      [&] {
+        a->create_or_incref_pool(id);
+        try {
+          a->begin_allocate_to_pool(id, cachet::PoolRoute{});
+        } catch (...) {
+          a->release_pool(id);  // the pool made above, forgotten again
+          throw;
+        }
+      },
+      false);
+  if (!ok) return -1;
+  if (id_out) *id_out = id.second;
+  return 0;
+}
+
+// Ends the pool cachet_torch_begin_thread_pool began (`id` its *id_out) and gives back its free
+// memory: what was allocated inside and is free by now; blocks still allocated return to the pool
+// when freed and go at a later empty_cache (PyTorch's freeable pool, §14.5). Nothing else goes: a
+// sleeping range of the default pool stays asleep (policy:pytorch; under policy:cachet a released
+// pool's memory is the default pool's, R11, so this is a whole empty_cache). 0, or -1 with
+// last_error.
+CACHET_TORCH_API int cachet_torch_end_thread_pool(int device, unsigned long long id) {
+  cachet::CachingAllocator* a = cachet::torch_common::existing_allocator(device);
+  if (!a) {
+    set_error("end_thread_pool: device " + std::to_string(device) + " has no allocator", false);
+    return -1;
+  }
+  const cachet::PoolId pool{0, id};
+  return guarded(
+             [&] {
+               a->end_allocate_to_pool(pool);
+               a->release_pool(pool);  // use_mem_pool's user
+               a->release_pool(pool);  // the MemPool's
+               a->empty_cache(pool);
+             },
+             false)
+             ? 0
+             : -1;
+}

@@ -131,6 +131,14 @@ def _declare(lib: ctypes.CDLL) -> None:
         for name in ("cachet_torch_sleeping_json", "cachet_torch_sleep_stats_json", "cachet_torch_sleep_summary"):
             getattr(lib, name).restype = c.c_void_p
             getattr(lib, name).argtypes = [c.c_int]
+    if hasattr(lib, "cachet_torch_release_backup_buffers"):
+        lib.cachet_torch_release_backup_buffers.restype = c.c_longlong
+        lib.cachet_torch_release_backup_buffers.argtypes = [c.c_int]
+    if hasattr(lib, "cachet_torch_begin_thread_pool"):  # disable()'s pool (memory_saver.py)
+        lib.cachet_torch_begin_thread_pool.restype = c.c_int
+        lib.cachet_torch_begin_thread_pool.argtypes = [c.c_int, c.POINTER(c.c_ulonglong)]
+        lib.cachet_torch_end_thread_pool.restype = c.c_int
+        lib.cachet_torch_end_thread_pool.argtypes = [c.c_int, c.c_ulonglong]
     if hasattr(lib, "cachet_torch_pool_callback"):
         lib.cachet_torch_pool_callback.restype = c.c_void_p
         lib.cachet_torch_pool_callback.argtypes = [c.c_char_p]

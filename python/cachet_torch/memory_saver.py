@@ -10,7 +10,8 @@
 
 The names, arguments and meaning of torch_memory_saver 0.0.10's entrypoint (TorchMemorySaver, the
 singleton torch_memory_saver, configure_subprocess(), the TMS_* variables), with cachet as
-PyTorch's allocator underneath (cachet_torch.install(); CACHET_ALLOC_CONF gets cachet_sleep:True):
+PyTorch's allocator underneath (the first use calls cachet_torch.install(); CACHET_ALLOC_CONF gets
+cachet_sleep:True; $CACHET_TORCH_AUTOINSTALL_BACKEND, "c10" or "plugin", picks the backend):
 
   * a region is a cachet tag: allocations inside carry "tms.<tag>" (with enable_cpu_backup,
     "tms.<tag>.cpu"); pause(tag) is cachet_torch.sleep() of those tags with the ".cpu" ones backed
@@ -21,8 +22,11 @@ PyTorch's allocator underneath (cachet_torch.install(); CACHET_ALLOC_CONF gets c
     expandable segments are allowed (torch_memory_saver refuses them).
   * cuda_graph(...) is torch.cuda.graph(...) with the capture's allocations (the graph's private
     pool) under the region's tag.
-  * disable() is a region of cachet's "default" tag: allocations inside are never paused; its exit
-    gives cached free memory back (empty_cache), as torch_memory_saver drops its pool.
+  * disable(): allocations inside carry cachet's "default" tag (never paused) and go to a private
+    pool of their own (a torch.cuda.MemPool with the c10 backend; cachet's own pool calls with the
+    plug-in, which PyTorch refuses MemPool for) whose free memory goes back on exit, and nothing
+    else: free memory that slept with pause() stays asleep and comes back with resume(), as
+    torch_memory_saver drops its MemPool. pause() inside disable() is refused.
   * Not there: disk backup (enable_disk_backup=True raises NotImplementedError; set_disk_backup_dir
     is kept), a paused tensor's host copy (get_cpu_backup of a paused tensor raises
     NotImplementedError), memory_margin_bytes (kept; cachet's wake is all or nothing: an
@@ -35,6 +39,7 @@ No torch at import: torch is imported by the first region(), pause() or resume()
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import sys
@@ -83,21 +88,30 @@ def _sleep_conf() -> None:
     os.environ["CACHET_ALLOC_CONF"] = (conf + "," if conf.strip() else "") + "cachet_sleep:True"
 
 
-def ensure_cachet() -> None:
-    """Installs cachet (with cachet_sleep:True) unless it is; the message above when CUDA was
-    initialised first; RuntimeError when cachet runs without cachet_sleep:True."""
+BACKEND_ENV = "CACHET_TORCH_AUTOINSTALL_BACKEND"  # the backend cachet installs itself with
+
+
+def ensure_cachet(who: str = "torch_memory_saver") -> None:
+    """Installs cachet (with cachet_sleep:True) unless it is: the first use of torch_memory_saver's
+    API or of vLLM's CuMemAllocator (`who`) does it, through the backend named by
+    $CACHET_TORCH_AUTOINSTALL_BACKEND ("auto" when unset, else "c10" or "plugin", as
+    configure_subprocess()'s children take it). The message above when CUDA was initialised first;
+    RuntimeError when cachet already runs without cachet_sleep:True (installed by the program
+    itself before CACHET_ALLOC_CONF had the key)."""
     from . import _install, _stats  # noqa: PLC0415
     if not _install.installed():
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():
             raise RuntimeError(CUDA_ALREADY_INITIALISED)
         _sleep_conf()
-        _install.install()
+        _install.install(backend=os.environ.get(BACKEND_ENV) or "auto")
     canonical = _stats.settings().get("canonical", "")
     if "cachet_sleep:True" not in canonical:
-        raise RuntimeError(f"torch_memory_saver (cachet): cachet runs with {canonical!r}, without "
-                           "cachet_sleep:True, so nothing can be paused: set CACHET_ALLOC_CONF before the "
-                           "first CUDA allocation (or let torch_memory_saver install cachet)")
+        raise RuntimeError(f"{who} (cachet): cachet runs with {canonical!r}, without cachet_sleep:True, so "
+                           "nothing can be paused: cachet was installed before CACHET_ALLOC_CONF had "
+                           "cachet_sleep:True. Let the first use of "
+                           f"{who} install cachet (${BACKEND_ENV}=c10|plugin picks the backend), or "
+                           "add cachet_sleep:True to CACHET_ALLOC_CONF before cachet_torch.install()")
 
 
 class TorchMemorySaver:
@@ -222,17 +236,35 @@ class TorchMemorySaver:
 
     @contextlib.contextmanager
     def disable(self) -> Iterator[None]:
-        """Allocations inside belong to no region (cachet's "default" tag): never paused. On exit
-        the cached free memory goes back to the driver (cachet_torch.empty_cache()), as
-        torch_memory_saver drops the pool it allocates them from."""
+        """Allocations of this thread inside belong to no region (cachet's "default" tag: never
+        paused) and to a private pool of their own, whose free memory goes back to the driver on
+        exit: only what was allocated inside, as torch_memory_saver allocates them in a fresh
+        torch.cuda.MemPool() and drops it. What was paused stays paused, free cached memory that
+        slept with pause() included, so resume() brings all of it back.
+
+          * c10 backend: torch.cuda.MemPool() + torch.cuda.use_mem_pool(pool), then the pool is
+            dropped (~MemPool: releasePool and emptyCache of that pool only), as upstream.
+          * plug-in: PyTorch 2.11 refuses MemPool for CUDAPluggableAllocator, so cachet makes the
+            same pool calls on its own allocator (cachet_torch_begin_thread_pool/_end_thread_pool:
+            a pool taking this thread's allocations on the current device, given back on exit).
+            Before anything was ever allocated on the device there is nothing to keep apart: the
+            exit is empty_cache().
+          * Tensors allocated inside and still alive at exit keep their memory; it returns to the
+            pool when they are freed and goes back at a later empty_cache().
+          * Inside, pause() is refused (cachet does not start a sleep while a pool is in use:
+            docs/sleep-wake.md section 3).
+          * policy:cachet: a pool's memory joins the default pool when it is dropped (R11), so the
+            exit is a whole empty_cache(), which also gives back free memory that slept.
+          * Expandable segments: PyTorch 2.11's own limit on a private pool's expandable segments
+            applies (docs/pytorch-allocator.md section 14.8, case 1): a tensor allocated inside and
+            kept past the exit can make the pool's release refused, as PyTorch's own assertion
+            fails there (c10 backend: raised inside ATen's ~MemPool, a destructor, where native
+            PyTorch's assertion fails too and can end the process; plug-in: RuntimeError). Free
+            what was allocated inside before leaving."""
         self._ensure_initialized()
         from ._sleep import tag as _tag  # noqa: PLC0415
-        from ._stats import empty_cache  # noqa: PLC0415
-        try:
-            with _tag("default"):
-                yield
-        finally:
-            empty_cache()
+        with _tag("default"), _own_pool():
+            yield
 
     def _start(self) -> None:
         """At the process's start (configure_subprocess()'s hook, right after cachet is installed):
@@ -282,6 +314,39 @@ class TorchMemorySaver:
         if not self._retain_cpu_backup:
             return None
         return x.detach().to("cpu", copy=True)
+
+
+@contextlib.contextmanager
+def _own_pool() -> Iterator[None]:
+    """disable()'s pool: this thread's allocations inside go to a private pool whose free memory
+    goes back on exit, and nothing else (disable()'s text says how, by backend)."""
+    from . import _install, _library as L  # noqa: PLC0415
+    if _install.backend() == "c10":
+        import torch  # noqa: PLC0415
+        pool = torch.cuda.MemPool()
+        try:
+            with torch.cuda.use_mem_pool(pool):
+                yield
+        finally:
+            del pool  # the last reference: ~MemPool releases it and empties its cache only
+        return
+    lib = L.load()
+    device = L._device_index(None)
+    if not hasattr(lib, "cachet_torch_begin_thread_pool") or not lib.cachet_torch_has_device(device):
+        try:
+            yield
+        finally:
+            from ._stats import empty_cache  # noqa: PLC0415
+            empty_cache()
+        return
+    pool = ctypes.c_ulonglong(0)
+    if lib.cachet_torch_begin_thread_pool(device, ctypes.byref(pool)) != 0:
+        raise RuntimeError(f"torch_memory_saver (cachet): disable(): {L.last_error()}")
+    try:
+        yield
+    finally:
+        if lib.cachet_torch_end_thread_pool(device, pool.value) != 0:
+            raise RuntimeError(f"torch_memory_saver (cachet): disable(): {L.last_error()}")
 
 
 torch_memory_saver = TorchMemorySaver()

@@ -11,6 +11,11 @@ and a SleepModeBackend plug-in (vLLM PR #44074: `--sleep-mode-backend cachet`, r
     get_mem_allocator_instance() and CuMemAllocator.get_instance() give cachet's allocator (vLLM's
     class patched in place), so the worker's use_memory_pool("weights"/"kv_cache") lands in
     cachet's tags; CACHET_VLLM_ALLOCATOR=1 does that already when the plug-in is loaded.
+  * The first use_memory_pool() installs cachet with cachet_sleep:True added to CACHET_ALLOC_CONF
+    (memory_saver.ensure_cachet); $CACHET_TORCH_AUTOINSTALL_BACKEND ("c10", "plugin"; default
+    "auto") picks the backend. A program that installs cachet itself must put cachet_sleep:True
+    in CACHET_ALLOC_CONF first, else use_memory_pool() raises RuntimeError saying so. Neither
+    creating the backend nor suspend()/resume() before any pool installs anything.
 
 No torch and no vllm at import.
 """
@@ -68,7 +73,7 @@ class CuMemAllocator:
         """Allocations of this thread inside carry `tag` (default "default"); sleep() gives their
         memory back. CUDA graphs captured inside are in it too."""
         tag = tag or self.default_tag
-        ensure_cachet()
+        ensure_cachet("vLLM's CuMemAllocator")
         t = _cachet_tag(tag)
         self._tags.add(t)
         from ._sleep import tag as _tag  # noqa: PLC0415

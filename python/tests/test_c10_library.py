@@ -35,7 +35,9 @@ SHARED = ("cachet_torch_init", "cachet_torch_config_error", "cachet_torch_last_e
           "cachet_torch_clear_trace", "cachet_torch_device_count", "cachet_torch_has_device",
           "cachet_torch_stats_json", "cachet_torch_reset_peak_stats",
           "cachet_torch_reset_accumulated_stats", "cachet_torch_summary",
-          "cachet_torch_snapshot_json", "cachet_torch_trace_json", "cachet_torch_settings_json")
+          "cachet_torch_snapshot_json", "cachet_torch_trace_json", "cachet_torch_settings_json",
+          "cachet_torch_release_backup_buffers", "cachet_torch_begin_thread_pool",
+          "cachet_torch_end_thread_pool")
 C10 = ("cachet_c10_torch_version", "cachet_c10_install", "cachet_c10_installed", "cachet_c10_bench_select")
 
 PRELUDE = """

@@ -17,6 +17,13 @@ the others. Each case runs in a fresh interpreter.
   which makes get_mem_allocator_instance() cachet's; suspend(1)/suspend(2)/resume(tags) as
   CuMemBackend's; use_memory_pool, sleep(offload_tags), wake_up, discard, get_current_usage, the
   tag restored after an exception inside the pool.
+  disable(): under "default" in a pool of its own (torch.cuda.MemPool with the c10 backend, cachet's
+  pool of the thread with the plug-in) dropped on exit, empty_cache() only before the device has an
+  allocator.
+  Installing: the first use_memory_pool() (directly or under the sleep-mode backend, which installs
+  nothing itself) and the first region() install cachet with cachet_sleep:True through the backend
+  $CACHET_TORCH_AUTOINSTALL_BACKEND names; cachet installed by the program without cachet_sleep:True
+  is refused with both ways out.
 
 usage: test_drop_in.py --lib path/to/libcachet_torch.so
 """
@@ -75,6 +82,24 @@ class _Cuda:
             import cachet_torch
             events.append(("graph exit", cachet_torch.current_tag()))
 
+    class MemPool:
+        def __init__(self):
+            events.append(("MemPool",))
+
+        def __del__(self):
+            events.append(("~MemPool",))
+
+    class use_mem_pool:
+        def __init__(self, pool):
+            self.pool = pool
+
+        def __enter__(self):
+            import cachet_torch
+            events.append(("use_mem_pool enter", cachet_torch.current_tag()))
+
+        def __exit__(self, *exc):
+            events.append(("use_mem_pool exit",))
+
 
 cuda = _Cuda
 '''
@@ -83,9 +108,10 @@ PRELUDE = '''
 import json, os, sys
 import cachet_torch
 import cachet_torch._install as I, cachet_torch._library as L, cachet_torch._sleep as S
-installs, calls = [], []
+installs, calls, backends = [], [], []
 def fake_install(*a, **k):
     installs.append(os.environ.get("CACHET_ALLOC_CONF"))
+    backends.append(k.get("backend", "auto"))
     L.load()
     L._set_backend("plugin")
 I.install = fake_install
@@ -99,7 +125,7 @@ def rec_wake(tags=None, device=None):
 S.sleep, S.wake = rec_sleep, rec_wake
 out = {}
 def done():
-    out["installs"], out["calls"] = installs, calls
+    out["installs"], out["calls"], out["backends"] = installs, calls, backends
     print("RESULT " + json.dumps(out))
 '''
 
@@ -373,6 +399,137 @@ def main():
     ''', dict(base, CACHET_VLLM_ALLOCATOR="1"))
     check(bool(res and res["at_load"] == "cachet_torch.vllm_backend"),
           f"CACHET_VLLM_ALLOCATOR=1: cachet's allocator from the plug-in's load on: {res and res['at_load']}")
+
+    # 6. The backend cachet installs itself with: $CACHET_TORCH_AUTOINSTALL_BACKEND, for vLLM's
+    # allocator (directly and through the sleep-mode backend) and torch_memory_saver alike.
+    res, _ = run_child('''
+        from cachet_torch.vllm_backend import CuMemAllocator
+        alloc = CuMemAllocator.get_instance()
+        out["before"] = cachet_torch.installed()
+        with alloc.use_memory_pool(tag="weights"):
+            pass
+        out["canonical"] = cachet_torch.settings()["canonical"]
+        done()
+    ''', dict(base, CACHET_TORCH_AUTOINSTALL_BACKEND="plugin", PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True"))
+    check(bool(res and res["before"] is False and res["backends"] == ["plugin"]
+               and res["installs"] == ["expandable_segments:True,cachet_sleep:True"]
+               and res["canonical"] == "expandable_segments:True,cachet_sleep:True"),
+          f"vLLM's allocator installs cachet at its first use_memory_pool(), with cachet_sleep:True added and the "
+          f"backend $CACHET_TORCH_AUTOINSTALL_BACKEND names: {res}")
+    res, _ = run_child('''
+        from vllm.plugins import load_general_plugins
+        from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory
+        import vllm.device_allocator as da
+        load_general_plugins()
+        class MC:
+            sleep_mode_backend = "cachet"
+        b = SleepModeBackendFactory.create_backend(MC())
+        b.suspend(level=1); b.resume(None)
+        out["after_backend"] = [cachet_torch.installed(), list(calls)]
+        with da.get_mem_allocator_instance().use_memory_pool(tag="weights"):
+            pass
+        b.suspend(level=1)
+        out["canonical"] = cachet_torch.settings()["canonical"]
+        done()
+    ''', dict(base, CACHET_TORCH_AUTOINSTALL_BACKEND="c10"))
+    check(bool(res and res["after_backend"] == [False, []] and res["backends"] == ["c10"]
+               and res["installs"] == ["cachet_sleep:True"] and res["canonical"] == "cachet_sleep:True"
+               and res["calls"] == [["sleep", ["vllm.weights"], ["vllm.weights"]]]),
+          f"the sleep-mode backend path: creating the backend and suspend()/resume() before any pool install "
+          f"nothing; the worker's first use_memory_pool() installs cachet with cachet_sleep:True, through "
+          f"$CACHET_TORCH_AUTOINSTALL_BACKEND: {res}")
+    res, _ = run_child('''
+        from cachet_torch.memory_saver import torch_memory_saver as tms
+        with tms.region("weights"):
+            pass
+        done()
+    ''', dict(base, CACHET_TORCH_AUTOINSTALL_BACKEND="plugin"))
+    check(bool(res and res["backends"] == ["plugin"] and res["installs"] == ["cachet_sleep:True"]),
+          f"torch_memory_saver's first region() installs through $CACHET_TORCH_AUTOINSTALL_BACKEND too: {res}")
+    # A program that installed cachet itself without cachet_sleep:True (what test_vllm_gpu.py's
+    # worker once did): the first pool refuses, saying how to get both the backend and sleep.
+    res, _ = run_child('''
+        L.load(); L._set_backend("plugin")   # cachet_torch.install() with no CACHET_ALLOC_CONF
+        from cachet_torch.vllm_backend import CuMemAllocator
+        try:
+            with CuMemAllocator.get_instance().use_memory_pool(tag="weights"):
+                pass
+        except RuntimeError as e:
+            out["error"] = str(e)
+        done()
+    ''', base)
+    err = (res or {}).get("error") or ""
+    check("vLLM's CuMemAllocator (cachet): cachet runs with '', without cachet_sleep:True" in err
+          and "CACHET_TORCH_AUTOINSTALL_BACKEND" in err and "before cachet_torch.install()" in err,
+          f"cachet installed by the program without cachet_sleep:True: the refusal names both ways out: {err}")
+
+    # 7. disable(): the allocations inside in a pool of their own, given back alone on exit (a
+    # MemPool with the c10 backend, cachet's pool calls with the plug-in), never empty_cache()
+    # while the device has an allocator (it would give back free memory that pause() put to sleep).
+    res, _ = run_child('''
+        import torch, contextlib
+        import cachet_torch._stats as St
+        empties = []
+        St.empty_cache = lambda *a: empties.append(cachet_torch.current_tag())
+        def c10_install(*a, **k):
+            installs.append(os.environ.get("CACHET_ALLOC_CONF")); L.load(); L._set_backend("c10")
+        I.install = c10_install
+        from cachet_torch.memory_saver import torch_memory_saver as tms
+        with tms.region("kv_cache"):
+            with tms.disable():
+                out["inside"] = cachet_torch.current_tag()
+            try:
+                with tms.disable():
+                    raise KeyError("inside disable")
+            except KeyError:
+                out["after_error"] = cachet_torch.current_tag()
+        out["events"], out["empties"] = torch.events, empties
+        done()
+    ''', base)
+    if res:
+        one = [["MemPool"], ["use_mem_pool enter", "default"], ["use_mem_pool exit"], ["~MemPool"]]
+        check(res["inside"] == "default" and res["after_error"] == "tms.kv_cache" and res["events"] == one + one
+              and res["empties"] == [],
+              f"c10 backend: disable() allocates under 'default' inside torch.cuda.MemPool() + use_mem_pool(pool) "
+              f"and drops the pool on exit (an exception too), no empty_cache(): {res['events']} {res['empties']}")
+    res, _ = run_child('''
+        import torch
+        import cachet_torch._stats as St
+        empties, pool_calls = [], []
+        St.empty_cache = lambda *a: empties.append(cachet_torch.current_tag())
+        from cachet_torch.memory_saver import torch_memory_saver as tms
+        with tms.disable():
+            pass
+        out["no_device"] = [list(empties), list(pool_calls)]
+        real = L.load()
+        class Lib:  # the plug-in with an allocator on device 0 (a GPU's, once something was allocated)
+            def __getattr__(self, name):
+                return getattr(real, name)
+            def cachet_torch_has_device(self, d):
+                return 1
+            def cachet_torch_begin_thread_pool(self, d, ref):
+                pool_calls.append(["begin", d, cachet_torch.current_tag()])
+                ref._obj.value = 42
+                return 0
+            def cachet_torch_end_thread_pool(self, d, pool):
+                pool_calls.append(["end", d, pool])
+                return 0
+        lib = Lib()
+        L.load = lambda path=None: lib
+        with tms.region("kv_cache"):
+            with tms.disable():
+                pool_calls.append(["body", cachet_torch.current_tag()])
+        out["pool"] = [list(empties), pool_calls]
+        out["events"] = torch.events
+        done()
+    ''', base)
+    if res:
+        check(res["no_device"] == [["default"], []] and res["pool"][0] == ["default"]
+              and res["pool"][1] == [["begin", 0, "default"], ["body", "default"], ["end", 0, 42]]
+              and not any(e[0] == "MemPool" for e in res["events"]),
+              f"plug-in: disable() begins cachet's pool of this thread on the current device and ends it on exit "
+              f"(no MemPool, which PyTorch refuses for the plug-in, no empty_cache()); before the device has an "
+              f"allocator, empty_cache() on exit: {res['no_device']} {res['pool']}")
 
     print(f"\n{len(check.failures)} failure(s)")
     return 1 if check.failures else 0

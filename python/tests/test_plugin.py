@@ -49,7 +49,8 @@ def main():
                   "cachet_torch_stats_json", "cachet_torch_snapshot_json", "cachet_torch_trace_json",
                   "cachet_torch_set_tag", "cachet_torch_current_tag", "cachet_torch_sleep",
                   "cachet_torch_wake", "cachet_torch_sleeping_json", "cachet_torch_sleep_stats_json",
-                  "cachet_torch_sleep_summary"):
+                  "cachet_torch_sleep_summary", "cachet_torch_release_backup_buffers",
+                  "cachet_torch_begin_thread_pool", "cachet_torch_end_thread_pool"):
             check(syms.get(s) == "T", f"nm -D: {s} is an exported function")
         # The private-pool callbacks: C++ linkage, PyTorch's types (python/README.md, "ABI").
         demangled = subprocess.run([nm, "-DC", "--defined-only", lib], capture_output=True, text=True).stdout
@@ -178,6 +179,7 @@ def main():
             print("woke")
         except RuntimeError as e:
             print("sleep refused:", e)
+        print("released:", cachet_torch.release_backup_buffers(), cachet_torch.release_backup_buffers(0))
         """
     r = run_py(code, {}, lib)
     out = r.stdout
@@ -190,6 +192,7 @@ def main():
     check("sleep refused:" in out and "cachet_sleep:True" in out,
           f"sleep without cachet_sleep:True refused, naming the key: {out.strip()[-300:]}")
     r = run_py(code, {"CACHET_ALLOC_CONF": "cachet_sleep:True"}, lib)
+    check("released: 0 0" in out, f"release_backup_buffers() with no allocator: 0 bytes, none created: {out.strip()[-200:]}")
     check(r.returncode == 0 and "slept: 0" in r.stdout and "sleeping: []" in r.stdout and "woke" in r.stdout,
           f"with cachet_sleep:True and no allocator: sleep gives back 0 bytes, wake does nothing: "
           f"{r.stdout.strip()[-300:]} {r.stderr.strip()[-300:]}")

@@ -20,6 +20,11 @@ here from vLLM's documented behaviour (not vLLM's code; vLLM is not needed):
              after that tensor is freed, wake_up() succeeds at the same address. An exception
              raised inside use_memory_pool() leaves the allocator and the tag as they were.
 
+The worker never calls cachet_torch.install(): as in a vLLM worker, the allocator's first
+use_memory_pool() installs cachet (cachet_sleep:True added to CACHET_ALLOC_CONF); --backend c10 or
+plugin insists on one through $CACHET_TORCH_AUTOINSTALL_BACKEND, the variable that choice is
+made with (set in the environment, it reaches the ctests too).
+
 usage: test_vllm_gpu.py SCENARIO [--expandable on|off] [--backend auto|c10|plugin]
 """
 import json
@@ -35,12 +40,14 @@ check = preamble.Checks()
 
 
 def worker(scenario, out):
+    # As a vLLM worker: cachet is not installed by the program; the allocator's first
+    # use_memory_pool() installs it (with cachet_sleep:True, the backend of
+    # $CACHET_TORCH_AUTOINSTALL_BACKEND).
     import cachet_torch
-    cachet_torch.install(backend=os.environ.get("CACHET_VLLM_BACKEND", "auto"))
     import torch
     from cachet_torch.vllm_backend import CuMemAllocator
     alloc = CuMemAllocator.get_instance()
-    res = {"backend": cachet_torch.backend(), "conf": cachet_torch.settings()["canonical"]}
+    res = {"installed_before": cachet_torch.installed()}
     free = lambda: torch.cuda.mem_get_info()[0]  # noqa: E731
     sync = torch.cuda.synchronize
     n = 64 * MiB // 4
@@ -128,6 +135,7 @@ def worker(scenario, out):
         sync()
         res["same_ptr"] = x.data_ptr() == ptr
         res["asleep_at_end"] = cachet_torch.sleeping()
+    res["backend"], res["conf"] = cachet_torch.backend(), cachet_torch.settings()["canonical"]
     with open(out, "w") as f:
         json.dump(res, f)
     return 0
@@ -152,7 +160,8 @@ def main():
     if stop is not None:
         return stop
     env = preamble.child_env(os.environ.get("CACHET_TORCH_LIB"))
-    env["CACHET_VLLM_BACKEND"] = backend
+    if backend != "auto":  # else the environment's choice, if any (CACHET_TORCH_AUTOINSTALL_BACKEND=plugin ctest ...)
+        env["CACHET_TORCH_AUTOINSTALL_BACKEND"] = backend  # the backend cachet installs itself with
     if expandable == "on":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     tmp = tempfile.mkdtemp(prefix=f"cachet-vllm-{scenario}-")
@@ -162,6 +171,9 @@ def main():
     if r is None:
         return 1
     print(f"backend {r['backend']}, configuration {r['conf']}")
+    want = env.get("CACHET_TORCH_AUTOINSTALL_BACKEND") or "auto"
+    check(not r["installed_before"] and r["backend"] is not None and want in ("auto", r["backend"]),
+          f"the allocator's first use_memory_pool() installed cachet, through the {want} backend: {r['backend']}")
     check("cachet_sleep:True" in r["conf"] and (expandable == "off") == ("expandable_segments:True" not in r["conf"]),
           f"cachet_sleep:True added, expandable segments {expandable}: {r['conf']}")
     if scenario == "basic":

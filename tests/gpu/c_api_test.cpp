@@ -58,6 +58,10 @@ TEST(CApi, SleepAndWake) {
   EXPECT_NE(std::string(stats).find("\"sleep.backup_bytes.current\": 31457280"), std::string::npos) << stats;
   cachet_string_free(stats);
   ASSERT_EQ(cachet_wake(a, nullptr, 0), CACHET_OK);
+  given = 1;
+  EXPECT_EQ(cachet_release_backup_buffers(a, &given), CACHET_OK);  // the host backend keeps none
+  EXPECT_EQ(given, 0u);
+  EXPECT_EQ(cachet_release_backup_buffers(nullptr, &given), CACHET_ERR_USAGE);
   EXPECT_EQ(cachet_set_tag("not a tag"), CACHET_ERR_USAGE);
   EXPECT_EQ(cachet_free(a, w), CACHET_OK);
   cachet_destroy(a);

@@ -141,6 +141,51 @@ TEST_P(SleepDevice, CyclesLeakNothing) {
   a->free(w);
 }
 
+// The pinned buffer of a backup is kept after the wake for the next sleep, survives
+// empty_cache() (device memory only: a program calling torch.cuda.empty_cache() between cycles
+// must not pay cudaHostAlloc at every sleep), and goes back at release_backup_buffers(), which
+// returns its bytes (docs/sleep-wake.md section 6).
+TEST_P(SleepDevice, KeptPinnedBuffersSurviveEmptyCacheAndGoAtRelease) {
+  auto a = make();
+  void* w = nullptr;
+  {
+    TagScope t("weights");
+    w = a->allocate(256 * MiB, 0);
+  }
+  fill(w, 0x4D, 256 * MiB);
+  a->sleep({}, {"weights"});
+  EXPECT_EQ(a->release_backup_buffers(), 0u);  // in use: it holds the backup
+  a->wake({});
+  a->empty_cache();
+  a->sleep({}, {"weights"});  // the kept buffer, no cudaHostAlloc
+  a->wake({});
+  EXPECT_TRUE(holds(w, 0x4D, 256 * MiB));
+  a->empty_cache();
+  EXPECT_EQ(a->release_backup_buffers(), 256 * MiB);
+  EXPECT_EQ(a->release_backup_buffers(), 0u);
+  a->sleep({}, {"weights"});  // pins again
+  a->wake({});
+  EXPECT_TRUE(holds(w, 0x4D, 256 * MiB));
+  a->free(w);
+}
+
+// The backend's own rule (PinnedKeep): a buffer given back is the one taken next; host_trim
+// unpins it and says how much.
+TEST(SleepDeviceBackend, AKeptBufferIsTakenAgainAndTrimmed) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device or driver";
+  auto mem = gpu::make_device_memory<gpu::CudaVmmBackend>(0);
+  auto h = mem->host_alloc(64 * MiB);
+  ASSERT_TRUE(h.status.is_ok()) << h.status.message;
+  mem->host_free(h.value);
+  auto again = mem->host_alloc(32 * MiB);  // the smallest kept one that is large enough
+  ASSERT_TRUE(again.status.is_ok());
+  EXPECT_EQ(again.value, h.value);
+  EXPECT_EQ(mem->host_trim(), 0u);  // in use
+  mem->host_free(again.value);
+  EXPECT_EQ(mem->host_trim(), 64 * MiB);
+  EXPECT_EQ(mem->host_trim(), 0u);
+}
+
 // The props case that found it (an H200, 2026-11-28): sleep, wake (map_pieces: one 64 MiB piece),
 // then a sleep of some tags or a release gives back part of the piece. The other parts keep their
 // contents and their pages, and every page comes back to the driver at the end.

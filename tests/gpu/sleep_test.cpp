@@ -17,6 +17,7 @@
 #include "cachet/gpu/allocator.h"
 #include "cachet/gpu/fault_backend.h"
 #include "cachet/gpu/host_backend.h"
+#include "cachet/gpu/pinned_keep.h"
 #include "cachet/tags.h"
 
 namespace cachet::test {
@@ -323,6 +324,44 @@ TEST_P(Sleep, AGraphPoolSleepsAndWakesWhole) {
   EXPECT_EQ(dev(r.alloc(MiB * 2, "graph")), dev(h) + 3 * MiB);
   r.a->end_allocate_to_pool(pool);
   r.a->free(outside);
+}
+
+// torch_memory_saver's disable() (python/cachet_torch/memory_saver.py): a MemPool entered with
+// use_mem_pool while tags sleep takes the thread's allocations in awake memory of its own, and
+// dropping it (releasePool twice, emptyCache of the pool: ATen's ~MemPool) gives back that memory
+// only. The sleeping ranges, the free cached segment that slept with the weights included, stay
+// asleep and wake whole. A sleep cannot start while the pool is in use (section 3 step 1).
+TEST_P(Sleep, AMemPoolWhileAsleepGivesBackOnlyItsOwnMemory) {
+  Rig r = make_rig(expandable());
+  void* w = r.alloc(30 * MiB, "weights");
+  r.fill(w, 0x11, 30 * MiB);
+  r.a->free(r.alloc(40 * MiB));  // free cached memory: it sleeps with any sleep
+  EXPECT_EQ(r.a->sleep({"weights"}, {"weights"}), (expandable() ? 40 * MiB : 30 * MiB) + 40 * MiB);
+  const SleepStats asleep = r.a->sleep_stats();
+  const std::int64_t reserved = r.a->stats().reserved_bytes[0].current;
+  EXPECT_EQ(r.sim->used(), 0u);
+
+  const PoolId pool{0, 1};
+  r.a->create_or_incref_pool(pool);                 // torch.cuda.MemPool()
+  r.a->begin_allocate_to_pool(pool, PoolRoute{});   // use_mem_pool(pool): this thread
+  void* p = r.alloc(60 * MiB);  // a segment of 60 MiB (on: three pages of 20 MiB)
+  EXPECT_EQ(r.sim->used(), 60 * MiB);
+  EXPECT_THROW(r.a->sleep({"weights"}, {}), UsageError);
+  r.a->free(p);
+  r.a->end_allocate_to_pool(pool);
+  r.a->release_pool(pool);
+  r.a->release_pool(pool);  // del pool: releasePool, then emptyCache(pool)
+  r.a->empty_cache(pool);
+
+  EXPECT_EQ(r.sim->used(), 0u);
+  EXPECT_EQ(r.a->stats().reserved_bytes[0].current, reserved);
+  EXPECT_EQ(r.a->sleep_stats().sleeping_segments.current, asleep.sleeping_segments.current);
+  EXPECT_EQ(r.a->sleep_stats().sleeping_bytes.current, asleep.sleeping_bytes.current);
+  EXPECT_EQ(r.a->sleep_stats().backup_bytes.current, asleep.backup_bytes.current);
+  r.a->wake({});
+  EXPECT_EQ(r.sim->used(), static_cast<Bytes>(reserved));  // everything that slept is back
+  EXPECT_TRUE(r.holds(w, 0x11, 30 * MiB));
+  r.a->free(w);
 }
 
 // With every allocation under "default", cachet_sleep changes no decision: the same stats and the
@@ -966,6 +1005,131 @@ TEST(SleepRefusals, BadTagsAndCapturesChangeNothing) {
   EXPECT_EQ(r.a->sleep({}, {}), 2 * MiB);  // 1 MiB: a 2 MiB small-pool segment
   r.a->wake({});
   r.a->free(w);
+}
+
+// --- the pinned buffers a backend keeps between sleeps (docs/sleep-wake.md section 6) ---
+
+// A backend that keeps its pinned buffers as the CUDA VMM backend does (PinnedKeep over the host
+// backend's host_alloc/host_free, which stand for cudaHostAlloc/cudaFreeHost), counting the pins,
+// the unpins and the host_trim calls.
+class KeepingMemory final : public gpu::DeviceMemory {
+ public:
+  explicit KeepingMemory(std::unique_ptr<gpu::DeviceMemory> in) : in_(std::move(in)) {}
+  gpu::BackendCaps caps() const override { return in_->caps(); }
+  DeviceIndex device() const override { return in_->device(); }
+  gpu::Result<DevicePtr> malloc(Bytes n) override { return in_->malloc(n); }
+  gpu::Status free(DevicePtr p) override { return in_->free(p); }
+  gpu::Result<gpu::MemInfo> mem_get_info() override { return in_->mem_get_info(); }
+  bool stream_valid(StreamId s) override { return in_->stream_valid(s); }
+  gpu::Result<gpu::EventHandle> event_create() override { return in_->event_create(); }
+  gpu::Status event_record(gpu::EventHandle e, StreamId s) override { return in_->event_record(e, s); }
+  gpu::Result<bool> event_query(gpu::EventHandle e) override { return in_->event_query(e); }
+  gpu::Status event_synchronize(gpu::EventHandle e) override { return in_->event_synchronize(e); }
+  void event_destroy(gpu::EventHandle e) override { in_->event_destroy(e); }
+  gpu::Result<DevicePtr> reserve(Bytes n) override { return in_->reserve(n); }
+  gpu::Status unreserve(DevicePtr p, Bytes n) override { return in_->unreserve(p, n); }
+  gpu::Status map(DevicePtr p, Bytes n) override { return in_->map(p, n); }
+  gpu::Status unmap(DevicePtr p, Bytes n) override { return in_->unmap(p, n); }
+  gpu::Result<void*> host_alloc(Bytes n) override {
+    if (void* h = keep_.take(n)) return {gpu::Status::ok(), h};
+    for (void* h : keep_.make_room(n)) unpin(h);
+    auto r = in_->host_alloc(n);
+    if (r.is_ok()) {
+      ++pins;
+      keep_.pinned(r.value, n);
+    }
+    return r;
+  }
+  void host_free(void* h) override { (void)keep_.give(h); }
+  Bytes host_trim() override {
+    ++trims;
+    Bytes given = 0;
+    for (auto& [h, n] : keep_.release_kept()) {
+      unpin(h);
+      given += n;
+    }
+    return given;
+  }
+  gpu::Status copy_to_host(void* h, DevicePtr p, Bytes n) override { return in_->copy_to_host(h, p, n); }
+  gpu::Status copy_to_device(DevicePtr p, const void* h, Bytes n) override { return in_->copy_to_device(p, h, n); }
+  gpu::Status copy_synchronize() override { return in_->copy_synchronize(); }
+  gpu::Status map_pieces(DevicePtr p, Bytes n) override { return in_->map_pieces(p, n); }
+  gpu::Result<gpu::CaptureInfo> capture_info(StreamId s) override { return in_->capture_info(s); }
+  gpu::Result<std::vector<gpu::GraphNode>> node_dependencies(gpu::GraphNode n) override {
+    return in_->node_dependencies(n);
+  }
+  const gpu::PinnedKeep& keep() const { return keep_; }
+
+  int pins = 0, unpins = 0, trims = 0;
+
+ private:
+  void unpin(void* h) {
+    ++unpins;
+    in_->host_free(h);
+  }
+  std::unique_ptr<gpu::DeviceMemory> in_;
+  gpu::PinnedKeep keep_;
+};
+
+// empty_cache() gives back device memory only: the kept buffers stay, so the next sleep pins
+// nothing (bench/tms_readme.py calls torch.cuda.empty_cache() between cycles). What is kept is
+// bounded by the largest set of backups held at once, several tags counting together, and
+// release_backup_buffers() gives it back, returning its bytes.
+TEST(SleepKeptBuffers, EmptyCacheKeepsThemAndReleaseBackupBuffersGivesThemBack) {
+  for (Policy policy : {Policy::PyTorch, Policy::Cachet}) {
+    SCOPED_TRACE(policy == Policy::PyTorch ? "policy:pytorch" : "policy:cachet");
+    std::shared_ptr<gpu::HostSim> sim;
+    gpu::HostOptions o;
+    o.capacity = 1 * GiB;
+    auto mem = std::make_unique<KeepingMemory>(gpu::make_host_memory(o, &sim));
+    KeepingMemory* keeping = mem.get();
+    Config c;
+    c.sleep = true;
+    c.validate = true;
+    c.policy = policy;
+    CachingAllocator a(std::move(mem), c);
+    auto alloc = [&](Bytes n, const char* tag) {
+      TagScope t(tag);
+      return a.allocate(n, 0);
+    };
+    void* w = alloc(30 * MiB, "weights");
+    void* kv = alloc(8 * MiB, "kv_cache");
+    for (int cycle = 0; cycle < 3; ++cycle) {
+      a.sleep({}, {"weights", "kv_cache"});  // one buffer per tag: 30 and 8 MiB
+      EXPECT_EQ(sim->pinned_bytes(), 38 * MiB);
+      a.wake({});
+      EXPECT_EQ(sim->pinned_bytes(), 38 * MiB);  // kept for the next sleep
+      a.empty_cache();
+      EXPECT_EQ(sim->pinned_bytes(), 38 * MiB);  // device memory only
+      EXPECT_EQ(keeping->pins, 2);                // the first cycle's, never again
+      EXPECT_EQ(keeping->trims, 0);
+    }
+    // A larger backup of one tag: the smaller kept buffers go first, what is held stays within
+    // the most in use at once (38 MiB before, 46 MiB now: kv_cache's 8 MiB and weights' 38 MiB).
+    a.free(w);
+    w = alloc(38 * MiB, "weights");
+    a.sleep({}, {"weights", "kv_cache"});
+    EXPECT_EQ(keeping->keep().in_use_bytes(), 46 * MiB);
+    EXPECT_LE(sim->pinned_bytes(), 46 * MiB);
+    a.wake({});
+    EXPECT_LE(keeping->keep().kept_bytes(), keeping->keep().peak_bytes());
+    EXPECT_EQ(keeping->keep().peak_bytes(), 46 * MiB);
+    EXPECT_EQ(sim->pinned_bytes(), keeping->keep().kept_bytes());
+
+    const Bytes kept = sim->pinned_bytes();
+    EXPECT_EQ(a.release_backup_buffers(), kept);
+    EXPECT_EQ(sim->pinned_bytes(), 0u);
+    EXPECT_EQ(keeping->trims, 1);
+    EXPECT_EQ(a.release_backup_buffers(), 0u);  // nothing kept any more
+    // Asleep, the buffers holding backups stay: only kept ones go.
+    a.sleep({"weights"}, {"weights"});
+    EXPECT_EQ(a.release_backup_buffers(), 0u);
+    EXPECT_EQ(sim->pinned_bytes(), 38 * MiB);
+    a.wake({});
+    EXPECT_EQ(a.release_backup_buffers(), 38 * MiB);
+    a.free(w);
+    a.free(kv);
+  }
 }
 
 }  // namespace

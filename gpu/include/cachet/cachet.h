@@ -55,6 +55,9 @@ cachet_status cachet_wake(cachet_allocator* a, const char* const* tags, size_t n
  * NULL on error. */
 char* cachet_sleeping_json(cachet_allocator* a);
 char* cachet_sleep_stats_json(cachet_allocator* a);
+/* Gives back the pinned host buffers kept between sleeps (none that holds a backup; empty_cache
+ * keeps them); *bytes_out (if not NULL) receives their bytes. */
+cachet_status cachet_release_backup_buffers(cachet_allocator* a, uint64_t* bytes_out);
 
 /* torch.cuda.memory_stats(): the flat dict of 122 keys. NULL on error. */
 char* cachet_stats_json(cachet_allocator* a);

@@ -339,6 +339,11 @@ SleepStats CachingAllocator::sleep_stats() const {
   return core_->with_policy([](const auto& p) { return p.sleep_stats(); });
 }
 
+Bytes CachingAllocator::release_backup_buffers() {
+  std::lock_guard lock(mu_);
+  return core_->with_policy([](auto& p) { return p.memory().host_trim(); });
+}
+
 Snapshot CachingAllocator::snapshot() {
   std::lock_guard lock(mu_);
   return core_->with_policy([](auto& p) { return p.snapshot(); });

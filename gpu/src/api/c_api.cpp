@@ -222,6 +222,14 @@ char* cachet_sleep_stats_json(cachet_allocator* a) {
   return guarded_string(a, [&] { return sleep_stats_json(a->impl->sleep_stats()); });
 }
 
+cachet_status cachet_release_backup_buffers(cachet_allocator* a, uint64_t* bytes_out) {
+  CACHET_REQUIRE_HANDLE(a);
+  return guarded([&] {
+    const cachet::Bytes given = a->impl->release_backup_buffers();
+    if (bytes_out != nullptr) *bytes_out = given;
+  });
+}
+
 char* cachet_stats_json(cachet_allocator* a) {
   return guarded_string(a, [&] { return stats_json(a->impl->stats()); });
 }

@@ -110,7 +110,7 @@ Status CudaVmmBackend::unreserve(DevicePtr p, Bytes n) {
 CudaVmmBackend::~CudaVmmBackend() {
   if (copy_stream_ != nullptr) (void)cudaStreamDestroy(static_cast<cudaStream_t>(copy_stream_));
   DeviceGuard g(device_);
-  for (auto& [h, n] : pinned_size_) (void)cudaFreeHost(h);  // kept ones and any still lent
+  for (void* h : pinned_.all()) (void)cudaFreeHost(h);  // kept ones and any still lent
 }
 
 Status CudaVmmBackend::map_handle(DevicePtr at, Bytes size, unsigned long long handle) {
@@ -255,37 +255,31 @@ Status CudaVmmBackend::unmap(DevicePtr p, Bytes n) {
 // buffers and the copies of backed-up contents, docs/sleep-wake.md)
 
 Result<void*> CudaVmmBackend::host_alloc(Bytes n) {
-  if (auto it = pinned_kept_.lower_bound(n); it != pinned_kept_.end()) {
-    void* h = it->second;
-    pinned_kept_.erase(it);
-    return {Status::ok(), h};
-  }
+  if (void* h = pinned_.take(n)) return {Status::ok(), h};
   DeviceGuard g(device_);
+  for (void* h : pinned_.make_room(n)) (void)cudaFreeHost(h);  // kept within the peak (pinned_keep.h)
   void* h = nullptr;
   Status st = status_of("cudaHostAlloc", cudaHostAlloc(&h, n, cudaHostAllocDefault));
-  if (!st.is_ok() && !pinned_kept_.empty()) {  // the kept buffers may be what host memory lacks
+  if (!st.is_ok() && pinned_.kept_count() != 0) {  // the kept buffers may be what host memory lacks
     (void)cudaGetLastError();
     host_trim();
     st = status_of("cudaHostAlloc", cudaHostAlloc(&h, n, cudaHostAllocDefault));
   }
   if (!st.is_ok()) return {st, nullptr};
-  pinned_size_[h] = n;
+  pinned_.pinned(h, n);
   return {st, h};
 }
 
-void CudaVmmBackend::host_free(void* h) {
-  auto it = pinned_size_.find(h);
-  if (it == pinned_size_.end()) return;
-  pinned_kept_.emplace(it->second, h);
-}
+void CudaVmmBackend::host_free(void* h) { (void)pinned_.give(h); }
 
-void CudaVmmBackend::host_trim() {
+Bytes CudaVmmBackend::host_trim() {
   DeviceGuard g(device_);
-  for (auto& [n, h] : pinned_kept_) {
+  Bytes given = 0;
+  for (auto& [h, n] : pinned_.release_kept()) {
     (void)cudaFreeHost(h);
-    pinned_size_.erase(h);
+    given += n;
   }
-  pinned_kept_.clear();
+  return given;
 }
 
 Status CudaVmmBackend::copy_prepare() {

@@ -129,7 +129,8 @@ void CachetPolicy::empty_cache() {
   if (active_pools_.empty() && (!events_.empty() || !deferred_.empty())) synchronize_events();
   if (base_ != 0) unmap_free_pages(static_cast<Bytes>(-1) / kPage, 0, 0);
   release_sleeping_free_pages();  // docs/sleep-wake.md section 4
-  mem_->host_trim();              // the pinned buffers kept between sleeps (docs/sleep-wake.md section 6)
+  // Not the pinned buffers a backend keeps between sleeps: empty_cache is about device memory
+  // (docs/sleep-wake.md section 6; release_backup_buffers gives them back).
 }
 
 // ===================================================================== settings, snapshot

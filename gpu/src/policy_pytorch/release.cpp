@@ -21,7 +21,8 @@ namespace cachet::gpu::detail {
 void PytorchPolicy::empty_cache() {
   if (config_.no_caching) return;
   release_cached_blocks();
-  mem_->host_trim();  // the pinned buffers kept between sleeps (docs/sleep-wake.md section 6)
+  // Not the pinned buffers a backend keeps between sleeps: empty_cache is about device memory
+  // (docs/sleep-wake.md section 6; release_backup_buffers gives them back).
 }
 
 void PytorchPolicy::release_cached_blocks(PoolId id) {

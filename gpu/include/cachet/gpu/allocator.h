@@ -221,6 +221,10 @@ class CachingAllocator {
   void wake(const TagList& tags);
   TagList sleeping() const;        // the tags with sleeping live blocks, sorted
   SleepStats sleep_stats() const;  // the 21 sleep.* keys (flatten, cachet/stats.h)
+  // The pinned host buffers the backend keeps between sleeps, none that holds a backup, go back
+  // (cudaFreeHost): their bytes (0 for a backend that keeps none). empty_cache() keeps them, so
+  // the next sleep pays no cudaHostAlloc (docs/sleep-wake.md section 6). No cachet_sleep needed.
+  Bytes release_backup_buffers();
   // torch.cuda.set_per_process_memory_fraction: [0, 1]; 1 = no cap.
   void set_memory_fraction(double fraction);
   double memory_fraction() const;

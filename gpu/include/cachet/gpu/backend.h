@@ -171,8 +171,9 @@ class DeviceMemory {
   // The sleep calls (caps().sleep): a wrapper that does not forward them has none.
   virtual Result<void*> host_alloc(Bytes) { return {Status::error("backend has no pinned host memory"), nullptr}; }
   virtual void host_free(void*) {}
-  // Gives back the pinned buffers a backend keeps between sleeps (empty_cache calls it).
-  virtual void host_trim() {}
+  // Gives back the pinned buffers a backend keeps between sleeps (none that holds a backup): their
+  // bytes. CachingAllocator::release_backup_buffers calls it; empty_cache does not.
+  virtual Bytes host_trim() { return 0; }
   virtual Status copy_to_host(void*, DevicePtr, Bytes) { return Status::error("backend cannot copy to the host"); }
   virtual Status copy_to_device(DevicePtr, const void*, Bytes) { return Status::error("backend cannot copy to the device"); }
   virtual Status copy_synchronize() { return Status::error("backend cannot copy"); }
@@ -226,8 +227,9 @@ class BackendAdapter final : public DeviceMemory {
   void host_free(void* h) override {
     if constexpr (B::caps.sleep) b_.host_free(h);
   }
-  void host_trim() override {
-    if constexpr (requires { b_.host_trim(); }) b_.host_trim();
+  Bytes host_trim() override {
+    if constexpr (requires { b_.host_trim(); }) return b_.host_trim();
+    else return 0;
   }
   Status copy_to_host(void* h, DevicePtr p, Bytes n) override {
     if constexpr (B::caps.sleep) return b_.copy_to_host(h, p, n);

@@ -42,6 +42,7 @@
 #include <memory>
 
 #include "cachet/gpu/backend.h"
+#include "cachet/gpu/pinned_keep.h"
 
 namespace cachet::gpu {
 
@@ -145,10 +146,13 @@ class CudaVmmBackend : public CudaRuntimeBackend {
   // Pinned host buffers for backups. A buffer given back is kept for the next sleep (the smallest
   // kept one that is large enough is taken): cudaHostAlloc pins page by page, about 0.35 s per GiB
   // on an H100 host, and cudaFreeHost takes about 0.1 s per GiB, 18x and 5x the copies themselves
-  // (bench/RESULTS.md, "Sleep and wake"). host_trim (empty_cache) and the destructor free them.
+  // (bench/RESULTS.md, "Sleep and wake"). What is held, in use and kept, never exceeds the most
+  // that was in use at once (PinnedKeep, pinned_keep.h). host_trim (the allocator's
+  // release_backup_buffers, and a failing cudaHostAlloc before its retry) and the destructor
+  // free the kept ones; empty_cache does not (it is about device memory).
   Result<void*> host_alloc(Bytes n);
   void host_free(void* h);
-  void host_trim();
+  Bytes host_trim();  // the kept buffers' bytes, given back
   Status copy_to_host(void* h, DevicePtr p, Bytes n);
   Status copy_to_device(DevicePtr p, const void* h, Bytes n);
   Status copy_synchronize();
@@ -168,8 +172,7 @@ class CudaVmmBackend : public CudaRuntimeBackend {
   Bytes granularity_ = 2 * MiB;
   std::map<DevicePtr, Mapping> mappings_;          // by address
   std::map<unsigned long long, int> handle_uses_;  // handle -> its mappings
-  std::map<void*, Bytes> pinned_size_;             // every pinned buffer held, in use or kept
-  std::multimap<Bytes, void*> pinned_kept_;        // the kept ones, by size
+  PinnedKeep pinned_;                              // every pinned buffer held, in use or kept
   void* copy_stream_ = nullptr;                    // cudaStream_t
   bool copies_pending_ = false;
 };

@@ -57,7 +57,7 @@ class FaultInjector final : public DeviceMemory {
   Status unmap(DevicePtr p, Bytes n) override;
   Result<void*> host_alloc(Bytes n) override;
   void host_free(void* h) override { inner_->host_free(h); }
-  void host_trim() override { inner_->host_trim(); }
+  Bytes host_trim() override { return inner_->host_trim(); }
   Status copy_to_host(void* h, DevicePtr p, Bytes n) override { return inner_->copy_to_host(h, p, n); }
   Status copy_to_device(DevicePtr p, const void* h, Bytes n) override { return inner_->copy_to_device(p, h, n); }
   Status copy_synchronize() override { return inner_->copy_synchronize(); }

@@ -1,4 +1,4 @@
-// python/c10/backend_testing.h: what python/tests/c10_backend_test.cpp reaches in backend.cpp
+// python/c10/backend_testing.h: what python/tests/c10_backend_test.cpp reaches in the backend (install.cpp)
 // when it is compiled with CACHET_C10_TESTING (never in libcachet_c10.so).
 #pragma once
 

@@ -1,4 +1,4 @@
-// c10_backend_test (label unit; no GPU, no torch): cachet's c10 backend (python/c10/backend.cpp,
+// c10_backend_test (label unit; no GPU, no torch): cachet's c10 backend (python/c10/, backend.h,
 // compiled with CACHET_C10_TESTING) over a host-simulated device. What PyTorch sees through
 // c10::cuda::CUDACachingAllocator::CUDAAllocator must be cachet's own answers, unchanged:
 // DeviceStats field for field, snapshot segments and blocks, the trace with the stacks PyTorch's

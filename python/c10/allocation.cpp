@@ -5,7 +5,8 @@
 // (PyTorch's error and its observers), emptyCache, recordStream, the memory fraction, cacheInfo,
 // getBaseAllocation, peer access. The hot path (gpu/README.md "The hot path") is allocate ->
 // malloc and the deleter -> free, each one call of cachet's allocator; with the history on they
-// take malloc_traced and free_traced, which gather PyTorch's context first (history.cpp keeps it).
+// take malloc_traced and free_traced, which gather PyTorch's context first and name the call's
+// trace events (history.h).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -138,9 +139,15 @@ void CachetCUDAAllocator::emptyCache(MempoolId_t mempool_id) {
     cachet::CachingAllocator* a = tc::existing_allocator(d);
     if (!a) continue;
     cachet::gpu::CurrentStream cs(current_stream(d));
-    call("emptyCache", [&] { id.is_default() ? a->empty_cache() : a->empty_cache(id); });
-    dispatch_trackers(d);
+    empty_cache_of(d, a, id);
   }
+}
+
+// With the history on, a call of its own: native's emptyCache gathers its context at ALL, and
+// the segments it gives back and the frees it completes take it (history.h).
+void CachetCUDAAllocator::empty_cache_of(int device, cachet::CachingAllocator* a, cachet::PoolId id) {
+  as_traced_call(device, [&] { call("emptyCache", [&] { id.is_default() ? a->empty_cache() : a->empty_cache(id); }); });
+  dispatch_trackers(device);
 }
 
 void CachetCUDAAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) {
@@ -193,7 +200,9 @@ double CachetCUDAAllocator::getMemoryFraction(c10::DeviceIndex device) {
 }
 
 void CachetCUDAAllocator::setMemoryFraction(double fraction, c10::DeviceIndex device) {
-  call("setMemoryFraction", [&] { allocator(device)->set_memory_fraction(fraction); });
+  cachet::CachingAllocator* a = allocator(device);
+  as_traced_call(device, [&] { call("setMemoryFraction", [&] { a->set_memory_fraction(fraction); }); });
+  dispatch_trackers(device);
 }
 
 // cuDNN's benchmark asks how much it may try: with *largestBlock 0 (as cuDNN calls it) the
@@ -263,17 +272,15 @@ cudaError_t CachetCUDAAllocator::memcpyAsync(void* dst, int dstDevice, const voi
   if (has_trackers_.load(std::memory_order_relaxed)) [[unlikely]] dispatch_trackers(device);
 }
 
+// free with history on: native's free gathers its context at ALL (outside every lock), and the
+// events of the free take it (history.h).
 void CachetCUDAAllocator::free_traced(cachet::CachingAllocator* a, int device, void* ptr) {
-  Ctx ctx = gather(cc::RecordContext::ALL);  // outside every lock
-  call("free", [&] { a->free(ptr); });
+  const TracedCall c = begin_call(device, cc::RecordContext::ALL, cc::RecordContext::ALL);
   {
-    const size_t max_n = max_entries();  // lock order: mu_ is never taken under a History's mu
-    History& h = history(device);
-    std::lock_guard<std::mutex> lock(h.mu);
-    const auto addr = reinterpret_cast<std::uint64_t>(ptr);
-    h.live.erase(addr);
-    h.push(1, addr, std::move(ctx), max_n);
+    cachet::TraceCallScope scope(c.id);
+    call("free", [&] { a->free(ptr); });
   }
+  set_live(device, ptr, nullptr);
   if (has_trackers_.load(std::memory_order_relaxed)) dispatch_trackers(device);
 }
 
@@ -310,40 +317,44 @@ cachet::StreamId CachetCUDAAllocator::current_stream(int device) {
   cachet::CachingAllocator* a = allocator(device);
   if (history_on_.load(std::memory_order_relaxed)) [[unlikely]]
     return malloc_traced(a, device, size, stream);
-  void* p = allocate_on(a, device, size, stream, Ctx{}, false);
+  void* p = allocate_on(a, device, size, stream);
   if (has_trackers_.load(std::memory_order_relaxed)) [[unlikely]] dispatch_trackers(device);
   return p;
 }
 
-// malloc with history on: the context is gathered outside every lock, and the allocation (or
-// the out-of-memory) goes into the device's history.
+// malloc with history on: native's malloc gathers its context at STATE (outside every lock); the
+// events of the call take it, those of the segments it gives back on the way included
+// (history.h), and the allocation keeps it for the snapshot. Out of memory is raised after the
+// call's scope is closed: the observers may allocate, as calls of their own.
 void* CachetCUDAAllocator::malloc_traced(cachet::CachingAllocator* a, c10::DeviceIndex device, size_t size,
                                          cudaStream_t stream) {
-  Ctx ctx = gather(cc::RecordContext::STATE);
-  void* p = allocate_on(a, device, size, stream, ctx, true);
-  {
-    const size_t max_n = max_entries();
-    History& h = history(device);
-    std::lock_guard<std::mutex> lock(h.mu);
-    const auto addr = reinterpret_cast<std::uint64_t>(p);
-    h.live[addr] = ctx;
-    h.push(0, addr, record_context_.load() >= static_cast<int>(cc::RecordContext::ALLOC) ? std::move(ctx) : nullptr,
-           max_n);
+  const TracedCall c = begin_call(device, cc::RecordContext::STATE, cc::RecordContext::STATE);
+  void* p = nullptr;
+  std::optional<std::string> oom;
+  try {
+    cachet::TraceCallScope scope(c.id);
+    p = a->allocate(size, reinterpret_cast<cachet::StreamId>(stream));
+  } catch (const cachet::OutOfMemory& e) {
+    oom = e.what();
+  } catch (const std::exception& e) {
+    allocate_failed(device, size, e);
   }
+  if (oom) out_of_memory(device, size, *oom);
+  set_live(device, p, c.made);
   if (has_trackers_.load(std::memory_order_relaxed)) dispatch_trackers(device);
   return p;
 }
 
-// `a`'s allocate, its refusals as PyTorch's errors (out of memory: out_of_memory, with `ctx` in
-// the history when tracing). Device calls follow the capture status of PyTorch's current stream,
-// asked only when one is made (current_stream_for_device_calls, registered at install), as
-// native's cudaMallocMaybeCapturing asks it.
+// `a`'s allocate, its refusals as PyTorch's errors (out of memory: out_of_memory). Device calls
+// follow the capture status of PyTorch's current stream, asked only when one is made
+// (current_stream_for_device_calls, registered at install), as native's cudaMallocMaybeCapturing
+// asks it.
 inline void* CachetCUDAAllocator::allocate_on(cachet::CachingAllocator* a, c10::DeviceIndex device, size_t size,
-                                              cudaStream_t stream, const Ctx& ctx, bool tracing) {
+                                              cudaStream_t stream) {
   try {
     return a->allocate(size, reinterpret_cast<cachet::StreamId>(stream));
   } catch (const cachet::OutOfMemory& e) {
-    out_of_memory(device, size, ctx, tracing, e.what());
+    out_of_memory(device, size, e.what());
   } catch (const std::exception& e) {
     allocate_failed(device, size, e);
   }
@@ -357,15 +368,7 @@ void CachetCUDAAllocator::allocate_failed(c10::DeviceIndex device, size_t size, 
 // held, as native calls them after unlocking: (device, the segment size asked of the device,
 // the memory allowed (the cap set by a fraction, else the device's total), the device's free
 // memory).
-void CachetCUDAAllocator::out_of_memory(c10::DeviceIndex device, size_t size, Ctx ctx, bool tracing,
-                                        const std::string& message) {
-  if (tracing) {
-    const size_t max_n = max_entries();
-    History& h = history(device);
-    std::lock_guard<std::mutex> lock(h.mu);
-    h.push(2, 0, record_context_.load() >= static_cast<int>(cc::RecordContext::ALLOC) ? std::move(ctx) : nullptr,
-           max_n);
-  }
+void CachetCUDAAllocator::out_of_memory(c10::DeviceIndex device, size_t size, const std::string& message) {
   if (has_trackers_.load()) dispatch_trackers(device);
   std::vector<cc::OutOfMemoryObserver> observers;
   {

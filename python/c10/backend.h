@@ -166,6 +166,11 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   void* malloc_for_testing(c10::DeviceIndex device, size_t size, cudaStream_t stream) {
     return malloc(device, size, stream);
   }
+  // emptyCache without asking CUDA for the current stream (a host-simulated device needs none).
+  void empty_cache_for_testing(MempoolId_t mempool_id) {
+    for (int d = 0; d < tc::kMaxDevices; ++d)
+      if (cachet::CachingAllocator* a = tc::existing_allocator(d)) empty_cache_of(d, a, pool_id(mempool_id));
+  }
 #endif
 
   // ---- used by the deleter (allocation.cpp) ---------------------------------------------------
@@ -188,25 +193,54 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
                                         cudaStream_t stream);
   [[gnu::noinline]] void free_traced(cachet::CachingAllocator* a, int device, void* ptr);
   [[gnu::always_inline]] inline void* allocate_on(cachet::CachingAllocator* a, c10::DeviceIndex device,
-                                                  size_t size, cudaStream_t stream, const Ctx& ctx, bool tracing);
+                                                  size_t size, cudaStream_t stream);
   [[noreturn, gnu::cold, gnu::noinline]] static void allocate_failed(c10::DeviceIndex device, size_t size,
                                                                     const std::exception& e);
-  [[noreturn, gnu::cold, gnu::noinline]] void out_of_memory(c10::DeviceIndex device, size_t size, Ctx ctx,
-                                                            bool tracing, const std::string& message);
+  [[noreturn, gnu::cold, gnu::noinline]] void out_of_memory(c10::DeviceIndex device, size_t size,
+                                                            const std::string& message);
   static void* uncached_alloc(size_t size);
+  // emptyCache of one device's allocator, as a call of the history when it is on.
+  void empty_cache_of(int device, cachet::CachingAllocator* a, cachet::PoolId id);
 
   // ---- history (history.cpp) --------------------------------------------------------------------
   Ctx gather(cc::RecordContext level);
   size_t max_entries();
   History& history(int device);
+  // A call of cachet's made with the history on (history.h): begin_call gathers its contexts
+  // outside every lock (`made_at`: the level native's caller gathers at; `freed_at`: the level
+  // from which the call's frees take that context, as native's setCheckpointPoolState frees
+  // through free(), which gathers at ALL) and keeps them under a fresh id, for the caller to open
+  // a TraceCallScope with around the call.
+  struct TracedCall {
+    std::uint32_t id = 0;
+    Ctx made;  // the allocation context (snapshot blocks: set_live)
+  };
+  TracedCall begin_call(int device, cc::RecordContext made_at, cc::RecordContext freed_at);
+  // `f` (a call of cachet's on `device`) as one call of the history when it is on, its context
+  // gathered at ALL as native's emptyCache and getCheckpointState gather theirs. Also for the
+  // calls that record nothing under policy:pytorch but may give pages back under policy:cachet
+  // (releasePool, endAllocateToPool, setMemoryFraction): those segment_unmap entries then carry
+  // the caller's stack, as native's do.
+  template <class F>
+  decltype(auto) as_traced_call(int device, F&& f) {
+    if (!history_on_.load()) return f();
+    const TracedCall c = begin_call(device, cc::RecordContext::ALL, cc::RecordContext::ALL);
+    cachet::TraceCallScope scope(c.id);
+    return f();
+  }
+  // The context a live block shows in the snapshot (nullptr: none, the block is gone).
+  void set_live(int device, const void* ptr, Ctx ctx);
   static std::int64_t now_us();
   // Trace on or off for every allocator (and those created later); `clear` drops what was
   // recorded and the contexts kept for it.
   void set_trace_all(bool on, bool clear);
-  // cachet's trace of device `d` as PyTorch's TraceEntry list, with the contexts kept for it
-  // (History), without the skipped actions, the last max_n. h.mu is held.
-  std::vector<cda::TraceEntry> trace_entries(int d, cachet::CachingAllocator& a, History& h,
-                                             const std::vector<cda::TraceEntry::Action>& skips, size_t max_n);
+  // cachet's trace `events` of device `d` as PyTorch's TraceEntry list, each with the context
+  // native's record_trace gives it (history.h), without the skipped actions, the last max_n.
+  // h.mu is held.
+  static std::vector<cda::TraceEntry> trace_entries(int d, const std::vector<cachet::TraceEvent>& events,
+                                                    const History& h,
+                                                    const std::vector<cda::TraceEntry::Action>& skips,
+                                                    size_t max_n);
   // Hands the trace entries recorded since the last call to the trackers. Without
   // _record_memory_history, the trace exists for them only and is cleared once handed over.
   void dispatch_trackers(int device);

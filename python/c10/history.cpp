@@ -1,9 +1,11 @@
 // python/c10/history.cpp: _record_memory_history through the c10 backend, the seam of PyTorch's
 // recordHistory, record_trace and trace() (docs/pytorch-allocator.md section 8; python/README.md,
 // "The c10 backend"): turning the history on and off, the contexts PyTorch's recorder gives
-// (gathered outside every lock, kept in History, history.h), cachet's trace as PyTorch's
-// TraceEntry list with those contexts, annotations, and the trace trackers.
+// (gathered outside every lock, kept by call in History, history.h), cachet's trace as PyTorch's
+// TraceEntry list with the context native's record_trace gives each entry, annotations, and the
+// trace trackers.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
@@ -110,6 +112,43 @@ History& CachetCUDAAllocator::history(int device) {
   return *h;
 }
 
+std::uint32_t next_call_id() {
+  static std::atomic<std::uint32_t> next{0};
+  std::uint32_t id = next.fetch_add(1, std::memory_order_relaxed) + 1;
+  while (id == 0) id = next.fetch_add(1, std::memory_order_relaxed) + 1;  // after 2^32 calls
+  return id;
+}
+
+// Kept before the call is made, so that a snapshot taken while it runs finds its events' contexts.
+CachetCUDAAllocator::TracedCall CachetCUDAAllocator::begin_call(int device, cc::RecordContext made_at,
+                                                                cc::RecordContext freed_at) {
+  const int level = record_context_.load();
+  TracedCall t;
+  t.id = next_call_id();
+  t.made = gather(made_at);  // outside every lock: the recorder may need Python's
+  CallContexts c;
+  c.made = t.made;
+  c.freed = level >= static_cast<int>(freed_at) ? t.made : nullptr;
+  c.keep = level >= static_cast<int>(cc::RecordContext::ALLOC);
+  const size_t max_n = max_entries();  // lock order: mu_ is never taken under a History's mu
+  History& h = history(device);
+  std::lock_guard<std::mutex> lock(h.mu);
+  h.add(t.id, std::move(c), max_n);
+  return t;
+}
+
+void CachetCUDAAllocator::set_live(int device, const void* ptr, Ctx ctx) {
+  if (ptr == nullptr) return;
+  History& h = history(device);
+  std::lock_guard<std::mutex> lock(h.mu);
+  const auto addr = reinterpret_cast<std::uint64_t>(ptr);
+  if (ctx) {
+    h.live[addr] = std::move(ctx);
+  } else {
+    h.live.erase(addr);
+  }
+}
+
 std::int64_t CachetCUDAAllocator::now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
@@ -137,42 +176,56 @@ void CachetCUDAAllocator::set_trace_all(bool on, bool clear) {
   }
 }
 
-std::vector<cda::TraceEntry> CachetCUDAAllocator::trace_entries(int d, cachet::CachingAllocator& a, History& h,
+std::vector<cda::TraceEntry> CachetCUDAAllocator::trace_entries(int d, const std::vector<cachet::TraceEvent>& events,
+                                                                const History& h,
                                                                 const std::vector<cda::TraceEntry::Action>& skips,
                                                                 size_t max_n) {
-  const std::vector<cachet::TraceEvent> events = a.trace();
-  std::unordered_map<std::uint64_t, std::uint64_t> n_alloc, n_free, n_done;
-  std::uint64_t n_oom = 0;
-  std::vector<Ctx> ctxs(events.size());
-  for (size_t i = 0; i < events.size(); ++i) {
-    const auto& e = events[i];
-    auto find = [](auto& m, std::uint64_t k) -> const CtxLog* {
-      auto it = m.find(k);
-      return it == m.end() ? nullptr : &it->second;
-    };
-    switch (e.action) {
-      case cachet::TraceAction::Alloc: ctxs[i] = History::nth(find(h.allocs, e.addr), n_alloc[e.addr]++); break;
-      case cachet::TraceAction::FreeRequested: ctxs[i] = History::nth(find(h.frees, e.addr), n_free[e.addr]++); break;
-      case cachet::TraceAction::FreeCompleted: ctxs[i] = History::nth(find(h.frees, e.addr), n_done[e.addr]++); break;
-      case cachet::TraceAction::Oom: ctxs[i] = History::nth(&h.ooms, n_oom++); break;
-      default: break;
-    }
-  }
-  // Segment allocations and mappings: the context of the allocation they served.
-  Ctx next;
-  for (size_t i = events.size(); i-- > 0;) {
-    const auto act = events[i].action;
-    if (act == cachet::TraceAction::Alloc || act == cachet::TraceAction::Oom) next = ctxs[i];
-    else if (act == cachet::TraceAction::SegmentAlloc || act == cachet::TraceAction::SegmentMap) ctxs[i] = next;
-    else if (act != cachet::TraceAction::SegmentFree && act != cachet::TraceAction::SegmentUnmap) next = nullptr;
-  }
+  // What native keeps on its blocks, followed through the trace: the context of each live
+  // allocation (block->context_when_allocated) and of each segment's allocation
+  // (context_when_segment_allocated), by address.
+  std::unordered_map<std::uint64_t, Ctx> block_ctx, segment_ctx;
+  auto at = [](const std::unordered_map<std::uint64_t, Ctx>& m, std::uint64_t addr) -> Ctx {
+    auto it = m.find(addr);
+    return it == m.end() ? nullptr : it->second;
+  };
   std::vector<cda::TraceEntry> out;
-  for (size_t i = 0; i < events.size(); ++i) {
-    const auto& e = events[i];
+  out.reserve(events.size());
+  for (const auto& e : events) {
+    const CallContexts* c = h.find(e.call);
+    const Ctx made = c ? c->made : nullptr;
+    const Ctx freed = c ? c->freed : nullptr;
+    Ctx ctx;
+    switch (e.action) {
+      case cachet::TraceAction::Alloc:
+        block_ctx[e.addr] = made;
+        ctx = made;
+        break;
+      case cachet::TraceAction::Oom: ctx = made; break;
+      case cachet::TraceAction::SegmentAlloc:
+        segment_ctx[e.addr] = made;
+        ctx = made;
+        break;
+      case cachet::TraceAction::SegmentMap:
+        segment_ctx.try_emplace(e.addr, made);  // native keeps the first mapping's
+        ctx = made;
+        break;
+      case cachet::TraceAction::FreeRequested: ctx = freed ? freed : at(block_ctx, e.addr); break;
+      case cachet::TraceAction::FreeCompleted:
+        ctx = freed ? freed : at(block_ctx, e.addr);
+        block_ctx.erase(e.addr);
+        break;
+      case cachet::TraceAction::SegmentFree:
+        ctx = freed ? freed : at(segment_ctx, e.addr);
+        segment_ctx.erase(e.addr);
+        break;
+      case cachet::TraceAction::SegmentUnmap: ctx = freed ? freed : at(segment_ctx, e.addr); break;
+      case cachet::TraceAction::Snapshot: break;
+    }
+    if (c == nullptr || !c->keep) ctx = nullptr;  // record_trace keeps contexts from ALLOC on
     const auto act = to_action(e.action);
     if (std::find(skips.begin(), skips.end(), act) != skips.end()) continue;
     cda::TraceEntry te(act, static_cast<c10::DeviceIndex>(d), e.addr, e.size, reinterpret_cast<void*>(e.stream),
-                       MempoolId_t{0, 0}, 0, ctxs[i], "N/A", "");
+                       MempoolId_t{0, 0}, 0, std::move(ctx), "N/A", "");
     te.time_.t_ = static_cast<time_t>(e.time_us);
     out.push_back(std::move(te));
   }

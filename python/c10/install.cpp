@@ -135,5 +135,6 @@ void* malloc(c10::DeviceIndex device, size_t size, cudaStream_t stream) {
   return the_allocator().malloc_for_testing(device, size, stream);
 }
 c10::DeleterFnPtr deleter() { return &raw_delete_fn; }
+void empty_cache(c10::MempoolId_t mempool_id) { the_allocator().empty_cache_for_testing(mempool_id); }
 }  // namespace cachet::c10_testing
 #endif

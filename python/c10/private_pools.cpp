@@ -62,13 +62,17 @@ void CachetCUDAAllocator::beginAllocateToPool(c10::DeviceIndex device, MempoolId
 }
 
 void CachetCUDAAllocator::endAllocateToPool(c10::DeviceIndex device, MempoolId_t mempool_id) {
-  call("endAllocateToPool", [&] { allocator(device)->end_allocate_to_pool(pool_id(mempool_id)); });
+  cachet::CachingAllocator* a = allocator(device);
+  as_traced_call(device, [&] { call("endAllocateToPool", [&] { a->end_allocate_to_pool(pool_id(mempool_id)); }); });
+  dispatch_trackers(device);
 }
 
+// Native's releasePool only counts a user fewer (its segments go at the next emptyCache or
+// retry); under policy:cachet it may give pages back (as_traced_call, backend.h).
 void CachetCUDAAllocator::releasePool(c10::DeviceIndex device, MempoolId_t mempool_id) {
   cachet::CachingAllocator* a = allocator(device);
   cachet::gpu::CurrentStream cs(current_stream(device));
-  call("releasePool", [&] { a->release_pool(pool_id(mempool_id)); });
+  as_traced_call(device, [&] { call("releasePool", [&] { a->release_pool(pool_id(mempool_id)); }); });
   dispatch_trackers(device);
 }
 
@@ -117,12 +121,16 @@ bool CachetCUDAAllocator::checkPoolLiveAllocations(c10::DeviceIndex device, Memp
 
 // Graph trees (torch.compile mode="reduce-overhead"): a private pool's state, and its
 // restoration; the restored allocations come back as DataPtrs with cachet's deleter.
+// With the history on, each a call of its own, as native's: getCheckpointState gathers its
+// context at ALL (the frees it completes take it), setCheckpointPoolState at STATE (its
+// allocations take it; its frees go through native's free(), which gathers at ALL).
 std::shared_ptr<cc::AllocatorState> CachetCUDAAllocator::getCheckpointState(c10::DeviceIndex device,
                                                                            MempoolId_t id) {
   cachet::CachingAllocator* a = allocator(device);
   auto st = std::make_shared<PoolState>();
   st->device = device;
-  st->checkpoint = call("getCheckpointState", [&] { return a->checkpoint_pool(pool_id(id)); });
+  st->checkpoint = as_traced_call(
+      device, [&] { return call("getCheckpointState", [&] { return a->checkpoint_pool(pool_id(id)); }); });
   return st;
 }
 
@@ -131,17 +139,24 @@ cc::CheckpointDelta CachetCUDAAllocator::setCheckpointPoolState(c10::DeviceIndex
   cachet::CachingAllocator* a = allocator(device);
   auto st = std::dynamic_pointer_cast<PoolState>(as);
   TORCH_CHECK(st && st->checkpoint, "Expected PrivatePoolState");
-  const cachet::CheckpointDelta d = call("setCheckpointPoolState", [&] { return a->restore_pool(*st->checkpoint, {}); });
+  auto run = [&] { return call("setCheckpointPoolState", [&] { return a->restore_pool(*st->checkpoint, {}); }); };
+  const bool traced = history_on_.load();
+  TracedCall c;
+  if (traced) c = begin_call(device, cc::RecordContext::STATE, cc::RecordContext::ALL);
+  cachet::CheckpointDelta d;
+  {
+    cachet::TraceCallScope scope(c.id);  // 0 without the history: the events name no call
+    d = run();
+  }
   cc::CheckpointDelta out;
   out.ptrs_freed = d.freed;
   for (const auto& [ptr, size] : d.allocated) {
     (void)size;
     out.dataptrs_allocd.emplace_back(ptr, ptr, &raw_delete_fn, c10::Device(c10::DeviceType::CUDA, device));
   }
-  if (history_on_.load()) {  // the freed allocations' stacks go; the restored ones have none
-    History& h = history(device);
-    std::lock_guard<std::mutex> lock(h.mu);
-    for (void* p : d.freed) h.live.erase(reinterpret_cast<std::uint64_t>(p));
+  if (traced) {  // the freed allocations' stacks go; the restored ones take the call's, as native's
+    for (void* p : d.freed) set_live(device, p, nullptr);
+    for (const auto& [ptr, size] : d.allocated) set_live(device, ptr, c.made);
   }
   return out;
 }

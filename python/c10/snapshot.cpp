@@ -63,10 +63,11 @@ void CachetCUDAAllocator::resetPeakStats(c10::DeviceIndex device) {
 }
 
 // The expandable segments of `device`, as native lists them (stream, small pool, mapped size).
-// From cachet's snapshot (gpu/ has no call of its own for it; rarely asked).
+// From cachet's block table, the snapshot's segments without its trace event (native's
+// getExpandableSegmentSizes records none; gpu/ has no call of its own for it; rarely asked).
 std::vector<cc::StreamSegmentSize> CachetCUDAAllocator::getExpandableSegmentSizes(c10::DeviceIndex device) {
   std::vector<cc::StreamSegmentSize> out;
-  const cachet::Snapshot snap = call("getExpandableSegmentSizes", [&] { return allocator(device)->snapshot(); });
+  const cachet::Snapshot snap = call("getExpandableSegmentSizes", [&] { return allocator(device)->block_table(); });
   for (const auto& seg : snap)
     if (seg.is_expandable)
       out.emplace_back(reinterpret_cast<cudaStream_t>(seg.stream), !seg.is_large, seg.total_size);
@@ -90,6 +91,11 @@ cc::SnapshotInfo CachetCUDAAllocator::snapshot(MempoolId_t mempool_id, bool incl
       if (include_traces) result.device_traces.emplace_back();
       continue;
     }
+    // The trace first, then the snapshot, whose own event it therefore does not hold: native's
+    // NativeCachingAllocator::snapshot takes each device's trace() before its snapshot() records
+    // the SNAPSHOT entry, which the next snapshot's trace shows (probe snapshot.json).
+    std::vector<cachet::TraceEvent> events;
+    if (include_traces) events = call("snapshot", [&] { return a->trace(); });
     const cachet::Snapshot snap = call("snapshot", [&] { return a->snapshot(); });
     History& h = history(d);
     std::lock_guard<std::mutex> lock(h.mu);
@@ -120,7 +126,7 @@ cc::SnapshotInfo CachetCUDAAllocator::snapshot(MempoolId_t mempool_id, bool incl
       }
       result.segments.push_back(std::move(si));
     }
-    if (include_traces) result.device_traces.push_back(trace_entries(d, *a, h, skips, max_n));
+    if (include_traces) result.device_traces.push_back(trace_entries(d, events, h, skips, max_n));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

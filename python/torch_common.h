@@ -2,7 +2,7 @@
 // torch_common.cpp; nothing here is exported but the cachet_torch_* C functions).
 //
 //   libcachet_torch.so  the plug-in (plugin.cpp): CUDAPluggableAllocator's entry points
-//   libcachet_c10.so    the c10 backend (c10/backend.cpp): cachet as PyTorch's own CUDAAllocator
+//   libcachet_c10.so    the c10 backend (c10/, backend.h): cachet as PyTorch's own CUDAAllocator
 //
 // Both serve one cachet::CachingAllocator per CUDA device, created on first use and never
 // destroyed (PyTorch frees tensors during interpreter teardown, after static destructors would

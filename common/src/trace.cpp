@@ -30,4 +30,12 @@ std::optional<TraceAction> trace_action_from_string(std::string_view s) {
   return std::nullopt;
 }
 
+namespace {
+thread_local std::uint32_t t_trace_call = 0;
+}  // namespace
+
+TraceCallScope::TraceCallScope(std::uint32_t id) noexcept : previous_(t_trace_call) { t_trace_call = id; }
+TraceCallScope::~TraceCallScope() { t_trace_call = previous_; }
+std::uint32_t current_trace_call() noexcept { return t_trace_call; }
+
 }  // namespace cachet

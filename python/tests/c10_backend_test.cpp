@@ -1,4 +1,4 @@
-// c10_backend_test (label unit; no GPU, no torch): cachet's c10 backend (python/c10/backend.cpp,
+// c10_backend_test (label unit; no GPU, no torch): cachet's c10 backend (python/c10/, backend.h,
 // compiled with CACHET_C10_TESTING) over a host-simulated device. What PyTorch sees through
 // c10::cuda::CUDACachingAllocator::CUDAAllocator must be cachet's own answers, unchanged:
 // DeviceStats field for field, snapshot segments and blocks, the trace with the stacks PyTorch's
@@ -88,9 +88,20 @@ int id_of(const std::shared_ptr<c10::GatheredContext>& c) {
   return t ? t->n : 0;
 }
 
-void history(bool on, size_t max_entries = 100000, std::vector<std::string> skip = {}) {
-  A().recordHistory(on, on ? &record_context : nullptr, max_entries,
-                    on ? cc::RecordContext::ALL : cc::RecordContext::NEVER, false, skip);
+void history(bool on, size_t max_entries = 100000, std::vector<std::string> skip = {},
+             cc::RecordContext level = cc::RecordContext::ALL) {
+  A().recordHistory(on, on ? &record_context : nullptr, max_entries, on ? level : cc::RecordContext::NEVER, false,
+                    skip);
+}
+
+using TA = cda::TraceEntry;
+
+// The device trace of a snapshot as (action, context) pairs.
+std::vector<std::pair<int, int>> trace_of(const cc::SnapshotInfo& s) {
+  std::vector<std::pair<int, int>> got;
+  if (s.device_traces.empty()) return got;
+  for (const auto& e : s.device_traces[0]) got.emplace_back(static_cast<int>(e.action_), id_of(e.context_));
+  return got;
 }
 
 TEST(C10Backend, NameAndDeleter) {
@@ -188,13 +199,10 @@ TEST(C10Backend, HistoryGivesBackTheRecordersContexts) {
   ASSERT_EQ(p, q);
   const cc::SnapshotInfo s = A().snapshot({0, 0}, true);
   ASSERT_EQ(s.device_traces.size(), 1u);
-  std::vector<std::pair<int, int>> got;  // (action, context)
-  for (const auto& e : s.device_traces[0]) got.emplace_back(static_cast<int>(e.action_), id_of(e.context_));
-  using TA = cda::TraceEntry;
+  // No snapshot entry at the end: native takes the trace before the snapshot records its own.
   const std::vector<std::pair<int, int>> want = {
-      {TA::SEGMENT_ALLOC, 1}, {TA::ALLOC, 1}, {TA::FREE_REQUESTED, 2}, {TA::FREE_COMPLETED, 2},
-      {TA::ALLOC, 3}, {TA::SNAPSHOT, 0}};
-  EXPECT_EQ(got, want);
+      {TA::SEGMENT_ALLOC, 1}, {TA::ALLOC, 1}, {TA::FREE_REQUESTED, 2}, {TA::FREE_COMPLETED, 2}, {TA::ALLOC, 3}};
+  EXPECT_EQ(trace_of(s), want);
   EXPECT_EQ(s.device_traces[0][1].addr_, reinterpret_cast<size_t>(p));
   EXPECT_EQ(s.device_traces[0][1].size_, 30 * MiB);
   int live = 0;
@@ -216,13 +224,97 @@ TEST(C10Backend, MaxEntriesAndSkipActions) {
   void* p = cachet::c10_testing::malloc(0, 40 * MiB, kStream);  // 1: segment_alloc, alloc
   A().raw_delete(p);                                              // 2: free_requested (free_completed skipped)
   const cc::SnapshotInfo s = A().snapshot({0, 0}, true);
-  std::vector<std::pair<int, int>> got;
-  for (const auto& e : s.device_traces[0]) got.emplace_back(static_cast<int>(e.action_), id_of(e.context_));
-  using TA = cda::TraceEntry;
-  const std::vector<std::pair<int, int>> want = {{TA::FREE_REQUESTED, 2}, {TA::SNAPSHOT, 0}};
-  EXPECT_EQ(got, want);
+  const std::vector<std::pair<int, int>> want = {{TA::ALLOC, 1}, {TA::FREE_REQUESTED, 2}};
+  EXPECT_EQ(trace_of(s), want);
+  const std::vector<std::pair<int, int>> next = {{TA::FREE_REQUESTED, 2}, {TA::SNAPSHOT, 0}};
+  EXPECT_EQ(trace_of(A().snapshot({0, 0}, true)), next) << "the first snapshot's entry, newest two";
   history(false);
   EXPECT_FALSE(A().isHistoryEnabled());
+}
+
+// Where native's snapshot entries sit (NativeCachingAllocator::snapshot takes each device's
+// trace() before DeviceCachingAllocator::snapshot records SNAPSHOT): a snapshot's trace never
+// holds its own entry; the next one's holds it, after everything recorded before the call, with
+// no context. getExpandableSegmentSizes records none (native's reads its segments only).
+TEST(C10Backend, SnapshotEntriesSitWhereNativePutsThem) {
+  history(false);
+  cachet::c10_testing::empty_cache();
+  history(true);
+  g_next_context = 1;
+  void* p = cachet::c10_testing::malloc(0, 1000, kStream);  // 1: segment_alloc, alloc
+  const cc::SnapshotInfo s1 = A().snapshot({0, 0}, true);
+  const std::vector<std::pair<int, int>> first = {{TA::SEGMENT_ALLOC, 1}, {TA::ALLOC, 1}};
+  EXPECT_EQ(trace_of(s1), first);
+  (void)A().getExpandableSegmentSizes(0);
+  A().raw_delete(p);  // 2: free_requested, free_completed
+  const cc::SnapshotInfo s2 = A().snapshot({0, 0}, true);
+  const std::vector<std::pair<int, int>> second = {{TA::SEGMENT_ALLOC, 1}, {TA::ALLOC, 1}, {TA::SNAPSHOT, 0},
+                                                   {TA::FREE_REQUESTED, 2}, {TA::FREE_COMPLETED, 2}};
+  EXPECT_EQ(trace_of(s2), second);
+  ASSERT_EQ(s2.device_traces[0].size(), second.size());
+  EXPECT_EQ(s2.device_traces[0][2].size_, 1024u) << "the snapshot entry's size: the active bytes then";
+  EXPECT_EQ(s2.device_traces[0][2].addr_, 0u);
+  history(false);
+}
+
+// Segment frees carry the context native's release_block / unmap_block record them with:
+// `context ? context : block->context_when_segment_allocated`, the context being the caller's:
+// a malloc's (its free-and-retry, release_cached_blocks), emptyCache's (gathered at ALL). And a
+// free completed late (record_stream) carries the context of the call that completed it (the
+// next malloc's process_events), as native's free_block(block, context).
+TEST(C10Backend, SegmentFreesAndLateFreesCarryTheCallersContext) {
+  Device& d = device0();
+  history(false);
+  cachet::c10_testing::empty_cache();
+  const cachet::Bytes reserved = d.a->stats().reserved_bytes[0].current;
+  const cachet::Bytes avail = 512 * MiB - static_cast<cachet::Bytes>(reserved);
+  const cachet::Bytes big = (avail * 6 / 10) / (2 * MiB) * (2 * MiB);  // two do not fit, one does
+  history(true);
+  g_next_context = 1;
+  void* p = cachet::c10_testing::malloc(0, big, kStream);  // 1: segment_alloc, alloc
+  A().raw_delete(p);                                        // 2: free_requested, free_completed (cached)
+  void* q = cachet::c10_testing::malloc(0, big + 2 * MiB, kStream);  // 3: retry frees 1's segment
+  ASSERT_NE(q, nullptr);
+  EXPECT_GE(A().getDeviceStats(0).num_alloc_retries, 1);
+  const auto other = reinterpret_cast<cudaStream_t>(0x77);
+  d.a->record_stream(q, reinterpret_cast<cachet::StreamId>(other));
+  A().raw_delete(q);                                        // 4: free_requested; completion waits for its event
+  d.sim->complete_all_events();
+  void* r = cachet::c10_testing::malloc(0, 1000, kStream);  // 5: free_completed of q, then its own
+  A().raw_delete(r);                                        // 6
+  cachet::c10_testing::empty_cache();                       // 7: segment_free of q's and r's segments
+  const auto t = trace_of(A().snapshot({0, 0}, true));
+  const std::vector<std::pair<int, int>> want = {
+      {TA::SEGMENT_ALLOC, 1}, {TA::ALLOC, 1},          {TA::FREE_REQUESTED, 2}, {TA::FREE_COMPLETED, 2},
+      {TA::SEGMENT_FREE, 3},  {TA::SEGMENT_ALLOC, 3},  {TA::ALLOC, 3},          {TA::FREE_REQUESTED, 4},
+      {TA::FREE_COMPLETED, 5}, {TA::SEGMENT_ALLOC, 5}, {TA::ALLOC, 5},          {TA::FREE_REQUESTED, 6},
+      {TA::FREE_COMPLETED, 6}, {TA::SEGMENT_FREE, 7},  {TA::SEGMENT_FREE, 7}};
+  EXPECT_EQ(t, want);
+  history(false);
+}
+
+// Recorded with context="alloc" (level ALLOC), frees gather no context (native's free and
+// emptyCache gather at ALL): a free takes its block's allocation context, a segment freed by
+// emptyCache its segment's allocation context; at level STATE no entry keeps one.
+TEST(C10Backend, WithoutTheCallersContextTheBlocksOrTheSegments) {
+  history(false);
+  cachet::c10_testing::empty_cache();
+  history(true, 100000, {}, cc::RecordContext::ALLOC);
+  g_next_context = 1;
+  void* p = cachet::c10_testing::malloc(0, 40 * MiB, kStream);  // 1: segment_alloc, alloc
+  A().raw_delete(p);                                              // no context: the block's (1)
+  cachet::c10_testing::empty_cache();                             // no context: the segment's (1)
+  EXPECT_EQ(g_next_context, 2) << "neither free nor emptyCache gathered a context";
+  const std::vector<std::pair<int, int>> want = {{TA::SEGMENT_ALLOC, 1}, {TA::ALLOC, 1}, {TA::FREE_REQUESTED, 1},
+                                                 {TA::FREE_COMPLETED, 1}, {TA::SEGMENT_FREE, 1}};
+  EXPECT_EQ(trace_of(A().snapshot({0, 0}, true)), want);
+  history(false);
+  history(true, 100000, {}, cc::RecordContext::STATE);
+  void* q = cachet::c10_testing::malloc(0, 40 * MiB, kStream);
+  A().raw_delete(q);
+  cachet::c10_testing::empty_cache();
+  for (const auto& [action, ctx] : trace_of(A().snapshot({0, 0}, true))) EXPECT_EQ(ctx, 0) << action;
+  history(false);
 }
 
 TEST(C10Backend, OutOfMemoryIsOutOfMemoryErrorWithCachetsTextAndObserversOnce) {

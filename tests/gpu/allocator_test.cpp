@@ -604,6 +604,39 @@ TEST(Trace, EventsInPyTorchsOrder) {
   EXPECT_EQ(t[4].action, TraceAction::SegmentFree);
 }
 
+// Each event carries the TraceCallScope open on the recording thread (the c10 backend's call
+// ids, python/c10/history.h), 0 outside one; == leaves the id out.
+CACHET_BOTH_POLICIES(TraceCalls);
+TEST_P(TraceCalls, EventsCarryTheScopeOfTheirCall) {
+  auto h = alloc();
+  h.a->set_trace(true);
+  size_t after_alloc = 0, after_free = 0;
+  {
+    TraceCallScope outer(7);
+    void* p = h.a->allocate(1000, 0);
+    after_alloc = h.a->trace().size();
+    {
+      TraceCallScope inner(9);
+      h.a->free(p);
+    }
+    after_free = h.a->trace().size();
+    EXPECT_EQ(current_trace_call(), 7u);
+  }
+  EXPECT_EQ(current_trace_call(), 0u);
+  void* q = h.a->allocate(3 * MiB, 0);
+  const auto t = h.a->trace();
+  ASSERT_GT(after_alloc, 0u);
+  ASSERT_GT(after_free, after_alloc);
+  ASSERT_GT(t.size(), after_free);
+  for (size_t i = 0; i < t.size(); ++i)
+    EXPECT_EQ(t[i].call, i < after_alloc ? 7u : i < after_free ? 9u : 0u) << i << ": " << to_string(t[i].action);
+  TraceEvent a = t.front();
+  TraceEvent b = a;
+  b.call = a.call + 1;
+  EXPECT_EQ(a, b);
+  h.a->free(q);
+}
+
 CACHET_BOTH_POLICIES(Summary);
 TEST_P(Summary, MatchesMemorySummaryOfStats) {
   auto h = alloc();

@@ -27,8 +27,34 @@ struct TraceEvent {
   Bytes size = 0;
   StreamId stream = 0;
   std::int64_t time_us = 0;  // 0 when not recorded
-  friend bool operator==(const TraceEvent&, const TraceEvent&) = default;
+  // Which of the caller's calls recorded it: the id of the TraceCallScope open on the recording
+  // thread then, 0 when none was. The caller's bookkeeping, not part of what the event says, so
+  // == leaves it out.
+  std::uint32_t call = 0;
+  friend bool operator==(const TraceEvent& a, const TraceEvent& b) {
+    return a.action == b.action && a.addr == b.addr && a.size == b.size && a.stream == b.stream &&
+           a.time_us == b.time_us;
+  }
 };
+
+// The calling thread's name for the allocator calls it makes: while a scope is open, every trace
+// event an allocator records on this thread carries its id (TraceEvent::call). The c10 backend
+// opens one around each call it makes with the memory history on, to give each event of
+// PyTorch's device trace the stack of the call that made it (python/c10/history.h). Scopes nest:
+// the innermost one names the events; closing it restores the one around it.
+class TraceCallScope {
+ public:
+  explicit TraceCallScope(std::uint32_t id) noexcept;
+  ~TraceCallScope();
+  TraceCallScope(const TraceCallScope&) = delete;
+  TraceCallScope& operator=(const TraceCallScope&) = delete;
+
+ private:
+  std::uint32_t previous_;
+};
+
+// The id of the innermost TraceCallScope open on the calling thread, 0 when none is.
+std::uint32_t current_trace_call() noexcept;
 
 // "alloc", "free_requested", ... exactly as PyTorch writes them.
 std::string_view to_string(TraceAction a);

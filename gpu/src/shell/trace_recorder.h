@@ -1,6 +1,7 @@
 // gpu/src/shell/trace_recorder.h: the trace both policies keep (PyTorch's
 // _record_memory_history(enabled="all")): on or off, and the events recorded while on, each
-// stamped with the wall clock in microseconds.
+// stamped with the wall clock in microseconds and the recording thread's TraceCallScope id
+// (cachet/trace.h).
 #pragma once
 
 #include <chrono>
@@ -29,7 +30,8 @@ class TraceRecorder {
   [[gnu::noinline]] void append(TraceAction a, std::uint64_t addr, Bytes size, StreamId stream) {
     const auto now = std::chrono::system_clock::now().time_since_epoch();
     events_.push_back(TraceEvent{a, addr, size, stream,
-                                 std::chrono::duration_cast<std::chrono::microseconds>(now).count()});
+                                 std::chrono::duration_cast<std::chrono::microseconds>(now).count(),
+                                 current_trace_call()});
   }
 
   bool on_ = false;

@@ -1,0 +1,258 @@
+// python/c10/history.cpp: _record_memory_history through the c10 backend, the seam of PyTorch's
+// recordHistory, record_trace and trace() (docs/pytorch-allocator.md section 8; python/README.md,
+// "The c10 backend"): turning the history on and off, the contexts PyTorch's recorder gives
+// (gathered outside every lock, kept by call in History, history.h), cachet's trace as PyTorch's
+// TraceEntry list with the context native's record_trace gives each entry, annotations, and the
+// trace trackers.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+
+#include "c10/backend.h"
+
+namespace cachet::c10_backend {
+namespace {
+
+cda::TraceEntry::Action to_action(cachet::TraceAction a) {
+  using A = cda::TraceEntry::Action;
+  switch (a) {
+    case cachet::TraceAction::Alloc: return A::ALLOC;
+    case cachet::TraceAction::FreeRequested: return A::FREE_REQUESTED;
+    case cachet::TraceAction::FreeCompleted: return A::FREE_COMPLETED;
+    case cachet::TraceAction::SegmentAlloc: return A::SEGMENT_ALLOC;
+    case cachet::TraceAction::SegmentFree: return A::SEGMENT_FREE;
+    case cachet::TraceAction::SegmentMap: return A::SEGMENT_MAP;
+    case cachet::TraceAction::SegmentUnmap: return A::SEGMENT_UNMAP;
+    case cachet::TraceAction::Snapshot: return A::SNAPSHOT;
+    case cachet::TraceAction::Oom: return A::OOM;
+  }
+  return A::SNAPSHOT;
+}
+
+}  // namespace
+
+void CachetCUDAAllocator::recordHistory(bool enabled, cc::CreateContextFn context_recorder,
+                                        size_t alloc_trace_max_entries, cc::RecordContext when, bool clearHistory,
+                                        const std::vector<std::string>& skip_actions) {
+  TORCH_CHECK(when == cc::RecordContext::NEVER || context_recorder);
+  std::vector<cda::TraceEntry::Action> skips;
+  for (const auto& s : skip_actions) skips.push_back(cda::parseTraceEntryAction(s));
+  // Turning it on starts from an empty trace, as native's (turning it off cleared its buffer):
+  // what cachet's trace holds then was recorded for trace trackers or the cachet_torch_* API,
+  // without the contexts History aligns with it.
+  const bool was_on = history_on_.load();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    max_entries_ = std::max<size_t>(alloc_trace_max_entries, 1);
+    skip_actions_ = std::move(skips);
+    recorder_.store(enabled ? context_recorder : nullptr);
+    record_context_.store(enabled ? static_cast<int>(when) : 0);
+    history_on_.store(enabled);
+    if (!enabled || clearHistory) annotations_.clear();
+  }
+  const bool clear = !enabled || clearHistory || !was_on;
+  set_trace_all(enabled || has_trackers_.load(), clear);
+}
+
+void CachetCUDAAllocator::recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) {
+  if (!history_on_.load()) return;
+  c10::DeviceIndex device = 0;
+  C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+  cda::AnnotationEntry ae(device, 0);
+  ae.time_.t_ = static_cast<time_t>(now_us());
+  for (const auto& [k, v] : md) ae.recordUserMetadata(k, v);
+  std::lock_guard<std::mutex> lock(mu_);
+  annotations_.push_back(std::move(ae));
+  if (annotations_.size() > max_entries_) annotations_.erase(annotations_.begin());
+}
+
+// Trackers see each trace entry (segment allocations and frees for NCCL's registration hooks,
+// ...). cachet records them in its trace; they are handed to the trackers after each call that
+// can make them, with no lock of cachet's held (PyTorch calls them under its lock).
+void CachetCUDAAllocator::attachAllocatorTraceTracker(cc::AllocatorTraceTracker tracker) {
+  {
+    std::lock_guard<std::mutex> lock(tracker_mu_);
+    trackers_.push_back(std::move(tracker));
+    has_trackers_.store(true);
+  }
+  set_trace_all(true, false);
+}
+
+void CachetCUDAAllocator::forget_history() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [d, h] : histories_) {
+    std::lock_guard<std::mutex> hl(h->mu);
+    h->clear();
+  }
+}
+
+Ctx CachetCUDAAllocator::gather(cc::RecordContext level) {
+  if (record_context_.load(std::memory_order_relaxed) < static_cast<int>(level)) return nullptr;
+  cc::CreateContextFn f = recorder_.load();
+  return f ? f() : nullptr;
+}
+
+size_t CachetCUDAAllocator::max_entries() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return max_entries_;
+}
+
+History& CachetCUDAAllocator::history(int device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& h = histories_[device];
+  if (!h) h = std::make_unique<History>();
+  return *h;
+}
+
+std::uint32_t next_call_id() {
+  static std::atomic<std::uint32_t> next{0};
+  std::uint32_t id = next.fetch_add(1, std::memory_order_relaxed) + 1;
+  while (id == 0) id = next.fetch_add(1, std::memory_order_relaxed) + 1;  // after 2^32 calls
+  return id;
+}
+
+// Kept before the call is made, so that a snapshot taken while it runs finds its events' contexts.
+CachetCUDAAllocator::TracedCall CachetCUDAAllocator::begin_call(int device, cc::RecordContext made_at,
+                                                                cc::RecordContext freed_at) {
+  const int level = record_context_.load();
+  TracedCall t;
+  t.id = next_call_id();
+  t.made = gather(made_at);  // outside every lock: the recorder may need Python's
+  CallContexts c;
+  c.made = t.made;
+  c.freed = level >= static_cast<int>(freed_at) ? t.made : nullptr;
+  c.keep = level >= static_cast<int>(cc::RecordContext::ALLOC);
+  const size_t max_n = max_entries();  // lock order: mu_ is never taken under a History's mu
+  History& h = history(device);
+  std::lock_guard<std::mutex> lock(h.mu);
+  h.add(t.id, std::move(c), max_n);
+  return t;
+}
+
+void CachetCUDAAllocator::set_live(int device, const void* ptr, Ctx ctx) {
+  if (ptr == nullptr) return;
+  History& h = history(device);
+  std::lock_guard<std::mutex> lock(h.mu);
+  const auto addr = reinterpret_cast<std::uint64_t>(ptr);
+  if (ctx) {
+    h.live[addr] = std::move(ctx);
+  } else {
+    h.live.erase(addr);
+  }
+}
+
+std::int64_t CachetCUDAAllocator::now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void CachetCUDAAllocator::set_trace_all(bool on, bool clear) {
+  tc::State& s = tc::state();
+  {
+    std::lock_guard<std::mutex> lock(s.create_mu);
+    s.trace_on.store(on);
+    for (auto& slot : s.allocators)
+      if (auto* a = slot.load(std::memory_order_acquire)) {
+        a->set_trace(on);
+        if (clear) a->clear_trace();
+      }
+  }
+  if (clear) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [d, h] : histories_) {
+      std::lock_guard<std::mutex> hl(h->mu);
+      h->clear();
+    }
+    std::lock_guard<std::mutex> tl(tracker_mu_);
+    tracked_.clear();
+  }
+}
+
+std::vector<cda::TraceEntry> CachetCUDAAllocator::trace_entries(int d, const std::vector<cachet::TraceEvent>& events,
+                                                                const History& h,
+                                                                const std::vector<cda::TraceEntry::Action>& skips,
+                                                                size_t max_n) {
+  // What native keeps on its blocks, followed through the trace: the context of each live
+  // allocation (block->context_when_allocated) and of each segment's allocation
+  // (context_when_segment_allocated), by address.
+  std::unordered_map<std::uint64_t, Ctx> block_ctx, segment_ctx;
+  auto at = [](const std::unordered_map<std::uint64_t, Ctx>& m, std::uint64_t addr) -> Ctx {
+    auto it = m.find(addr);
+    return it == m.end() ? nullptr : it->second;
+  };
+  std::vector<cda::TraceEntry> out;
+  out.reserve(events.size());
+  for (const auto& e : events) {
+    const CallContexts* c = h.find(e.call);
+    const Ctx made = c ? c->made : nullptr;
+    const Ctx freed = c ? c->freed : nullptr;
+    Ctx ctx;
+    switch (e.action) {
+      case cachet::TraceAction::Alloc:
+        block_ctx[e.addr] = made;
+        ctx = made;
+        break;
+      case cachet::TraceAction::Oom: ctx = made; break;
+      case cachet::TraceAction::SegmentAlloc:
+        segment_ctx[e.addr] = made;
+        ctx = made;
+        break;
+      case cachet::TraceAction::SegmentMap:
+        segment_ctx.try_emplace(e.addr, made);  // native keeps the first mapping's
+        ctx = made;
+        break;
+      case cachet::TraceAction::FreeRequested: ctx = freed ? freed : at(block_ctx, e.addr); break;
+      case cachet::TraceAction::FreeCompleted:
+        ctx = freed ? freed : at(block_ctx, e.addr);
+        block_ctx.erase(e.addr);
+        break;
+      case cachet::TraceAction::SegmentFree:
+        ctx = freed ? freed : at(segment_ctx, e.addr);
+        segment_ctx.erase(e.addr);
+        break;
+      case cachet::TraceAction::SegmentUnmap: ctx = freed ? freed : at(segment_ctx, e.addr); break;
+      case cachet::TraceAction::Snapshot: break;
+    }
+    if (c == nullptr || !c->keep) ctx = nullptr;  // record_trace keeps contexts from ALLOC on
+    const auto act = to_action(e.action);
+    if (std::find(skips.begin(), skips.end(), act) != skips.end()) continue;
+    cda::TraceEntry te(act, static_cast<c10::DeviceIndex>(d), e.addr, e.size, reinterpret_cast<void*>(e.stream),
+                       MempoolId_t{0, 0}, 0, std::move(ctx), "N/A", "");
+    te.time_.t_ = static_cast<time_t>(e.time_us);
+    out.push_back(std::move(te));
+  }
+  if (out.size() > max_n) out.erase(out.begin(), out.end() - static_cast<std::ptrdiff_t>(max_n));
+  return out;
+}
+
+void CachetCUDAAllocator::dispatch_trackers(int device) {
+  if (!has_trackers_.load()) return;
+  cachet::CachingAllocator* a = tc::existing_allocator(device);
+  if (!a) return;
+  std::lock_guard<std::mutex> lock(tracker_mu_);
+  const std::vector<cachet::TraceEvent> events = a->trace();
+  size_t& from = tracked_[device];
+  if (from > events.size()) from = 0;
+  for (size_t i = from; i < events.size(); ++i) {
+    const auto& e = events[i];
+    cda::TraceEntry te(to_action(e.action), static_cast<c10::DeviceIndex>(device), e.addr, e.size,
+                       reinterpret_cast<void*>(e.stream), MempoolId_t{0, 0}, 0, nullptr, "N/A", "");
+    te.time_.t_ = static_cast<time_t>(e.time_us);
+    for (const auto& t : trackers_) t(te);
+  }
+  from = events.size();
+  if (!history_on_.load()) {
+    a->clear_trace();
+    from = 0;
+  }
+}
+
+}  // namespace cachet::c10_backend

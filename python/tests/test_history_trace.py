@@ -155,7 +155,7 @@ class Program:
         if self.rng.random() < 0.7:
             s = torch.cuda.memory._snapshot()
             trace = s["device_traces"][0] if s["device_traces"] else []
-            self.snapshot_calls.append({"kind": "_snapshot", "trace": [[e["action"], e["size"]] for e in trace]})
+            self.snapshot_calls.append({"kind": "_snapshot", "trace": [[e["action"], e.get("size", 0)] for e in trace]})
         else:
             torch.cuda.memory_snapshot()
             self.snapshot_calls.append({"kind": "memory_snapshot"})
@@ -244,7 +244,7 @@ def canonical(trace):
 
     out = []
     for e in trace:
-        a, addr, size = e["action"], e["addr"], e["size"]
+        a, addr, size = e["action"], e.get("addr", 0), e.get("size", 0)  # oom/snapshot entries may lack them
         key = None
         if a == "segment_alloc":
             s = new(addr, addr + size, "seg")
@@ -325,7 +325,7 @@ def check_rules(label, trace, res):
         if call["kind"] != "_snapshot" or j >= len(positions):
             continue
         at = positions[j]
-        prefix = [[e["action"], e["size"]] for e in trace[:at]]
+        prefix = [[e["action"], e.get("size", 0)] for e in trace[:at]]
         if len(call["trace"]) != at or call["trace"] != prefix:
             wrong.append(f"call {j}: its trace has {len(call['trace'])} entries, its snapshot entry is entry {at}")
     check(not wrong, f"{label}: each _snapshot() trace is the final trace up to its own snapshot entry, which it "

@@ -24,7 +24,7 @@ for step in range(a.steps):
     src.record_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         nxt = cpu[(step + 1) % 2].to("cuda", non_blocking=True)
-    tgt = src[:, :192]
+    tgt = src[:, :192].contiguous()
     with torch.autocast("cuda", dtype=torch.float16):
         loss = model(input_ids=src, labels=tgt).loss
     scaler.scale(loss).backward()

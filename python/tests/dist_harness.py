@@ -12,7 +12,8 @@ checks, per-rank JSON and tables.
                        on PYTHONPATH) + MULTICAST_OFF + `extra` (a value None removes the key).
   torchrun(...)        `python -m torch.distributed.run --standalone --nproc_per_node N script ...`
                        in a new session, output to a log file; past `timeout` seconds the whole
-                       process group gets SIGTERM, then SIGKILL, and the return code is 124.
+                       process group gets SIGTERM, then SIGKILL, and the return code is 124; a
+                       SIGTERM to the driver (`timeout` around it) stops the torchrun in flight too.
   nccl_timeout()       the init_process_group timeout of the workers (CACHET_DIST_NCCL_TIMEOUT
                        seconds, default 180): ProcessGroupNCCL's watchdog aborts a hung collective
                        well before the driver's own timeout.
@@ -29,6 +30,28 @@ import time
 import preamble
 
 SKIP = preamble.SKIP
+_running = []  # the torchrun in flight (its process group is killed when this driver is)
+
+
+def _kill_group(p):
+    for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            p.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _on_term(signum, frame):  # noqa: ARG001: `timeout` around the driver must not orphan the ranks
+    for p in list(_running):
+        _kill_group(p)
+    print(f"killed by signal {signum}: the torchrun in flight was stopped", file=sys.stderr, flush=True)
+    sys.exit(124)
+
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
@@ -91,6 +114,8 @@ def torchrun(script, nproc, args, env, timeout, log_path):
     killed). Its whole output goes to log_path."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "--max_restarts=0", script, *args]
+    if signal.getsignal(signal.SIGTERM) is not _on_term:  # the driver only, never a rank
+        signal.signal(signal.SIGTERM, _on_term)
     t0 = time.time()
     with open(log_path, "w") as log:
         log.write("$ " + " ".join(cmd) + "\n")
@@ -98,21 +123,15 @@ def torchrun(script, nproc, args, env, timeout, log_path):
             ("NCCL_", "TORCH_", "CACHET_", "PYTORCH_", "NVSHMEM_", "CUBLAS_"))) + "\n")
         log.flush()
         p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        _running.append(p)
         try:
             rc = p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
-                try:
-                    os.killpg(p.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    p.wait(timeout=grace)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            _kill_group(p)
             log.write(f"\n# killed after {timeout} s (the driver's timeout)\n")
             rc = 124
+        finally:
+            _running.remove(p)
     return rc, time.time() - t0
 
 

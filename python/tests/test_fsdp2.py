@@ -228,14 +228,20 @@ def rows_of(label, ranks):
 
 
 def phase(args, tmp, suffix, policies, caps=None):
-    """Runs native twice and cachet under each policy; compares; returns {label: ranks}."""
-    got = {}
-    n = [run(args, f"native{suffix}-{i}", "native", None, tmp, caps) for i in (1, 2)]
-    got.update({f"native{suffix}-1": n[0][2], f"native{suffix}-2": n[1][2]})
-    for i, (ranks, rc, raw) in enumerate(n):
+    """Runs native twice and cachet under each policy; compares; returns ({label: ranks}, natives ok).
+    Under a cap (caps given) a native run that fails ends the phase: the cap was too tight."""
+    got, natives = {}, []
+    for i in (1, 2):
+        label = f"native{suffix}-{i}"
+        ranks, rc, raw = run(args, label, "native", None, tmp, caps)
+        got[label] = raw
+        natives.append(ranks)
         if ranks is None:
-            print(f"FAIL  native{suffix}-{i + 1}: torchrun exited {rc}\n{H.log_tail(os.path.join(args.logs, f'fsdp2-native{suffix}-{i + 1}.log'))}")
-    natives_ok = all(x[0] is not None for x in n)
+            print(f"{'note ' if caps else 'FAIL '} {label}: torchrun exited {rc}\n"
+                  f"{H.log_tail(os.path.join(args.logs, f'fsdp2-{label}.log'))}", flush=True)
+            if caps:
+                return got, False
+    natives_ok = all(x is not None for x in natives)
     for policy in policies:
         label = f"{policy}{suffix}"
         ranks, rc, raw = run(args, label, "cachet", policy, tmp, caps)
@@ -245,8 +251,37 @@ def phase(args, tmp, suffix, policies, caps=None):
                   f"{H.log_tail(os.path.join(args.logs, f'fsdp2-{label}.log'))}")
             continue
         if natives_ok:
-            compare(label, (n[0][0], n[1][0]), ranks, stats_too=(policy == "pytorch"))
+            compare(label, natives, ranks, stats_too=(policy == "pytorch"))
     return got, natives_ok
+
+
+def cap_phase(args, tmp, n1, report):
+    """Caps between native's peak allocated and peak reserved (halfway, then 3/4, then 9/10 of the
+    way where native ran out of memory under the tighter one), native twice and policy:pytorch."""
+    rows = []
+    slack = [(x["stats"]["allocated_bytes.all.peak"], x["stats"]["reserved_bytes.all.peak"]) for x in n1]
+    if any(res - a < 4 * MiB for a, res in slack):
+        note(f"cap: native keeps less than 4 MiB cached at its peak on some rank ((allocated, reserved) {slack}): "
+             f"no cap between them, cap phase not run")
+        return rows
+    for frac in (0.5, 0.75, 0.9):
+        caps = {str(r): a + int((res - a) * frac) for r, (a, res) in enumerate(slack)}
+        suffix = f"-cap{int(frac * 100)}"
+        note(f"cap{suffix}: per-rank caps (MiB) {[H.mib(caps[str(r)]) for r in range(len(slack))]}: {frac} of the "
+             f"way from native's peak allocated to its peak reserved")
+        cgot, cok = phase(args, tmp, suffix, ["pytorch"], caps)
+        report.setdefault("cap_runs", {}).update(cgot)
+        report.setdefault("caps", {})[suffix] = caps
+        rows += [row for label, ranks in cgot.items() for row in rows_of(label, ranks)]
+        if cok:
+            retries = [x["stats"]["num_alloc_retries"] for x in cgot[f"native{suffix}-1"]]
+            if not all(retries):
+                note(f"cap{suffix}: premise not met, native's num_alloc_retries per rank {retries}: compared "
+                     f"without retries on some rank")
+            return rows
+        note(f"cap{suffix}: native ran out of memory (or failed) under this cap: trying a looser one")
+    note("cap: native failed under every cap tried: the cap comparison was not made (see the logs)")
+    return rows
 
 
 def main():
@@ -299,30 +334,7 @@ def main():
         check(False, "the native runs failed: nothing to compare against")
     rows = [row for label, ranks in got.items() for row in rows_of(label, ranks)]
     if args.cap == "on" and natives_ok and "pytorch" in policies:
-        n1 = got["native-1"]
-        caps = {}
-        for r, x in enumerate(n1):
-            a, res = x["stats"]["allocated_bytes.all.peak"], x["stats"]["reserved_bytes.all.peak"]
-            if res - a >= 4 * MiB:
-                caps[str(r)] = a + (res - a) // 2
-        if len(caps) < args.nproc:
-            note(f"cap: native keeps less than 4 MiB cached at its peak on some rank "
-                 f"({[(x['stats']['allocated_bytes.all.peak'], x['stats']['reserved_bytes.all.peak']) for x in n1]}): "
-                 f"no cap between peak allocated and peak reserved, cap phase not run")
-        else:
-            note(f"cap: per-rank caps (MiB) {[H.mib(caps[str(r)]) for r in range(args.nproc)]}: halfway between "
-                 f"native's peak allocated and peak reserved")
-            cgot, cok = phase(args, tmp, "-cap", ["pytorch"], caps)
-            report["cap_runs"], report["caps"] = cgot, caps
-            rows += [row for label, ranks in cgot.items() for row in rows_of(label, ranks)]
-            if not cok:
-                note("cap: a native run failed under the cap (out of memory where fragmentation needs more than "
-                     "the cap): the cap comparison was not made; see the logs")
-            else:
-                retries = [x["stats"]["num_alloc_retries"] for x in cgot["native-cap-1"]]
-                if not all(retries):
-                    note(f"cap: premise not met, native's num_alloc_retries per rank {retries}: the cap runs "
-                         f"compared without retries")
+        rows += cap_phase(args, tmp, got["native-1"], report)
     print()
     print(H.table(rows, ["run", "rank", "backend", "last loss", "peak res MiB", "peak alloc MiB", "retries",
                          "device allocs", ""]))

@@ -227,10 +227,11 @@ def rows_of(label, ranks):
     return rows
 
 
-def phase(args, tmp, suffix, policies, caps=None):
-    """Runs native twice and cachet under each policy; compares; returns ({label: ranks}, natives ok).
-    Under a cap (caps given) a native run that fails ends the phase: the cap was too tight."""
-    got, natives = {}, []
+def phase(args, tmp, suffix, policies, got, caps=None):
+    """Runs native twice and cachet under each policy, each run's ranks put in `got` (by label) as
+    it ends; compares; returns whether the natives ran. Under a cap (caps given) a native run that
+    fails ends the phase: the cap was too tight."""
+    natives = []
     for i in (1, 2):
         label = f"native{suffix}-{i}"
         ranks, rc, raw = run(args, label, "native", None, tmp, caps)
@@ -240,7 +241,7 @@ def phase(args, tmp, suffix, policies, caps=None):
             print(f"{'note ' if caps else 'FAIL '} {label}: torchrun exited {rc}\n"
                   f"{H.log_tail(os.path.join(args.logs, f'fsdp2-{label}.log'))}", flush=True)
             if caps:
-                return got, False
+                return False
     natives_ok = all(x is not None for x in natives)
     for policy in policies:
         label = f"{policy}{suffix}"
@@ -252,36 +253,32 @@ def phase(args, tmp, suffix, policies, caps=None):
             continue
         if natives_ok:
             compare(label, natives, ranks, stats_too=(policy == "pytorch"))
-    return got, natives_ok
+    return natives_ok
 
 
 def cap_phase(args, tmp, n1, report):
     """Caps between native's peak allocated and peak reserved (halfway, then 3/4, then 9/10 of the
     way where native ran out of memory under the tighter one), native twice and policy:pytorch."""
-    rows = []
     slack = [(x["stats"]["allocated_bytes.all.peak"], x["stats"]["reserved_bytes.all.peak"]) for x in n1]
     if any(res - a < 4 * MiB for a, res in slack):
         note(f"cap: native keeps less than 4 MiB cached at its peak on some rank ((allocated, reserved) {slack}): "
              f"no cap between them, cap phase not run")
-        return rows
+        return
     for frac in (0.5, 0.75, 0.9):
         caps = {str(r): a + int((res - a) * frac) for r, (a, res) in enumerate(slack)}
         suffix = f"-cap{int(frac * 100)}"
         note(f"cap{suffix}: per-rank caps (MiB) {[H.mib(caps[str(r)]) for r in range(len(slack))]}: {frac} of the "
              f"way from native's peak allocated to its peak reserved")
-        cgot, cok = phase(args, tmp, suffix, ["pytorch"], caps)
-        report.setdefault("cap_runs", {}).update(cgot)
         report.setdefault("caps", {})[suffix] = caps
-        rows += [row for label, ranks in cgot.items() for row in rows_of(label, ranks)]
-        if cok:
+        cgot = report.setdefault("cap_runs", {})
+        if phase(args, tmp, suffix, ["pytorch"], cgot, caps):
             retries = [x["stats"]["num_alloc_retries"] for x in cgot[f"native{suffix}-1"]]
             if not all(retries):
                 note(f"cap{suffix}: premise not met, native's num_alloc_retries per rank {retries}: compared "
                      f"without retries on some rank")
-            return rows
+            return
         note(f"cap{suffix}: native ran out of memory (or failed) under this cap: trying a looser one")
     note("cap: native failed under every cap tried: the cap comparison was not made (see the logs)")
-    return rows
 
 
 def main():
@@ -327,14 +324,24 @@ def main():
           f"expandable segments {args.expandable}, cachet installed {args.install}ly; assumed: every rank "
           f"deterministic (deterministic algorithms, no TF32, eager attention, no dropout), NCCL "
           f"reductions reproducible run to run for a fixed world size; multicast off: {H.MULTICAST_OFF}", flush=True)
-    report = {"nproc": args.nproc, "devices": ndev, "args": vars(args)}
-    got, natives_ok = phase(args, tmp, "", policies)
-    report["runs"] = got
-    if not natives_ok:
-        check(False, "the native runs failed: nothing to compare against")
-    rows = [row for label, ranks in got.items() for row in rows_of(label, ranks)]
-    if args.cap == "on" and natives_ok and "pytorch" in policies:
-        rows += cap_phase(args, tmp, got["native-1"], report)
+    report = {"nproc": args.nproc, "devices": ndev, "args": vars(args), "runs": {}}
+    try:
+        natives_ok = phase(args, tmp, "", policies, report["runs"])
+        if not natives_ok:
+            check(False, "the native runs failed: nothing to compare against")
+        elif args.cap == "on" and "pytorch" in policies:
+            cap_phase(args, tmp, report["runs"]["native-1"], report)
+    except SystemExit:  # SIGTERM (dist_harness): the table and JSON of what ran, then out
+        check(False, "the driver was stopped (SIGTERM) before every run ended")
+        raise
+    finally:
+        finish(args, report)
+    return 1 if check.failures else 0
+
+
+def finish(args, report):
+    rows = [row for key in ("runs", "cap_runs") for label, ranks in report.get(key, {}).items()
+            for row in rows_of(label, ranks)]
     print()
     print(H.table(rows, ["run", "rank", "backend", "last loss", "peak res MiB", "peak alloc MiB", "retries",
                          "device allocs", ""]))
@@ -345,7 +352,6 @@ def main():
             json.dump(report, f, indent=1, default=str)
     print(f"fsdp2 nproc {args.nproc}: {'FAIL' if check.failures else 'ok'} ({len(check.failures)} failures, "
           f"{len(notes)} notes)", flush=True)
-    return 1 if check.failures else 0
 
 
 if __name__ == "__main__":

@@ -337,28 +337,53 @@ def main():
           f"multicast off: {H.MULTICAST_OFF}; assumed: matmuls and NCCL sums reproducible run to run for a "
           f"fixed world size (deterministic settings, no TF32)", flush=True)
     report = {"nproc": args.nproc, "devices": ndev, "args": vars(args), "runs": {}}
+    try:
+        for hook in hooks:
+            loop(args, tmp, hook, policies, report["runs"])
+    except SystemExit:  # SIGTERM (dist_harness): the table and JSON of what ran, then out
+        check(False, "the driver was stopped (SIGTERM) before every run ended")
+        raise
+    finally:
+        finish(args, report)
+    return 1 if check.failures else 0
+
+
+def loop(args, tmp, hook, policies, runs):
+    """One register-hook setting: native without sleeps, then per policy the c10 backend without
+    and with sleeps; each compared as it is there."""
+    def go(label, mode, policy):
+        runs[label] = run(args, label, mode, policy, hook, tmp)
+        for x in runs[label] or []:
+            x["graph_on"] = args.graph == "on"
+        return runs[label]
+    ref_native = go(f"hook-{hook}-native", "native", None)
+    if ref_native is not None:
+        compare_run(f"hook-{hook}-native", ref_native, None, ref_native, False)
+    for policy in policies:
+        nos = go(f"hook-{hook}-{policy}-nosleep", "nosleep", policy)
+        if nos is not None:
+            compare_run(f"hook-{hook}-{policy}-nosleep", nos, None, ref_native, False)
+        slp = go(f"hook-{hook}-{policy}-sleep", "sleep", policy)
+        if slp is not None:
+            if nos is None:
+                check(False, f"hook-{hook}-{policy}-sleep: no run without sleeps to compare the outputs with")
+            compare_run(f"hook-{hook}-{policy}-sleep", slp, nos, ref_native, True)
+
+
+def finish(args, report):
     rows = []
-    for hook in hooks:
-        ref_native = run(args, f"hook-{hook}-native", "native", None, hook, tmp)
-        report["runs"][f"hook-{hook}-native"] = ref_native
-        runs = [(f"hook-{hook}-native", ref_native, None, False)]
-        for policy in policies:
-            nos = run(args, f"hook-{hook}-{policy}-nosleep", "nosleep", policy, hook, tmp)
-            slp = run(args, f"hook-{hook}-{policy}-sleep", "sleep", policy, hook, tmp)
-            report["runs"].update({f"hook-{hook}-{policy}-nosleep": nos, f"hook-{hook}-{policy}-sleep": slp})
-            runs += [(f"hook-{hook}-{policy}-nosleep", nos, None, False), (f"hook-{hook}-{policy}-sleep", slp, nos, True)]
-        for label, got, ref_c, sleeps in runs:
-            if got is None:
+    for label, got in report["runs"].items():
+        for r, x in enumerate(got or [None] * args.nproc):
+            if x is None:
+                rows.append([label, r, "failed"] + [""] * 7)
                 continue
-            for x in got:
-                x["graph_on"] = args.graph == "on"
-            compare_run(label, got, ref_c, ref_native, sleeps)
-            for x in got:
-                dev = max(abs(f - x["free"][0]) for f in x["free"])
-                rows.append([label, x["rank"], x["backend"] or "native", x["captures"],
-                             H.mib(x["free"][0]), f"{dev / MiB:.2f}", H.mib(x["reserved"][0]),
-                             H.mib(min(x["slept"])) if x["slept"] else "-",
-                             H.mib(min(x["rise"])) if x["rise"] else "-", f"{(x['rss'][-1] - x['rss'][0]) / MiB:.1f}"])
+            dev = max(abs(f - x["free"][0]) for f in x["free"]) if x["free"] else 0
+            rows.append([label, x["rank"], x["backend"] or "native", x["captures"],
+                         H.mib(x["free"][0] if x["free"] else None), f"{dev / MiB:.2f}",
+                         H.mib(x["reserved"][0] if x["reserved"] else None),
+                         H.mib(min(x["slept"])) if x["slept"] else "-",
+                         H.mib(min(x["rise"])) if x["rise"] else "-",
+                         f"{(x['rss'][-1] - x['rss'][0]) / MiB:.1f}" if x["rss"] else "-"])
     print()
     print(H.table(rows, ["run", "rank", "backend", "captures", "free MiB (1st)", "free max dev MiB",
                          "reserved MiB", "min slept MiB", "min free rise MiB", "RSS growth MiB"]))
@@ -368,7 +393,6 @@ def main():
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1, default=str)
     print(f"rl_tp nproc {args.nproc}: {'FAIL' if check.failures else 'ok'} ({len(check.failures)} failures)", flush=True)
-    return 1 if check.failures else 0
 
 
 if __name__ == "__main__":

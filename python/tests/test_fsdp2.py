@@ -25,8 +25,10 @@ Checks (each names the bug it catches):
 
 usage: test_fsdp2.py [--nproc N] [--steps S] [--model gpt2|llama] [--layers L] [--embd E]
                      [--batch B] [--seq T] [--mp bf16|off] [--policies pytorch,cachet] [--cap on|off]
-                     [--expandable off|on] [--install explicit|auto] [--timeout SECONDS] [--json FILE]
-                     [--logs DIR]
+                     [--expandable off|on] [--install explicit|auto] [--hook off|on] [--timeout SECONDS]
+                     [--json FILE] [--logs DIR]
+  --hook on: every run (native's too) with TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1
+  (ProcessGroupNCCL registers the allocator's segments with NCCL through its trace tracker).
   --install explicit: each rank calls cachet_torch.install(backend="c10") before importing torch
   (test_ddp.py's way); auto: the ranks are unmodified and cachet comes in through
   CACHET_TORCH_AUTOINSTALL=1, CACHET_TORCH_AUTOINSTALL_BACKEND=c10 and python/cachet_torch/_startup
@@ -101,7 +103,8 @@ def rank_main(cfg_path):
     preamble.deterministic(torch)
     res = {"rank": rank, "world": world, "label": cfg["label"], "mode": cfg["mode"], "backend": backend,
            "alloc_conf": os.environ.get("CACHET_ALLOC_CONF"), "torch": torch.__version__,
-           "nccl": str(torch.cuda.nccl.version())}
+           "nccl": str(torch.cuda.nccl.version()),
+           "hook": os.environ.get("TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK")}
     cap = (cfg.get("caps") or {}).get(str(rank))
     if cap:
         total = torch.cuda.get_device_properties(local).total_memory
@@ -153,7 +156,7 @@ def run(args, label, mode, policy, tmp, caps=None):
     cfg_path = os.path.join(tmp, f"{label}.cfg.json")
     with open(cfg_path, "w") as f:
         json.dump(cfg, f)
-    extra = {}
+    extra = {"TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK": "1" if args.hook == "on" else None}
     if mode == "native":
         if args.expandable == "on":
             extra["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
@@ -298,6 +301,7 @@ def main():
     ap.add_argument("--cap", choices=("on", "off"), default="on")
     ap.add_argument("--expandable", choices=("off", "on"), default="off")
     ap.add_argument("--install", choices=("explicit", "auto"), default="explicit")
+    ap.add_argument("--hook", choices=("off", "on"), default="off")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per torchrun (default 600)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--logs", default=None)
@@ -321,7 +325,7 @@ def main():
     os.makedirs(args.logs, exist_ok=True)
     print(f"fsdp2: {args.nproc} rank(s) of {ndev} GPU(s); {args.model} {args.layers} layers x {args.embd}, vocab "
           f"{args.vocab}, batch {args.batch}x{args.seq}, {args.steps} AdamW steps, mixed precision {args.mp}, "
-          f"expandable segments {args.expandable}, cachet installed {args.install}ly; assumed: every rank "
+          f"expandable segments {args.expandable}, cachet put in each rank by {'install()' if args.install == 'explicit' else 'the start hook'}, NCCL register hook {args.hook}; assumed: every rank "
           f"deterministic (deterministic algorithms, no TF32, eager attention, no dropout), NCCL "
           f"reductions reproducible run to run for a fixed world size; multicast off: {H.MULTICAST_OFF}", flush=True)
     report = {"nproc": args.nproc, "devices": ndev, "args": vars(args), "runs": {}}

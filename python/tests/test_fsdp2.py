@@ -172,8 +172,12 @@ def run(args, label, mode, policy, tmp, caps=None):
                           args.timeout, log)
     ranks = H.read_ranks(tmp, label, args.nproc)
     print(f"run   {label}: torchrun rc {rc} ({secs:.0f} s), log {log}", flush=True)
-    if rc != 0 or any(r is None for r in ranks):
+    if any(r is None or "oom" in r for r in ranks):
         return None, rc, ranks
+    # Every rank wrote its results: compared even so, a failing exit after that (a crash at
+    # teardown, a hung destroy_process_group) fails on its own.
+    check(rc == 0, f"{label}: torchrun exited {rc} after every rank wrote its results" + (
+        "" if rc == 0 else f" (teardown)\n{H.log_tail(log, 15)}"))
     return ranks, rc, ranks
 
 

@@ -208,6 +208,9 @@ def rank_main(cfg_path):
                free=free, reserved=reserved, rss=rss, slept=slept, rise=rise, captures=eng.captures,
                replay_errors=eng.replay_errors, sleeping_at_end=ct.sleeping() if ct else None)
     H.write_rank(cfg["out"], cfg["label"], rank, res)
+    eng.graph = None  # the graph (its captured NCCL kernels) goes before the communicator
+    del eng, trainer, opt
+    torch.cuda.synchronize()
     dist.destroy_process_group()
     return 0
 
@@ -232,9 +235,13 @@ def run(args, label, mode, policy, hook, tmp):
                           args.timeout, log)
     ranks = H.read_ranks(tmp, label, args.nproc)
     print(f"run   {label}: torchrun rc {rc} ({secs:.0f} s), log {log}", flush=True)
-    if rc != 0 or any(r is None for r in ranks):
-        check(False, f"{label}: torchrun exited {rc} or a rank wrote nothing\n{H.log_tail(log)}")
+    if any(r is None for r in ranks):
+        check(False, f"{label}: torchrun exited {rc} and a rank wrote nothing\n{H.log_tail(log)}")
         return None
+    # Every rank wrote its results: compared even so, a failing exit after that (a crash at
+    # teardown, a hung destroy_process_group) fails on its own.
+    check(rc == 0, f"{label}: torchrun exited {rc} after every rank wrote its results" + (
+        "" if rc == 0 else f" (teardown)\n{H.log_tail(log, 15)}"))
     return ranks
 
 

@@ -70,6 +70,8 @@ def nccl_timeout():
 def skip_reason(nproc, need_transformers=False, need_c10=True):
     """None when this machine can run `nproc` ranks, else the reason (the caller prints
     "skipped: ..." and exits 77)."""
+    if nproc < 1:
+        return f"{nproc} ranks asked (nvidia-smi listed no GPU?)"
     try:
         import torch
     except ImportError as e:

@@ -322,12 +322,12 @@ def main():
         ndev = 0
     if args.nproc is None:
         args.nproc = max(ndev, 1)
-    if args.ffn % args.nproc:
-        ap.error(f"--ffn {args.ffn} must divide by the {args.nproc} ranks")
     why = H.skip_reason(args.nproc)
     if why:
         print(f"skipped: {why}")
         return H.SKIP
+    if args.ffn % args.nproc:
+        ap.error(f"--ffn {args.ffn} must divide by the {args.nproc} ranks")
     sys.path.insert(0, preamble.PYDIR)
     import cachet_torch
     if not all(hasattr(cachet_torch, f) for f in ("tag", "sleep", "wake", "sleeping")):

@@ -6,7 +6,8 @@ started by `torchrun --nproc_per_node N`. On every rank:
            all_reduce after each layer; weights and its input buffer tagged "weights" and backed up
            across sleep, a KV-cache buffer tagged "kv_cache", not backed up, which the decode
            writes before it reads); its decode step captured once as a CUDA graph (all_reduce
-           inside, capture_error_mode="thread_local"), the graph's pool tagged "graph", not backed up.
+           inside; capture_error_mode "thread_local" unless --capture-mode says otherwise), the
+           graph's pool tagged "graph", not backed up.
   trainer  a data-parallel MLP (DDP over the same ranks, AdamW, tag "default") stepping while the
            engine sleeps.
   cycle    decode (graph replay) -> sleep(tags=(weights, kv_cache, graph), backup=(weights,)) ->
@@ -36,7 +37,8 @@ Checks per rank (each names the bug it would catch):
               buffer pinned anew each cycle and never given back).
 
 usage: test_rl_tp.py [--nproc N] [--cycles 20] [--policies pytorch,cachet] [--hook off,on]
-                     [--graph on|off] [--expandable off|on] [--layers 2] [--hidden 4096] [--ffn 16384]
+                     [--graph on|off] [--capture-mode thread_local|global|relaxed] [--expandable off|on]
+                     [--layers 2] [--hidden 4096] [--ffn 16384]
                      [--batch 8] [--kv-mib 1024] [--timeout SECONDS] [--json FILE] [--logs DIR]
 Exit 0 ok, 1 a check failed, 77 skipped. World size 1 runs everything (its NCCL collectives are
 single-rank: they prove the graph, sleep/wake and free-memory checks, not NCCL's cross-GPU paths).
@@ -112,7 +114,7 @@ class Engine:
         torch.cuda.current_stream().wait_stream(s)
         torch.cuda.synchronize()
         self.graph = torch.cuda.CUDAGraph()
-        with tag("graph"), torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+        with tag("graph"), torch.cuda.graph(self.graph, capture_error_mode=self.cfg["capture_mode"]):
             self.out = self.step()
         self.captures += 1
 
@@ -219,7 +221,7 @@ def rank_main(cfg_path):
 
 def run(args, label, mode, policy, hook, tmp):
     cfg = {"label": label, "mode": mode, "out": tmp, **{k: getattr(args, k) for k in (
-        "cycles", "graph", "layers", "hidden", "ffn", "batch", "kv_mib")}}
+        "cycles", "graph", "capture_mode", "layers", "hidden", "ffn", "batch", "kv_mib")}}
     cfg_path = os.path.join(tmp, f"{label}.cfg.json")
     with open(cfg_path, "w") as f:
         json.dump(cfg, f)
@@ -301,6 +303,8 @@ def main():
     ap.add_argument("--policies", default="pytorch,cachet")
     ap.add_argument("--hook", default="off,on", help="TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK: off, on or off,on")
     ap.add_argument("--graph", choices=("on", "off"), default="on")
+    ap.add_argument("--capture-mode", dest="capture_mode", choices=("thread_local", "global", "relaxed"),
+                    default="thread_local", help="torch.cuda.graph's capture_error_mode (default thread_local)")
     ap.add_argument("--expandable", choices=("off", "on"), default="off")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=4096)
@@ -339,7 +343,7 @@ def main():
     shard = 2 * args.layers * args.hidden * (args.ffn // args.nproc) * 4
     print(f"rl_tp: {args.nproc} rank(s) of {ndev} GPU(s), {args.cycles} cycles; engine {args.layers} TP layers "
           f"{args.hidden}x{args.ffn} ({shard / MiB:.0f} MiB of weights per rank), KV {args.kv_mib} MiB per rank, "
-          f"graph {args.graph}; trainer DDP MLP 4x2048; policies {policies}; register hook {hooks}; expandable "
+          f"graph {args.graph} (capture mode {args.capture_mode}); trainer DDP MLP 4x2048; policies {policies}; register hook {hooks}; expandable "
           f"{args.expandable}; NCCL_GRAPH_REGISTER={os.environ.get('NCCL_GRAPH_REGISTER', '(NCCL default)')}; "
           f"multicast off: {H.MULTICAST_OFF}; assumed: matmuls and NCCL sums reproducible run to run for a "
           f"fixed world size (deterministic settings, no TF32)", flush=True)

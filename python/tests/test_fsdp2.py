@@ -163,6 +163,8 @@ def run(args, label, mode, policy, tmp, caps=None):
     else:
         conf = [f"policy:{policy}"] + (["expandable_segments:True"] if args.expandable == "on" else [])
         extra["CACHET_ALLOC_CONF"] = ",".join(conf)
+        if args.expandable == "on":  # what PyTorch itself reads (ProcessGroupNCCL turns the hook off)
+            extra["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         if args.install == "auto":
             startup = os.path.join(preamble.PYDIR, "cachet_torch", "_startup")
             extra.update(CACHET_TORCH_AUTOINSTALL="1", CACHET_TORCH_AUTOINSTALL_BACKEND="c10",

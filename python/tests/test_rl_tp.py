@@ -232,6 +232,8 @@ def run(args, label, mode, policy, hook, tmp):
     else:
         extra["CACHET_ALLOC_CONF"] = ",".join([f"policy:{policy}", "cachet_sleep:True"] + (
             ["expandable_segments:True"] if args.expandable == "on" else []))
+        if args.expandable == "on":  # what PyTorch itself reads (ProcessGroupNCCL turns the hook off)
+            extra["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     log = os.path.join(args.logs, f"rltp-{label}.log")
     rc, secs = H.torchrun(os.path.abspath(__file__), args.nproc, ["--worker", cfg_path], H.child_env(extra),
                           args.timeout, log)

@@ -277,10 +277,10 @@ cudaError_t CachetCUDAAllocator::memcpyAsync(void* dst, int dstDevice, const voi
   call("free", [&] { a->free(ptr); });
 }
 
-// free with trace trackers attached (history.cpp): refused from a tracker; a tracker's exception
-// is only warned about (the deleter runs in destructors).
+// free with trace trackers attached (history.cpp): from a tracker, made once the call that ran it
+// returns; a tracker's exception is only warned about (the deleter runs in destructors).
 void CachetCUDAAllocator::free_tracked(cachet::CachingAllocator* a, void* ptr) {
-  refuse_call_from_tracker("free");
+  if (defer_free_from_tracker(ptr)) return;
   call("free", [&] { a->free(ptr); });
   warn_tracker_error();
 }
@@ -288,7 +288,7 @@ void CachetCUDAAllocator::free_tracked(cachet::CachingAllocator* a, void* ptr) {
 // free with history on: native's free gathers its context at ALL (outside every lock), and the
 // events of the free take it (history.h).
 void CachetCUDAAllocator::free_traced(cachet::CachingAllocator* a, int device, void* ptr) {
-  if (has_trackers_.load(std::memory_order_relaxed)) refuse_call_from_tracker("free");
+  if (has_trackers_.load(std::memory_order_relaxed) && defer_free_from_tracker(ptr)) return;
   const TracedCall c = begin_call(device, cc::RecordContext::ALL, cc::RecordContext::ALL);
   {
     cachet::TraceCallScope scope(c.id);

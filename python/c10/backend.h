@@ -251,8 +251,11 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   // each event to them as it is made, under the allocator's lock. A tracker's exception is kept
   // for the calling thread and raised by raise_tracker_error once cachet's call is over (the
   // allocator's state is whole then); a free (a deleter, which must not throw) warns instead. A
-  // call into the allocator from a tracker is refused (refuse_call_from_tracker): the lock is held.
+  // call into the allocator from a tracker is refused (refuse_call_from_tracker): the lock is held;
+  // a free from a tracker (a tensor it dropped) is made once the call that ran it returns
+  // (defer_free_from_tracker; made by raise_tracker_error and warn_tracker_error).
   static void tell_trackers(int device, const cachet::TraceEvent& e);
+  static bool defer_free_from_tracker(void* ptr);
   static void raise_tracker_error();
   static void warn_tracker_error();
   static void refuse_call_from_tracker(const char* what);

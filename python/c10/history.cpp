@@ -98,14 +98,38 @@ void CachetCUDAAllocator::recordAnnotation(const std::vector<std::pair<std::stri
 // NCCL's hooks take their own mutex and call ncclCommRegister / ncclCommDeregister, which work on
 // NCCL's own handles and never call PyTorch's allocator; a tracker that does call into the c10
 // backend is refused with an error (refuse_call_from_tracker) instead of spinning on the lock it
-// already holds. Trackers are read without a lock (a copied list, trackers_), so attaching one
+// already holds, but for a free (a tensor the tracker dropped: a deleter must not throw), which is
+// made once the call that ran the tracker returns. Trackers are read without a lock (a copied list, trackers_), so attaching one
 // from a tracker is harmless. A tracker's exception must not unwind through gpu/'s state: it is
 // kept for the calling thread and raised once cachet's call returned (raise_tracker_error), or
 // only warned about by a free (a deleter runs in destructors).
 namespace {
 thread_local std::exception_ptr t_tracker_error;  // the first exception of a tracker on this thread
 thread_local int t_in_tracker = 0;                // > 0 while this thread runs a tracker
+thread_local std::vector<void*> t_deferred_frees;  // frees a tracker made, for after the call
+
+// The frees trackers made on this thread, now that no lock is held: each as any free (its own
+// trackers' failures join t_tracker_error).
+void free_deferred() {
+  while (!t_deferred_frees.empty()) {
+    std::vector<void*> frees = std::exchange(t_deferred_frees, {});
+    for (void* p : frees) {
+      try {
+        g_the_allocator.load(std::memory_order_acquire)->free(p);
+      } catch (...) {
+        if (!t_tracker_error) t_tracker_error = std::current_exception();
+      }
+    }
+  }
+}
 }  // namespace
+
+bool CachetCUDAAllocator::defer_free_from_tracker(void* ptr) {
+  if (t_in_tracker == 0) [[likely]]
+    return false;
+  t_deferred_frees.push_back(ptr);
+  return true;
+}
 
 void CachetCUDAAllocator::attachAllocatorTraceTracker(cc::AllocatorTraceTracker tracker) {
   {
@@ -147,6 +171,8 @@ void CachetCUDAAllocator::tell_trackers(int device, const cachet::TraceEvent& e)
 }
 
 void CachetCUDAAllocator::raise_tracker_error() {
+  if (!t_deferred_frees.empty()) [[unlikely]]
+    free_deferred();
   if (!t_tracker_error) [[likely]]
     return;
   std::exception_ptr e = std::exchange(t_tracker_error, nullptr);
@@ -162,6 +188,8 @@ void CachetCUDAAllocator::raise_tracker_error() {
 }
 
 void CachetCUDAAllocator::warn_tracker_error() {
+  if (!t_deferred_frees.empty()) [[unlikely]]
+    free_deferred();
   if (!t_tracker_error) [[likely]]
     return;
   try {

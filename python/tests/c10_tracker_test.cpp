@@ -15,7 +15,8 @@
 // through every path that gives segments back: empty_cache, a private pool's release and
 // emptyCache(id), an allocation's retry, sleep (the memory goes, the addresses stay) and wake, a
 // failing device free (the segment stays: registered again), and a tracker's own failure (raised
-// after the call, nothing lost) or call into the allocator (refused).
+// after the call, nothing lost), call into the allocator (refused) or free of a tensor it held
+// (made after the call).
 #include <gtest/gtest.h>
 
 #include <c10/core/Allocator.h>
@@ -100,6 +101,7 @@ struct Tracker {
   std::vector<std::string> errors;                    // what NCCL's hook would have refused
   bool throw_at_alloc = false;                        // a segment_alloc throws
   bool call_allocator = false;                        // the tracker calls into the allocator
+  void* drop_at_alloc = nullptr;                      // a segment_alloc frees this (a tensor it held)
 };
 Tracker g;
 
@@ -114,6 +116,8 @@ void track(const TA& te) {
     g.errors.push_back("segment_free of a segment not registered (NCCL: \"is not registered\")");
   }
   if (g.call_allocator) (void)cachet::c10_testing::malloc(0, 1000, kStream);
+  if (te.action_ == TA::SEGMENT_ALLOC && g.drop_at_alloc != nullptr)
+    A().raw_delete(std::exchange(g.drop_at_alloc, nullptr));
   if (te.action_ == TA::SEGMENT_ALLOC && g.throw_at_alloc) TORCH_CHECK(false, "tracker refuses ", te.addr_);
 }
 
@@ -137,6 +141,7 @@ class Trackers : public ::testing::Test {
     g.errors.clear();
     g.throw_at_alloc = false;
     g.call_allocator = false;
+    g.drop_at_alloc = nullptr;
     expect_registered_is_allocators();
   }
   void TearDown() override {
@@ -261,6 +266,19 @@ TEST_F(Trackers, ATrackerCallingTheAllocatorIsRefused) {
     EXPECT_NE(std::string(e.what()).find("called from a trace tracker"), std::string::npos) << e.what();
   }
   g.call_allocator = false;
+}
+
+// A tensor a tracker drops (its deleter runs in the tracker, under the allocator's lock) is freed
+// once the call that ran the tracker returns: no deadlock, no error, nothing lost.
+TEST_F(Trackers, AFreeFromATrackerIsMadeAfterTheCall) {
+  void* held = cachet::c10_testing::malloc(0, 4 * MiB, kStream);
+  const auto before = A().getDeviceStats(0).allocated_bytes[0].current;
+  g.drop_at_alloc = held;
+  void* p = cachet::c10_testing::malloc(0, 30 * MiB, kStream);  // a new segment: the tracker frees `held`
+  EXPECT_EQ(g.drop_at_alloc, nullptr);
+  EXPECT_EQ(A().getDeviceStats(0).allocated_bytes[0].current, before + static_cast<std::int64_t>(30 * MiB) -
+                                                                  static_cast<std::int64_t>(4 * MiB));
+  A().raw_delete(p);
 }
 
 }  // namespace

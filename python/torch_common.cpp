@@ -533,6 +533,18 @@ CACHET_TORCH_API char* cachet_torch_sleep_summary(int device) {
   return dup(out);
 }
 
+// Pins now the host buffers the next sleep backing up `backup_tags` would pin for the live blocks
+// of those tags on `device` (-1: every device with an allocator), kept for that sleep: their bytes,
+// -1 (refused) or -2 (host memory short) with last_error (docs/sleep-wake.md section 6).
+CACHET_TORCH_API long long cachet_torch_prepare_backup_buffers(const char* backup_tags, int device) {
+  return sleep_call("prepare_backup_buffers", [&]() -> long long {
+    const cachet::TagList b = parse_tags(backup_tags);
+    long long total = 0;
+    for (auto [d, a] : targets(device)) total += static_cast<long long>(a->prepare_backup_buffers(b));
+    return total;
+  });
+}
+
 // Gives back the pinned host buffers kept between sleeps on `device` (-1: every device with an
 // allocator; none is created): the bytes given back, or -1 with last_error. Buffers holding the
 // backups of sleeping memory stay; empty_cache() keeps the others (docs/sleep-wake.md section 6).

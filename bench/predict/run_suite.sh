@@ -3,6 +3,7 @@
 # machine, from the repository root, with .deps from scripts/fetch-gpu-deps:
 #
 #   bench/predict/run_suite.sh OUTDIR [PROGRAM...]
+#   PROGRAMS_DIR=bench/predict/heldout bench/predict/run_suite.sh OUTDIR PROGRAM...   (the held-out set)
 #
 # Builds cachet and the fake device, runs each suite program natively twice (memory history on),
 # then natively twice at caps of 0.95, 0.85 and 0.70 of its first run's peak reserved, and through
@@ -14,7 +15,7 @@ mkdir -p "$out"
 progs=("$@")
 [ ${#progs[@]} -eq 0 ] && progs=(gpt2_train_bf16 t5_train_fp16_scaler resnet50_train vit_timm_checkpointing
   bert_accumulation llama_generate side_stream_mlp convnext_timm_bf16)
-P=bench/predict/programs
+P=${PROGRAMS_DIR:-bench/predict/programs}
 export PYTHONUNBUFFERED=1
 deps=/tmp/deps; mkdir -p $deps; for f in .deps/*.deb; do dpkg -x "$f" $deps; done
 cmake -S . -B build/predict -G Ninja -DCMAKE_BUILD_TYPE=Release -DCACHET_CUDA=ON -DCACHET_BUILD_TESTS=OFF \

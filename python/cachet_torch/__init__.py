@@ -21,7 +21,7 @@ The package, one concept a module (python/README.md, "The package"):
   _install   install(), backend(), check_config(), wired_callbacks()
   _stats     memory_stats() and what is built on it, memory_summary(), resets, settings()
   _snapshot  record_memory_history(), snapshot(), dump_snapshot()
-  _sleep     tag(), sleep(), wake(), sleeping(), release_backup_buffers()
+  _sleep     tag(), sleep(), wake(), sleeping(), prepare_backup_buffers(), release_backup_buffers()
   metrics    metrics_text(), serve_metrics(), collector(): Prometheus (python/README.md, "Metrics")
   memory_saver  torch_memory_saver's API over cachet (alias() makes it `import torch_memory_saver`)
   vllm_backend  vLLM's CuMemAllocator and a SleepModeBackend plug-in over cachet
@@ -34,7 +34,7 @@ from __future__ import annotations
 from . import _library
 from ._install import backend, check_config, install, installed, wired_callbacks
 from ._library import c10_library_path, last_error, library_path, load
-from ._sleep import current_tag, release_backup_buffers, sleep, sleeping, tag, wake
+from ._sleep import current_tag, prepare_backup_buffers, release_backup_buffers, sleep, sleeping, tag, wake
 from ._snapshot import clear_history, dump_snapshot, record_memory_history, snapshot
 from .metrics import metrics_text, serve_metrics
 from ._stats import (empty_cache, max_memory_allocated, max_memory_reserved, memory_allocated,
@@ -47,7 +47,8 @@ __all__ = [
     "memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved",
     "reset_peak_memory_stats", "reset_accumulated_memory_stats", "snapshot", "dump_snapshot",
     "settings", "last_error", "backend", "c10_library_path",
-    "tag", "current_tag", "sleep", "wake", "sleeping", "release_backup_buffers", "metrics_text", "serve_metrics",
+    "tag", "current_tag", "sleep", "wake", "sleeping", "prepare_backup_buffers", "release_backup_buffers",
+    "metrics_text", "serve_metrics",
 ]
 
 # The shared state, read where it lives (install() changes it): cachet_torch._lib_path is the

@@ -131,6 +131,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         for name in ("cachet_torch_sleeping_json", "cachet_torch_sleep_stats_json", "cachet_torch_sleep_summary"):
             getattr(lib, name).restype = c.c_void_p
             getattr(lib, name).argtypes = [c.c_int]
+    if hasattr(lib, "cachet_torch_prepare_backup_buffers"):
+        lib.cachet_torch_prepare_backup_buffers.restype = c.c_longlong
+        lib.cachet_torch_prepare_backup_buffers.argtypes = [c.c_char_p, c.c_int]
     if hasattr(lib, "cachet_torch_release_backup_buffers"):
         lib.cachet_torch_release_backup_buffers.restype = c.c_longlong
         lib.cachet_torch_release_backup_buffers.argtypes = [c.c_int]

@@ -20,6 +20,13 @@ cachet_sleep:True; $CACHET_TORCH_AUTOINSTALL_BACKEND, "c10" or "plugin", picks t
   * hook_mode "preload" and "torch" are both accepted and mean the same: cachet owns every segment
     either way (no LD_PRELOAD, no MemPool per tag), so cuda_graph() is pauseable in both, and
     expandable segments are allowed (torch_memory_saver refuses them).
+  * Leaving a region with enable_cpu_backup pins the host memory the next pause() will back every
+    backed-up region up to (cachet_torch.prepare_backup_buffers()), so pause() costs a pinned copy
+    from the first one on: the pinning (about 0.35 s per GiB) is paid where the weights were
+    loaded, once, not in the first pause. The buffers are kept between pauses, as they would be
+    after the first one; cachet_torch.release_backup_buffers() gives them back.
+    CACHET_TMS_PREPARE_BACKUP=0 leaves the pinning to the first pause. Under TMS_INIT_ENABLE (no
+    region is left) the first pause pins.
   * cuda_graph(...) is torch.cuda.graph(...) with the capture's allocations (the graph's private
     pool) under the region's tag.
   * disable(): allocations inside carry cachet's "default" tag (never paused) and go to a private
@@ -217,6 +224,20 @@ class TorchMemorySaver:
         from ._sleep import tag as _tag  # noqa: PLC0415
         with _tag(t):
             yield
+        if enable_cpu_backup:
+            self._prepare_backups()
+
+    def _prepare_backups(self) -> None:
+        """The host buffers of the next pause's backups, pinned now (module docstring)."""
+        if os.environ.get("CACHET_TMS_PREPARE_BACKUP", "1").strip() == "0":
+            return
+        from ._sleep import prepare_backup_buffers  # noqa: PLC0415
+        import torch  # noqa: PLC0415
+        try:
+            prepare_backup_buffers(backup=sorted(t for t in self._tags if t.endswith(_BACKUP_SUFFIX)))
+        except (MemoryError, torch.OutOfMemoryError) as e:  # host memory short: the pause pins what it lacks
+            import warnings  # noqa: PLC0415
+            warnings.warn(f"torch_memory_saver (cachet): {e}; the first pause() will pin its backup", stacklevel=3)
 
     @contextlib.contextmanager
     def cuda_graph(self, cuda_graph: Any, pool: Any = None, stream: Any = None,

@@ -1132,5 +1132,60 @@ TEST(SleepKeptBuffers, EmptyCacheKeepsThemAndReleaseBackupBuffersGivesThemBack) 
   }
 }
 
+// prepare_backup_buffers pins, all at once, the buffers the next sleep of those tags takes, so that
+// sleep pins nothing (docs/sleep-wake.md section 6); a tag not backed up and a block freed before
+// count for nothing, and a backup that grew since takes a larger buffer at its sleep.
+TEST(SleepKeptBuffers, PrepareBackupBuffersPinsWhatTheFirstSleepTakes) {
+  for (Policy policy : {Policy::PyTorch, Policy::Cachet}) {
+    for (bool expandable : {false, true}) {
+      SCOPED_TRACE(std::string(policy == Policy::PyTorch ? "policy:pytorch" : "policy:cachet") +
+                   (expandable ? ", expandable segments" : ""));
+      std::shared_ptr<gpu::HostSim> sim;
+      gpu::HostOptions o;
+      o.capacity = 1 * GiB;
+      auto mem = std::make_unique<KeepingMemory>(gpu::make_host_memory(o, &sim));
+      KeepingMemory* keeping = mem.get();
+      Config c;
+      c.sleep = true;
+      c.validate = true;
+      c.policy = policy;
+      c.expandable_segments = expandable;
+      CachingAllocator a(std::move(mem), c);
+      auto alloc = [&](Bytes n, const char* tag) {
+        TagScope t(tag);
+        return a.allocate(n, 0);
+      };
+      void* w1 = alloc(20 * MiB, "weights");
+      void* w2 = alloc(10 * MiB, "weights");
+      void* gone = alloc(4 * MiB, "weights");
+      a.free(gone);
+      void* kv = alloc(8 * MiB, "kv_cache");
+      void* other = alloc(6 * MiB, "scratch");
+      EXPECT_EQ(a.prepare_backup_buffers({"weights", "kv_cache"}), 38 * MiB);
+      EXPECT_EQ(keeping->pins, 2);  // 30 MiB for weights, 8 MiB for kv_cache, held at once
+      EXPECT_EQ(keeping->keep().kept_bytes(), 38 * MiB);
+      EXPECT_EQ(a.prepare_backup_buffers({"weights", "kv_cache"}), 38 * MiB);
+      EXPECT_EQ(keeping->pins, 2);  // taken from what is kept
+      a.sleep({}, {"weights", "kv_cache"});
+      EXPECT_EQ(keeping->pins, 2);  // the first sleep pins nothing
+      EXPECT_EQ(sim->pinned_bytes(), 38 * MiB);
+      a.wake({});
+      EXPECT_EQ(a.prepare_backup_buffers({"nothing_here"}), 0u);
+      void* w3 = alloc(12 * MiB, "weights");  // weights now need 42 MiB: a larger buffer at sleep
+      a.sleep({}, {"weights", "kv_cache"});
+      // weights' 42 MiB fits no kept buffer: both kept ones go first (PinnedKeep's bound), so
+      // weights and kv_cache are pinned anew.
+      EXPECT_EQ(keeping->pins, 4);
+      EXPECT_EQ(sim->pinned_bytes(), 50 * MiB);
+      a.wake({});
+      EXPECT_THROW(a.prepare_backup_buffers({"bad tag!"}), UsageError);
+      for (void* p : {w1, w2, w3, kv, other}) a.free(p);
+    }
+  }
+  Config no_sleep;
+  CachingAllocator plain(gpu::make_host_memory(gpu::HostOptions{}), no_sleep);
+  EXPECT_THROW(plain.prepare_backup_buffers({"weights"}), UsageError);
+}
+
 }  // namespace
 }  // namespace cachet::test

@@ -339,6 +339,14 @@ SleepStats CachingAllocator::sleep_stats() const {
   return core_->with_policy([](const auto& p) { return p.sleep_stats(); });
 }
 
+Bytes CachingAllocator::prepare_backup_buffers(const TagList& backup_tags) {
+  std::lock_guard lock(mu_);
+  return core_->with_policy([&](auto& p) -> Bytes {
+    p.check_sleep_call("prepare_backup_buffers()", backup_tags, nullptr);
+    return p.pin_backup_buffers(p.backup_need(backup_tags));
+  });
+}
+
 Bytes CachingAllocator::release_backup_buffers() {
   std::lock_guard lock(mu_);
   return core_->with_policy([](auto& p) { return p.memory().host_trim(); });

@@ -139,6 +139,9 @@ class CachetPolicy : public Shell {
   Bytes sleep(const TagList& tags, const TagList& backup_tags);
   void wake(const TagList& tags);
   TagList sleeping() const;
+  // The pinned bytes a sleep of every tag would need now, per tag of `backup_tags` (its
+  // allocated blocks not asleep already).
+  std::map<std::uint32_t, Bytes> backup_need(const TagList& backup_tags) const;
 
  private:
   // sleep.cpp: a backup copy of a run of adjacent live blocks, and the sleep's own state.

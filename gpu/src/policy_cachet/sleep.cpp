@@ -414,4 +414,12 @@ TagList CachetPolicy::sleeping() const {
   return out;
 }
 
+// Step 1's sum without its copies: every allocated, awake block of a backed-up tag.
+std::map<std::uint32_t, Bytes> CachetPolicy::backup_need(const TagList& backup_tags) const {
+  std::map<std::uint32_t, Bytes> need;
+  for (const CBlock* b = head_; b != nullptr; b = b->next)
+    if (b->is_allocated() && !b->asleep && lists_tag(backup_tags, tag_name(b->tag))) need[b->tag] += b->size;
+  return need;
+}
+
 }  // namespace cachet::gpu::detail

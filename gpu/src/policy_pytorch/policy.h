@@ -410,6 +410,9 @@ class PytorchPolicy : public Shell {
   Bytes sleep(const TagList& tags, const TagList& backup_tags);
   void wake(const TagList& tags);
   TagList sleeping() const;
+  // The pinned bytes a sleep of every tag would need now, per tag of `backup_tags`: the live
+  // blocks of that tag in sleepable (VMM or expandable) segments, not asleep already.
+  std::map<std::uint32_t, Bytes> backup_need(const TagList& backup_tags) const;
 
  private:
   // A sleeping range: a cudaMalloc-style (VMM) segment, or a run of mapped pages of an

@@ -392,4 +392,18 @@ TagList PytorchPolicy::sleeping() const {
   return {out.begin(), out.end()};
 }
 
+// What sleep()'s step 2 would pin if every tag slept now: the sizes of the live blocks of each
+// backed-up tag in the segments a sleep can unmap, leaving the ranges already asleep.
+std::map<std::uint32_t, Bytes> PytorchPolicy::backup_need(const TagList& backup_tags) const {
+  std::map<std::uint32_t, Bytes> need;
+  for (const auto& [base, seg_ptr] : segments_) {
+    const Segment* seg = seg_ptr.get();
+    if (!seg->vmm && !seg->expandable) continue;
+    for (const Block* b = seg->head; b != nullptr; b = b->next)
+      if (b->is_allocated() && sleeping_range_at(b->ptr) == nullptr && lists_tag(backup_tags, tag_name(b->tag)))
+        need[b->tag] += b->size;
+  }
+  return need;
+}
+
 }  // namespace cachet::gpu::detail

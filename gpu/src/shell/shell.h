@@ -73,6 +73,48 @@ class Shell {
   double memory_fraction() const { return cap_.fraction(total_memory_); }
   std::optional<Bytes> allowed_memory_maximum() const { return cap_.allowed(); }
 
+  // Used by CachingAllocator::prepare_backup_buffers (allocator.h) as well as by sleep().
+  // sleep()/wake() refusals before anything changes (docs/sleep-wake.md section 3 step 1, §6).
+  void check_sleep_call(const char* op, const TagList& tags, const TagList* backup_tags) const {
+    if (!config_.sleep)
+      throw UsageError(std::string(op) +
+                       ": sleep needs CACHET_ALLOC_CONF cachet_sleep:True set before the first allocation");
+    auto check_list = [&](const TagList& list, const char* what) {
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        check_tag(list[i]);
+        for (std::size_t j = 0; j < i; ++j)
+          if (list[j] == list[i])
+            throw UsageError(std::string(op) + ": the tag '" + list[i] + "' is named twice in " + what +
+                             "; name each tag once");
+      }
+    };
+    check_list(tags, "tags");
+    if (backup_tags != nullptr) check_list(*backup_tags, "backup_tags");
+  }
+
+  // The buffers a later sleep() will take, pinned now and kept by the backend (docs/sleep-wake.md
+  // section 6), all held at once as that sleep holds them, so that the first sleep pays a pinned
+  // copy only. Returns their bytes. A kept buffer large enough is taken, not pinned again. If one
+  // cannot be had, the ones got are kept and OutOfMemory names the bytes (the sleep stats do not
+  // change: no sleep failed).
+  Bytes pin_backup_buffers(const std::map<std::uint32_t, Bytes>& need) {
+    std::vector<void*> got;
+    Bytes total = 0;
+    for (const auto& [tag, bytes] : need) {
+      auto r = mem_->host_alloc(bytes);
+      if (!r.is_ok()) {
+        for (void* h : got) mem_->host_free(h);
+        throw OutOfMemory("prepare_backup_buffers(): " + std::to_string(bytes) + " bytes (" + format_size(bytes) +
+                          ") of pinned host memory for the tag '" + tag_name(tag) + "' could not be had (" +
+                          r.status.message + "); the first sleep will try again");
+      }
+      got.push_back(r.value);
+      total += bytes;
+    }
+    for (void* h : got) mem_->host_free(h);
+    return total;
+  }
+
  protected:
   Shell(std::unique_ptr<DeviceMemory> memory, const Config& config)
       : mem_(std::move(memory)),
@@ -109,24 +151,6 @@ class Shell {
   }
   bool tags_seen() const { return tags_seen_; }
   const Tag& tag_name(std::uint32_t id) const { return tag_names_[id]; }
-  // sleep()/wake() refusals before anything changes (docs/sleep-wake.md section 3 step 1, §6).
-  void check_sleep_call(const char* op, const TagList& tags, const TagList* backup_tags) const {
-    if (!config_.sleep)
-      throw UsageError(std::string(op) +
-                       ": sleep needs CACHET_ALLOC_CONF cachet_sleep:True set before the first allocation");
-    auto check_list = [&](const TagList& list, const char* what) {
-      for (std::size_t i = 0; i < list.size(); ++i) {
-        check_tag(list[i]);
-        for (std::size_t j = 0; j < i; ++j)
-          if (list[j] == list[i])
-            throw UsageError(std::string(op) + ": the tag '" + list[i] + "' is named twice in " + what +
-                             "; name each tag once");
-      }
-    };
-    check_list(tags, "tags");
-    if (backup_tags != nullptr) check_list(*backup_tags, "backup_tags");
-  }
-
   // sleep()'s host memory, all of it before anything changes (docs/sleep-wake.md section 3 step 4):
   // one pinned buffer of need[tag] bytes per backed-up tag. If any cannot be had, the buffers got
   // so far are given back, sleep.num_backup_failures counts one, and OutOfMemory names the bytes.

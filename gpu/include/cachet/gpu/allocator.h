@@ -225,6 +225,13 @@ class CachingAllocator {
   // (cudaFreeHost): their bytes (0 for a backend that keeps none). empty_cache() keeps them, so
   // the next sleep pays no cudaHostAlloc (docs/sleep-wake.md section 6). No cachet_sleep needed.
   Bytes release_backup_buffers();
+  // Pins now the host buffers a sleep backing up `backup_tags` would pin for the live blocks of
+  // those tags (kept by the backend as a wake's buffers are, given back by release_backup_buffers),
+  // so the first sleep's backup costs a pinned copy only (docs/sleep-wake.md section 6). Returns
+  // their bytes (0 when no live block has those tags; a backend that keeps no buffers, as the
+  // host simulation without a keeping wrapper, gives them back at once).
+  // UsageError without cachet_sleep or for a bad tag; OutOfMemory when host memory is short.
+  Bytes prepare_backup_buffers(const TagList& backup_tags);
   // torch.cuda.set_per_process_memory_fraction: [0, 1]; 1 = no cap.
   void set_memory_fraction(double fraction);
   double memory_fraction() const;

@@ -59,6 +59,7 @@ void load_config() {
 
 void register_allocator(int device, cachet::CachingAllocator* a) {
   State& s = state();
+  if (auto f = s.trace_listener.load()) a->set_trace_listener([f, device](const cachet::TraceEvent& e) { f(device, e); });
   s.allocators[device].store(a, std::memory_order_release);
   // The sole allocator: this one if it is the first, none once there is a second. The device is
   // written once, before the pointer that publishes it (a reader that saw the pointer reads it).

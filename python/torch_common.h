@@ -46,6 +46,11 @@ struct State {
   // Called after cachet_torch_clear_trace cleared the trace (the c10 backend drops the stacks it
   // kept for it); nullptr in the plug-in.
   std::atomic<void (*)()> on_trace_cleared{nullptr};
+  // Told of every trace event of every allocator as it is made (cachet/trace.h TraceListener),
+  // with its device: the c10 backend's trace trackers; nullptr until one is attached, and in the
+  // plug-in. Set under create_mu, and installed on the allocators existing then and on those
+  // registered later (register_allocator).
+  std::atomic<void (*)(int device, const cachet::TraceEvent&)> trace_listener{nullptr};
   std::string last_error;  // guarded by create_mu
 };
 

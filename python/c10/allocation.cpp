@@ -146,8 +146,9 @@ void CachetCUDAAllocator::emptyCache(MempoolId_t mempool_id) {
 // With the history on, a call of its own: native's emptyCache gathers its context at ALL, and
 // the segments it gives back and the frees it completes take it (history.h).
 void CachetCUDAAllocator::empty_cache_of(int device, cachet::CachingAllocator* a, cachet::PoolId id) {
+  if (has_trackers_.load()) refuse_call_from_tracker("emptyCache");
   as_traced_call(device, [&] { call("emptyCache", [&] { id.is_default() ? a->empty_cache() : a->empty_cache(id); }); });
-  dispatch_trackers(device);
+  if (has_trackers_.load()) raise_tracker_error();
 }
 
 void CachetCUDAAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) {
@@ -201,8 +202,9 @@ double CachetCUDAAllocator::getMemoryFraction(c10::DeviceIndex device) {
 
 void CachetCUDAAllocator::setMemoryFraction(double fraction, c10::DeviceIndex device) {
   cachet::CachingAllocator* a = allocator(device);
+  if (has_trackers_.load()) refuse_call_from_tracker("setMemoryFraction");
   as_traced_call(device, [&] { call("setMemoryFraction", [&] { a->set_memory_fraction(fraction); }); });
-  dispatch_trackers(device);
+  if (has_trackers_.load()) raise_tracker_error();
 }
 
 // cuDNN's benchmark asks how much it may try: with *largestBlock 0 (as cuDNN calls it) the
@@ -268,20 +270,32 @@ cudaError_t CachetCUDAAllocator::memcpyAsync(void* dst, int dstDevice, const voi
     free_traced(a, device, ptr);
     return;
   }
+  if (has_trackers_.load(std::memory_order_relaxed)) [[unlikely]] {
+    free_tracked(a, ptr);
+    return;
+  }
   call("free", [&] { a->free(ptr); });
-  if (has_trackers_.load(std::memory_order_relaxed)) [[unlikely]] dispatch_trackers(device);
+}
+
+// free with trace trackers attached (history.cpp): from a tracker, made once the call that ran it
+// returns; a tracker's exception is only warned about (the deleter runs in destructors).
+void CachetCUDAAllocator::free_tracked(cachet::CachingAllocator* a, void* ptr) {
+  if (defer_free_from_tracker(ptr)) return;
+  call("free", [&] { a->free(ptr); });
+  warn_tracker_error();
 }
 
 // free with history on: native's free gathers its context at ALL (outside every lock), and the
 // events of the free take it (history.h).
 void CachetCUDAAllocator::free_traced(cachet::CachingAllocator* a, int device, void* ptr) {
+  if (has_trackers_.load(std::memory_order_relaxed) && defer_free_from_tracker(ptr)) return;
   const TracedCall c = begin_call(device, cc::RecordContext::ALL, cc::RecordContext::ALL);
   {
     cachet::TraceCallScope scope(c.id);
     call("free", [&] { a->free(ptr); });
   }
   set_live(device, ptr, nullptr);
-  if (has_trackers_.load(std::memory_order_relaxed)) dispatch_trackers(device);
+  if (has_trackers_.load(std::memory_order_relaxed)) warn_tracker_error();
 }
 
 // ---- per-device allocators -------------------------------------------------------------------
@@ -317,9 +331,36 @@ cachet::StreamId CachetCUDAAllocator::current_stream(int device) {
   cachet::CachingAllocator* a = allocator(device);
   if (history_on_.load(std::memory_order_relaxed)) [[unlikely]]
     return malloc_traced(a, device, size, stream);
+  if (has_trackers_.load(std::memory_order_relaxed)) [[unlikely]]
+    return malloc_tracked(a, device, size, stream);
+  return allocate_on(a, device, size, stream);
+}
+
+// malloc with trace trackers attached (history.cpp): refused from a tracker; a tracker's
+// exception is raised once the allocation is made (the DataPtr is not made: the memory goes back).
+void* CachetCUDAAllocator::malloc_tracked(cachet::CachingAllocator* a, c10::DeviceIndex device, size_t size,
+                                          cudaStream_t stream) {
+  refuse_call_from_tracker("malloc");
   void* p = allocate_on(a, device, size, stream);
-  if (has_trackers_.load(std::memory_order_relaxed)) [[unlikely]] dispatch_trackers(device);
+  give_back_on_tracker_error(a, p);
   return p;
+}
+
+// A tracker failed during the allocation of `p`: `p` goes back (no DataPtr holds it) and the
+// tracker's error is raised.
+void CachetCUDAAllocator::give_back_on_tracker_error(cachet::CachingAllocator* a, void* p) {
+  try {
+    raise_tracker_error();
+  } catch (...) {
+    if (p != nullptr) {
+      try {
+        a->free(p);
+      } catch (...) {
+      }
+      warn_tracker_error();  // what the free's trackers raised in turn
+    }
+    throw;
+  }
 }
 
 // malloc with history on: native's malloc gathers its context at STATE (outside every lock); the
@@ -328,6 +369,7 @@ cachet::StreamId CachetCUDAAllocator::current_stream(int device) {
 // call's scope is closed: the observers may allocate, as calls of their own.
 void* CachetCUDAAllocator::malloc_traced(cachet::CachingAllocator* a, c10::DeviceIndex device, size_t size,
                                          cudaStream_t stream) {
+  if (has_trackers_.load(std::memory_order_relaxed)) refuse_call_from_tracker("malloc");
   const TracedCall c = begin_call(device, cc::RecordContext::STATE, cc::RecordContext::STATE);
   void* p = nullptr;
   std::optional<std::string> oom;
@@ -340,8 +382,8 @@ void* CachetCUDAAllocator::malloc_traced(cachet::CachingAllocator* a, c10::Devic
     allocate_failed(device, size, e);
   }
   if (oom) out_of_memory(device, size, *oom);
+  if (has_trackers_.load(std::memory_order_relaxed)) give_back_on_tracker_error(a, p);
   set_live(device, p, c.made);
-  if (has_trackers_.load(std::memory_order_relaxed)) dispatch_trackers(device);
   return p;
 }
 
@@ -369,7 +411,7 @@ void CachetCUDAAllocator::allocate_failed(c10::DeviceIndex device, size_t size, 
 // the memory allowed (the cap set by a fraction, else the device's total), the device's free
 // memory).
 void CachetCUDAAllocator::out_of_memory(c10::DeviceIndex device, size_t size, const std::string& message) {
-  if (has_trackers_.load()) dispatch_trackers(device);
+  if (has_trackers_.load()) warn_tracker_error();  // the out-of-memory error is the one raised
   std::vector<cc::OutOfMemoryObserver> observers;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -21,9 +21,10 @@
 //   install.cpp        the C entry points python/cachet_torch/ calls (install, version, bench)
 //
 // What the adapter keeps besides cachet's answers: contexts (PyTorch's CreateContextFn results
-// for _record_memory_history, gathered outside every lock), out-of-memory observers and trace
-// trackers (called with no lock of cachet's held), the IPC handles other processes sent, and
-// settings followed through PyTorch's settings hook.
+// for _record_memory_history, gathered outside every lock), out-of-memory observers (called with
+// no lock of cachet's held), trace trackers (called as gpu/ makes each event, under its lock, as
+// native calls them: history.cpp), the IPC handles other processes sent, and settings followed
+// through PyTorch's settings hook.
 //
 // Device calls cachet makes inside allocate, emptyCache and releasePool follow the capture
 // status of PyTorch's current stream (cachet::gpu::CurrentStream, whose provider asks PyTorch
@@ -192,6 +193,11 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   [[gnu::noinline]] void* malloc_traced(cachet::CachingAllocator* a, c10::DeviceIndex device, size_t size,
                                         cudaStream_t stream);
   [[gnu::noinline]] void free_traced(cachet::CachingAllocator* a, int device, void* ptr);
+  // With trace trackers attached and the history off (history.cpp, "trace trackers").
+  [[gnu::noinline]] void* malloc_tracked(cachet::CachingAllocator* a, c10::DeviceIndex device, size_t size,
+                                         cudaStream_t stream);
+  [[gnu::noinline]] void free_tracked(cachet::CachingAllocator* a, void* ptr);
+  static void give_back_on_tracker_error(cachet::CachingAllocator* a, void* p);
   [[gnu::always_inline]] inline void* allocate_on(cachet::CachingAllocator* a, c10::DeviceIndex device,
                                                   size_t size, cudaStream_t stream);
   [[noreturn, gnu::cold, gnu::noinline]] static void allocate_failed(c10::DeviceIndex device, size_t size,
@@ -241,9 +247,18 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
                                                     const History& h,
                                                     const std::vector<cda::TraceEntry::Action>& skips,
                                                     size_t max_n);
-  // Hands the trace entries recorded since the last call to the trackers. Without
-  // _record_memory_history, the trace exists for them only and is cleared once handed over.
-  void dispatch_trackers(int device);
+  // The trace trackers (history.cpp): gpu/'s listener (torch_common State::trace_listener) hands
+  // each event to them as it is made, under the allocator's lock. A tracker's exception is kept
+  // for the calling thread and raised by raise_tracker_error once cachet's call is over (the
+  // allocator's state is whole then); a free (a deleter, which must not throw) warns instead. A
+  // call into the allocator from a tracker is refused (refuse_call_from_tracker): the lock is held;
+  // a free from a tracker (a tensor it dropped) is made once the call that ran it returns
+  // (defer_free_from_tracker; made by raise_tracker_error and warn_tracker_error).
+  static void tell_trackers(int device, const cachet::TraceEvent& e);
+  static bool defer_free_from_tracker(void* ptr);
+  static void raise_tracker_error();
+  static void warn_tracker_error();
+  static void refuse_call_from_tracker(const char* what);
 
   // ---- settings (settings.cpp) ------------------------------------------------------------------
   void load_settings(cc::AllocatorConfigInfo& md);
@@ -265,9 +280,10 @@ class CachetCUDAAllocator final : public cc::CUDAAllocator {
   std::vector<cda::AnnotationEntry> annotations_;
   std::unordered_map<int, std::unique_ptr<History>> histories_;
 
-  std::mutex tracker_mu_;
-  std::vector<cc::AllocatorTraceTracker> trackers_;
-  std::unordered_map<int, size_t> tracked_;
+  std::mutex tracker_mu_;  // attaching a tracker (never held while one is called)
+  // Copied on attach, read without a lock by tell_trackers (under gpu/'s lock).
+  std::atomic<std::shared_ptr<const std::vector<cc::AllocatorTraceTracker>>> trackers_{
+      std::make_shared<const std::vector<cc::AllocatorTraceTracker>>()};
 
   std::mutex ipc_mu_;
   struct IpcEntry {

@@ -3,11 +3,13 @@
 // "The c10 backend"): turning the history on and off, the contexts PyTorch's recorder gives
 // (gathered outside every lock, kept by call in History, history.h), cachet's trace as PyTorch's
 // TraceEntry list with the context native's record_trace gives each entry, annotations, and the
-// trace trackers.
+// trace trackers (called as gpu/ makes each event: before a segment's device free, after its
+// allocation, with the entry's pool id; docs/pytorch-allocator.md §8, "Trace trackers").
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
@@ -46,8 +48,8 @@ void CachetCUDAAllocator::recordHistory(bool enabled, cc::CreateContextFn contex
   std::vector<cda::TraceEntry::Action> skips;
   for (const auto& s : skip_actions) skips.push_back(cda::parseTraceEntryAction(s));
   // Turning it on starts from an empty trace, as native's (turning it off cleared its buffer):
-  // what cachet's trace holds then was recorded for trace trackers or the cachet_torch_* API,
-  // without the contexts History aligns with it.
+  // what cachet's trace holds then was recorded for the cachet_torch_* API, without the contexts
+  // History aligns with it. Trace trackers need no trace (gpu/'s listener tells them).
   const bool was_on = history_on_.load();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -59,7 +61,7 @@ void CachetCUDAAllocator::recordHistory(bool enabled, cc::CreateContextFn contex
     if (!enabled || clearHistory) annotations_.clear();
   }
   const bool clear = !enabled || clearHistory || !was_on;
-  set_trace_all(enabled || has_trackers_.load(), clear);
+  set_trace_all(enabled, clear);
 }
 
 void CachetCUDAAllocator::recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) {
@@ -74,16 +76,133 @@ void CachetCUDAAllocator::recordAnnotation(const std::vector<std::pair<std::stri
   if (annotations_.size() > max_entries_) annotations_.erase(annotations_.begin());
 }
 
-// Trackers see each trace entry (segment allocations and frees for NCCL's registration hooks,
-// ...). cachet records them in its trace; they are handed to the trackers after each call that
-// can make them, with no lock of cachet's held (PyTorch calls them under its lock).
+// ---- trace trackers ----------------------------------------------------------------------
+//
+// Trackers (ProcessGroupNCCL's register hook with TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1:
+// ncclCommRegister at SEGMENT_ALLOC, ncclCommDeregister at SEGMENT_FREE, for the pools registered
+// with a communicator or for every pool) see each trace entry as native's record_trace hands it
+// to them: as gpu/ makes the event (its listener, cachet/trace.h), so a segment's free before the
+// device gives its memory back (also when empty_cache, a pool's release, an allocation's retry or
+// garbage collection frees it), its allocation after, each entry with its pool's id (the MemPool
+// or CUDA graph pool owning the segment, {0, 0} for the default pools; TraceEntry::mempool_, which
+// the hook compares with the pools registered with a communicator), with no context (native's
+// carries the caller's at context="alloc" or "all"; the contexts are kept under History's lock,
+// which is never taken under cachet's). Expandable segments give segment_map and segment_unmap
+// entries (after the map, after the unmap), as native's do; PyTorch turns the hook off under them.
+// cachet_torch.sleep and wake tell the trackers of the memory they give back and get again:
+// SEGMENT_FREE before a sleeping segment's memory goes and SEGMENT_ALLOC once a wake mapped it
+// again (docs/sleep-wake.md section 3), so NCCL holds no registration of unmapped memory.
+//
+// The lock: native calls trackers under its (recursive) device mutex, cachet under its per-device
+// lock (gpu/'s SpinMutex, not recursive), both in the allocation or free that made the entry.
+// NCCL's hooks take their own mutex and call ncclCommRegister / ncclCommDeregister, which work on
+// NCCL's own handles and never call PyTorch's allocator; a tracker that does call into the c10
+// backend is refused with an error (refuse_call_from_tracker) instead of spinning on the lock it
+// already holds, but for a free (a tensor the tracker dropped: a deleter must not throw), which is
+// made once the call that ran the tracker returns. Trackers are read without a lock (a copied list, trackers_), so attaching one
+// from a tracker is harmless. A tracker's exception must not unwind through gpu/'s state: it is
+// kept for the calling thread and raised once cachet's call returned (raise_tracker_error), or
+// only warned about by a free (a deleter runs in destructors).
+namespace {
+thread_local std::exception_ptr t_tracker_error;  // the first exception of a tracker on this thread
+thread_local int t_in_tracker = 0;                // > 0 while this thread runs a tracker
+thread_local std::vector<void*> t_deferred_frees;  // frees a tracker made, for after the call
+
+// The frees trackers made on this thread, now that no lock is held: each as any free (its own
+// trackers' failures join t_tracker_error).
+void free_deferred() {
+  while (!t_deferred_frees.empty()) {
+    std::vector<void*> frees = std::exchange(t_deferred_frees, {});
+    for (void* p : frees) {
+      try {
+        g_the_allocator.load(std::memory_order_acquire)->free(p);
+      } catch (...) {
+        if (!t_tracker_error) t_tracker_error = std::current_exception();
+      }
+    }
+  }
+}
+}  // namespace
+
+bool CachetCUDAAllocator::defer_free_from_tracker(void* ptr) {
+  if (t_in_tracker == 0) [[likely]]
+    return false;
+  t_deferred_frees.push_back(ptr);
+  return true;
+}
+
 void CachetCUDAAllocator::attachAllocatorTraceTracker(cc::AllocatorTraceTracker tracker) {
   {
     std::lock_guard<std::mutex> lock(tracker_mu_);
-    trackers_.push_back(std::move(tracker));
+    auto next = std::make_shared<std::vector<cc::AllocatorTraceTracker>>(*trackers_.load());
+    next->push_back(std::move(tracker));
+    trackers_.store(std::move(next));
     has_trackers_.store(true);
   }
-  set_trace_all(true, false);
+  // gpu/'s listener on every allocator, those created later included (torch_common's
+  // register_allocator installs it). create_mu is never taken under an allocator's lock.
+  tc::State& s = tc::state();
+  std::lock_guard<std::mutex> lock(s.create_mu);
+  if (s.trace_listener.exchange(&CachetCUDAAllocator::tell_trackers) == &CachetCUDAAllocator::tell_trackers) return;
+  for (int d = 0; d < tc::kMaxDevices; ++d)
+    if (cachet::CachingAllocator* a = s.allocators[d].load(std::memory_order_acquire))
+      a->set_trace_listener([d](const cachet::TraceEvent& e) { tell_trackers(d, e); });
+}
+
+void CachetCUDAAllocator::tell_trackers(int device, const cachet::TraceEvent& e) {
+  CachetCUDAAllocator* self = g_the_allocator.load(std::memory_order_acquire);
+  if (self == nullptr) return;
+  const auto trackers = self->trackers_.load();
+  if (trackers->empty()) return;
+  cda::TraceEntry te(to_action(e.action), static_cast<c10::DeviceIndex>(device), e.addr, e.size,
+                     reinterpret_cast<void*>(e.stream), MempoolId_t{static_cast<c10::CaptureId_t>(e.pool.first),
+                                                                    static_cast<c10::CaptureId_t>(e.pool.second)},
+                     0, nullptr, "N/A", "");
+  te.time_.t_ = static_cast<time_t>(e.time_us);
+  ++t_in_tracker;
+  for (const auto& t : *trackers) {
+    try {
+      t(te);
+    } catch (...) {
+      if (!t_tracker_error) t_tracker_error = std::current_exception();
+    }
+  }
+  --t_in_tracker;
+}
+
+void CachetCUDAAllocator::raise_tracker_error() {
+  if (!t_deferred_frees.empty()) [[unlikely]]
+    free_deferred();
+  if (!t_tracker_error) [[likely]]
+    return;
+  std::exception_ptr e = std::exchange(t_tracker_error, nullptr);
+  try {
+    std::rethrow_exception(e);
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& x) {
+    TORCH_CHECK(false, "cachet: a trace tracker (attachAllocatorTraceTracker) failed: ", x.what());
+  } catch (...) {
+    TORCH_CHECK(false, "cachet: a trace tracker (attachAllocatorTraceTracker) failed with an unknown exception");
+  }
+}
+
+void CachetCUDAAllocator::warn_tracker_error() {
+  if (!t_deferred_frees.empty()) [[unlikely]]
+    free_deferred();
+  if (!t_tracker_error) [[likely]]
+    return;
+  try {
+    raise_tracker_error();
+  } catch (const c10::Error& e) {
+    TORCH_WARN("cachet: a trace tracker failed during a free (the free is done): ", e.what_without_backtrace());
+  }
+}
+
+void CachetCUDAAllocator::refuse_call_from_tracker(const char* what) {
+  TORCH_CHECK(t_in_tracker == 0, "cachet: ", what,
+              " called from a trace tracker (attachAllocatorTraceTracker): trackers run under the "
+              "allocator's lock, as native's do, and must not call the allocator");
 }
 
 void CachetCUDAAllocator::forget_history() {
@@ -171,8 +290,6 @@ void CachetCUDAAllocator::set_trace_all(bool on, bool clear) {
       std::lock_guard<std::mutex> hl(h->mu);
       h->clear();
     }
-    std::lock_guard<std::mutex> tl(tracker_mu_);
-    tracked_.clear();
   }
 }
 
@@ -225,34 +342,14 @@ std::vector<cda::TraceEntry> CachetCUDAAllocator::trace_entries(int d, const std
     const auto act = to_action(e.action);
     if (std::find(skips.begin(), skips.end(), act) != skips.end()) continue;
     cda::TraceEntry te(act, static_cast<c10::DeviceIndex>(d), e.addr, e.size, reinterpret_cast<void*>(e.stream),
-                       MempoolId_t{0, 0}, 0, std::move(ctx), "N/A", "");
+                       MempoolId_t{static_cast<c10::CaptureId_t>(e.pool.first),
+                                   static_cast<c10::CaptureId_t>(e.pool.second)},
+                       0, std::move(ctx), "N/A", "");
     te.time_.t_ = static_cast<time_t>(e.time_us);
     out.push_back(std::move(te));
   }
   if (out.size() > max_n) out.erase(out.begin(), out.end() - static_cast<std::ptrdiff_t>(max_n));
   return out;
-}
-
-void CachetCUDAAllocator::dispatch_trackers(int device) {
-  if (!has_trackers_.load()) return;
-  cachet::CachingAllocator* a = tc::existing_allocator(device);
-  if (!a) return;
-  std::lock_guard<std::mutex> lock(tracker_mu_);
-  const std::vector<cachet::TraceEvent> events = a->trace();
-  size_t& from = tracked_[device];
-  if (from > events.size()) from = 0;
-  for (size_t i = from; i < events.size(); ++i) {
-    const auto& e = events[i];
-    cda::TraceEntry te(to_action(e.action), static_cast<c10::DeviceIndex>(device), e.addr, e.size,
-                       reinterpret_cast<void*>(e.stream), MempoolId_t{0, 0}, 0, nullptr, "N/A", "");
-    te.time_.t_ = static_cast<time_t>(e.time_us);
-    for (const auto& t : trackers_) t(te);
-  }
-  from = events.size();
-  if (!history_on_.load()) {
-    a->clear_trace();
-    from = 0;
-  }
 }
 
 }  // namespace cachet::c10_backend

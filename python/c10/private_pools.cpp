@@ -63,8 +63,9 @@ void CachetCUDAAllocator::beginAllocateToPool(c10::DeviceIndex device, MempoolId
 
 void CachetCUDAAllocator::endAllocateToPool(c10::DeviceIndex device, MempoolId_t mempool_id) {
   cachet::CachingAllocator* a = allocator(device);
+  if (has_trackers_.load()) refuse_call_from_tracker("endAllocateToPool");
   as_traced_call(device, [&] { call("endAllocateToPool", [&] { a->end_allocate_to_pool(pool_id(mempool_id)); }); });
-  dispatch_trackers(device);
+  if (has_trackers_.load()) raise_tracker_error();
 }
 
 // Native's releasePool only counts a user fewer (its segments go at the next emptyCache or
@@ -72,8 +73,9 @@ void CachetCUDAAllocator::endAllocateToPool(c10::DeviceIndex device, MempoolId_t
 void CachetCUDAAllocator::releasePool(c10::DeviceIndex device, MempoolId_t mempool_id) {
   cachet::CachingAllocator* a = allocator(device);
   cachet::gpu::CurrentStream cs(current_stream(device));
+  if (has_trackers_.load()) refuse_call_from_tracker("releasePool");
   as_traced_call(device, [&] { call("releasePool", [&] { a->release_pool(pool_id(mempool_id)); }); });
-  dispatch_trackers(device);
+  if (has_trackers_.load()) raise_tracker_error();
 }
 
 int CachetCUDAAllocator::getPoolUseCount(c10::DeviceIndex device, MempoolId_t mempool_id) {

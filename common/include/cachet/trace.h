@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string_view>
 
@@ -31,11 +32,25 @@ struct TraceEvent {
   // thread then, 0 when none was. The caller's bookkeeping, not part of what the event says, so
   // == leaves it out.
   std::uint32_t call = 0;
+  // The private pool the block or segment belongs to (a MemPool's or a CUDA graph's id), the
+  // default {0, 0} outside every private pool: PyTorch's TraceEntry::mempool_, which its NCCL
+  // register hook matches against the pools registered with a communicator. policy:pytorch names
+  // it on every block and segment event; policy:cachet and model/ leave it default. == leaves it
+  // out (model/'s trace names no pools).
+  PoolId pool{};
   friend bool operator==(const TraceEvent& a, const TraceEvent& b) {
     return a.action == b.action && a.addr == b.addr && a.size == b.size && a.stream == b.stream &&
            a.time_us == b.time_us;
   }
 };
+
+// Told of each trace event as the allocator makes it (CachingAllocator::set_trace_listener), on
+// the calling thread with the allocator's lock held, whether or not the trace is on: PyTorch's
+// trace trackers (attachAllocatorTraceTracker), which native calls from record_trace under its
+// lock. A segment's free is told before the device gives its memory back, its allocation after
+// the device allocated it (docs/pytorch-allocator.md §8, "Trace trackers"). It must not call back
+// into the allocator (the lock is not recursive) and must not throw (an exception is dropped).
+using TraceListener = std::function<void(const TraceEvent&)>;
 
 // The calling thread's name for the allocator calls it makes: while a scope is open, every trace
 // event an allocator records on this thread carries its id (TraceEvent::call). The c10 backend

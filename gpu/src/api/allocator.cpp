@@ -367,6 +367,11 @@ void CachingAllocator::set_trace(bool on) {
   core_->with_policy([on](auto& p) { p.set_trace(on); });
 }
 
+void CachingAllocator::set_trace_listener(TraceListener l) {
+  std::lock_guard lock(mu_);
+  core_->with_policy([&](auto& p) { p.set_trace_listener(std::move(l)); });
+}
+
 std::vector<TraceEvent> CachingAllocator::trace() const {
   std::lock_guard lock(mu_);
   return core_->with_policy([](const auto& p) -> const std::vector<TraceEvent>& { return p.trace(); });

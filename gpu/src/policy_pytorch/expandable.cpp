@@ -127,7 +127,7 @@ bool PytorchPolicy::map_block(Block* to_map, Bytes size) {
 
   total_allocated_memory_ += mapped;
   accounting_.pages_mapped(stat_type(pool), mapped, 0);  // expandable segments are not counted in `segment`
-  record(TraceAction::SegmentMap, at, mapped, to_map->stream);
+  record(TraceAction::SegmentMap, at, mapped, to_map->stream, trace_pool(pool));
   return true;
 }
 
@@ -181,7 +181,7 @@ void PytorchPolicy::unmap_block(Block* b) {
   total_allocated_memory_ -= n;
   count_device_free(pool);  // §14.5
   accounting_.pages_unmapped(stat_type(pool), n, 0);
-  record(TraceAction::SegmentUnmap, at, n, b->stream);
+  record(TraceAction::SegmentUnmap, at, n, b->stream, trace_pool(pool));
 }
 
 void PytorchPolicy::release_expandable_segment(Block* b) {

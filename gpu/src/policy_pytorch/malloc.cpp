@@ -386,7 +386,7 @@ bool PytorchPolicy::alloc_block(AllocParams& p, bool is_retry) {
 
   total_allocated_memory_ += size;
   accounting_.segment_allocated(stat_type(*p.pool), size, is_oversize(size));
-  record(TraceAction::SegmentAlloc, r.value, size, p.stream);
+  record(TraceAction::SegmentAlloc, r.value, size, p.stream, trace_pool(*p.pool));
   p.block = b;
   return true;
 }
@@ -454,7 +454,7 @@ Block* PytorchPolicy::alloc_found_block(AllocParams& p, Bytes orig_size, bool sp
   active_.insert(block->ptr, block);
   accounting_.block_allocated(st, block->size, flipped(RuleFlip::RequestedBytesRounded) ? block->size : orig_size,
                               is_oversize(block->size));  // rule flip requested_bytes_rounded
-  record(TraceAction::Alloc, block->ptr, orig_size, block->stream);
+  record(TraceAction::Alloc, block->ptr, orig_size, block->stream, trace_pool(block));
   return block;
 }
 

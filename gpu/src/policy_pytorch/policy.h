@@ -451,6 +451,10 @@ class PytorchPolicy : public Shell {
 
   // --- plumbing ---
   static BlockPool& pool_for(const Block* b) { return *b->segment->pool; }
+  // The id trace events name the pool by (TraceEvent::pool, PyTorch's owner_MempoolId()): the
+  // owning private pool's, {0, 0} for the default pools.
+  static PoolId trace_pool(const BlockPool& p);
+  static PoolId trace_pool(const Block* b) { return trace_pool(pool_for(b)); }
   StatType stat_type(const BlockPool& pool) const { return pool.is_small ? StatType::SmallPool : StatType::LargePool; }
   Block* find_active(DevicePtr ptr, const char* op) const;
   std::optional<BlockAt> holder_of(DevicePtr ptr) const;  // for find_active's diagnostics

@@ -67,23 +67,38 @@ void PytorchPolicy::release_blocks(BlockPool& pool) {
   if (!sleeping_.empty()) release_sleeping_ranges(pool);
 }
 
+PoolId PytorchPolicy::trace_pool(const BlockPool& p) {
+  return p.owner != nullptr ? p.owner->id : PoolId{};
+}
+
 void PytorchPolicy::release_block(Block* b) {
   CACHET_ASSERT(!b->expandable() && !b->is_split() && b->is_free());
   BlockPool& pool = pool_for(b);
-  if (SegmentSource* source = pool.owner != nullptr ? pool.owner->source.get() : nullptr) {
-    // The MemPool's own allocator takes its segment back (§15.1); first: an exception changes nothing.
-    source->release(reinterpret_cast<void*>(static_cast<std::uintptr_t>(b->ptr)), b->size, device_, b->stream);
-  } else if (b->segment->vmm) {
-    auto st = vmm_segment_free(b->ptr, b->size, true);  // device first: a failure changes nothing
-    if (!st.is_ok()) throw DeviceError(device_error("cuMemUnmap/cuMemAddressFree", b->size, device_, st));
-  } else {
-    auto st = mem_->free(b->ptr);  // device first: a failure changes nothing
-    if (!st.is_ok()) throw DeviceError(device_error("cudaFree", b->size, device_, st));
+  // PyTorch's trackers hear of the free before the memory goes, as native's record_trace comes
+  // before its cudaFree (NCCL's register hook deregisters the segment there); the trace keeps the
+  // event once the device call succeeded. A failing call keeps the segment, and the listener hears
+  // that it is still there (shell.h).
+  const PoolId owner = trace_pool(pool);
+  tell_listener(TraceAction::SegmentFree, b->ptr, b->size, b->stream, owner);
+  try {
+    if (SegmentSource* source = pool.owner != nullptr ? pool.owner->source.get() : nullptr) {
+      // The MemPool's own allocator takes its segment back (§15.1); first: an exception changes nothing.
+      source->release(reinterpret_cast<void*>(static_cast<std::uintptr_t>(b->ptr)), b->size, device_, b->stream);
+    } else if (b->segment->vmm) {
+      auto st = vmm_segment_free(b->ptr, b->size, true);  // device first: a failure changes nothing
+      if (!st.is_ok()) throw DeviceError(device_error("cuMemUnmap/cuMemAddressFree", b->size, device_, st));
+    } else {
+      auto st = mem_->free(b->ptr);  // device first: a failure changes nothing
+      if (!st.is_ok()) throw DeviceError(device_error("cudaFree", b->size, device_, st));
+    }
+  } catch (...) {
+    tell_still_there(b->ptr, b->size, b->stream, owner);
+    throw;
   }
   count_device_free(pool);  // §14.5
   if (pool.owner != nullptr) --pool.owner->segments;
   accounting_.segment_freed(stat_type(pool), b->size, is_oversize(b->size));
-  record(TraceAction::SegmentFree, b->ptr, b->size, b->stream);
+  keep_in_trace(TraceAction::SegmentFree, b->ptr, b->size, b->stream, owner);
   if (!mutant(kMutantReleaseKeepsReserved)) total_allocated_memory_ -= b->size;
   pool.blocks.erase(pool.blocks.iterator_to(*b));
   segments_.erase(b->segment->base);

@@ -144,10 +144,16 @@ Bytes PytorchPolicy::sleep(const TagList& tags, const TagList& backup_tags) {
     }
   for (const auto& [tag, h] : buffers) backup_buffers_[h] = 0;
 
-  // 5. The memory goes back; the addresses stay.
+  // 5. The memory goes back; the addresses stay. PyTorch's trackers (NCCL's register hook) hear
+  // of it as of memory given back (docs/sleep-wake.md section 3): a whole segment's free before
+  // its memory goes, a run of an expandable segment's unmap after, as native names them; the
+  // trace keeps neither (the segment is still there, asleep).
   Bytes given = 0;
   for (Plan& p : plan) {
+    const PoolId owner = trace_pool(*p.seg->pool);
+    if (!p.seg->expandable) tell_listener(TraceAction::SegmentFree, p.base, p.size, p.seg->stream, owner);
     if (Status st = mem_->unmap(p.base, p.size); !st.is_ok()) {
+      if (!p.seg->expandable) tell_still_there(p.base, p.size, p.seg->stream, owner);
       for (auto it = backup_buffers_.begin(); it != backup_buffers_.end();)  // buffers no range holds
         if (it->second == 0) {
           mem_->host_free(it->first);
@@ -178,6 +184,7 @@ Bytes PytorchPolicy::sleep(const TagList& tags, const TagList& backup_tags) {
       ++backup_buffers_[r.buffer];
     }
     sleeping_.emplace(p.base, std::move(r));
+    if (p.seg->expandable) tell_listener(TraceAction::SegmentUnmap, p.base, p.size, p.seg->stream, owner);
     ++p.seg->sleeping_runs;
     sleeping_bytes_ += p.size;
     sleep_stats_.sleeping_segments.increase(1);
@@ -218,7 +225,7 @@ void PytorchPolicy::free_while_asleep(Block* b) {
   // this free, and the result leaves it again until the wake.
   BlockPool& pool = pool_for(b);
   accounting_.free_requested(stat_type(pool), b->size, is_oversize(b->size));
-  record(TraceAction::FreeRequested, b->ptr, b->requested_size, b->stream);
+  record(TraceAction::FreeRequested, b->ptr, b->requested_size, b->stream, trace_pool(b));
   b->stream_uses.clear();
   b->capture_stream_uses.clear();
   for (Block* n : {b->prev, b->next})
@@ -267,7 +274,8 @@ void PytorchPolicy::release_sleeping_ranges(BlockPool& from) {
       count_device_free(pool);
       if (pool.owner != nullptr) --pool.owner->segments;
       accounting_.segment_freed(stat_type(pool), b->size, is_oversize(b->size));
-      record(TraceAction::SegmentFree, b->ptr, b->size, b->stream);
+      // Trackers heard of this segment's free when its memory went (sleep step 5).
+      keep_in_trace(TraceAction::SegmentFree, b->ptr, b->size, b->stream, trace_pool(pool));
       total_allocated_memory_ -= b->size;
       segments_.erase(base);
       arena_.release(b);
@@ -283,7 +291,7 @@ void PytorchPolicy::release_sleeping_ranges(BlockPool& from) {
     total_allocated_memory_ -= r.size;
     count_device_free(pool);
     accounting_.pages_unmapped(stat_type(pool), r.size, 0);
-    record(TraceAction::SegmentUnmap, base, r.size, b->stream);
+    keep_in_trace(TraceAction::SegmentUnmap, base, r.size, b->stream, trace_pool(pool));  // told at the sleep
     if (!b->is_split()) release_expandable_segment(b);
   }
 }
@@ -332,7 +340,12 @@ void PytorchPolicy::wake(const TagList& tags) {
     if (Status st = mem_->copy_synchronize(); !st.is_ok())
       throw DeviceError(device_error("cudaStreamSynchronize (restore copies)", 0, device_, st));
   // Awake: the free blocks return to their pool, merging with awake free neighbours as a free would.
-  std::vector<std::pair<Segment*, DevicePtr>> woken;
+  struct Woken {
+    Segment* seg;
+    DevicePtr base;
+    Bytes size;
+  };
+  std::vector<Woken> woken;
   for (const DevicePtr base : waking) {
     auto it = sleeping_.find(base);
     SleepingRange& r = it->second;
@@ -350,11 +363,15 @@ void PytorchPolicy::wake(const TagList& tags) {
     sleep_stats_.sleeping_bytes.decrease(static_cast<std::int64_t>(r.size));
     sleep_stats_.sleeping_allocated_bytes.decrease(static_cast<std::int64_t>(allocated));
     sleep_stats_.backup_bytes.decrease(static_cast<std::int64_t>(backup));
-    woken.emplace_back(r.segment, base);
+    woken.push_back({r.segment, base, r.size});
     sleeping_.erase(it);
   }
-  for (const auto& [seg, base] : woken) {
+  for (const auto& [seg, base, size] : woken) {
     BlockPool& pool = *seg->pool;
+    // The trackers hear of the memory back (section 3): a whole segment as allocated, a run of an
+    // expandable segment as mapped, after the device gave it (the trace keeps neither).
+    if (seg->expandable) tell_listener(TraceAction::SegmentMap, base, size, seg->stream, trace_pool(pool));
+    else tell_still_there(base, size, seg->stream, trace_pool(pool));
     Block* b = seg->head;
     while (b->ptr != base) b = b->next;
     for (; b != nullptr && b->is_mapped(); b = b->next) {

@@ -56,6 +56,7 @@ class Shell {
   }
   const SleepStats& sleep_stats() const { return sleep_stats_; }
   void set_trace(bool on) { trace_.set_on(on); }
+  void set_trace_listener(TraceListener l) { trace_.set_listener(std::move(l)); }
   bool trace_on() const { return trace_.on(); }
   const std::vector<TraceEvent>& trace() const { return trace_.events(); }
   void clear_trace() { trace_.clear(); }
@@ -178,7 +179,23 @@ class Shell {
     if (!info.is_ok()) throw DeviceError(device_error("cudaMemGetInfo", 0, device_, info.status));
     total_memory_ = info.value.total;
   }
-  void record(TraceAction a, std::uint64_t addr, Bytes size, StreamId stream) { trace_.record(a, addr, size, stream); }
+  void record(TraceAction a, std::uint64_t addr, Bytes size, StreamId stream, PoolId pool = {}) {
+    trace_.record(a, addr, size, stream, pool);
+  }
+  // An event the listener (PyTorch's trackers) and the trace take on different sides of a device
+  // call (trace_recorder.h): tell_listener tells the listener only (a segment's free, before the
+  // device call), keep_in_trace keeps it in the trace only (once the call succeeded);
+  // tell_still_there, when the call failed, tells the listener the segment is still there (an
+  // NCCL registration dropped at the first tell is made again).
+  void tell_listener(TraceAction a, std::uint64_t addr, Bytes size, StreamId stream, PoolId pool) {
+    trace_.tell(a, addr, size, stream, pool);
+  }
+  void keep_in_trace(TraceAction a, std::uint64_t addr, Bytes size, StreamId stream, PoolId pool) {
+    trace_.keep(a, addr, size, stream, pool);
+  }
+  void tell_still_there(std::uint64_t addr, Bytes size, StreamId stream, PoolId pool) {
+    trace_.tell(TraceAction::SegmentAlloc, addr, size, stream, pool);
+  }
   // UsageError (changing nothing) for a stream of another device.
   void check_stream(StreamId stream, const char* op) const { known_streams_.check(*mem_, device_, stream, op); }
   // docs/pytorch-allocator.md §1.2: a request of 1 EiB or more is refused before anything else (no stats, no trace).

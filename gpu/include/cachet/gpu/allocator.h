@@ -248,6 +248,13 @@ class CachingAllocator {
   Snapshot block_table() const;
 
   void set_trace(bool on);  // _record_memory_history(enabled="all") / (None)
+  // PyTorch's trace trackers (cachet/trace.h TraceListener): `l` is told of every trace event as
+  // it is made, trace on or off, with this allocator's lock held; a segment's free before the
+  // device gives its memory back (and, if that fails, that the segment is still there), its
+  // allocation after. Sleep and wake tell it of the memory they give back and get again (trace
+  // unchanged; docs/sleep-wake.md section 3). An empty `l` stops it. `l` must not call into this
+  // allocator and must not throw.
+  void set_trace_listener(TraceListener l);
   std::vector<TraceEvent> trace() const;
   void clear_trace();
 

@@ -12,12 +12,13 @@
 //                                             [[action, addr, size, pool0, pool1, memory_there], ...]
 //                                             (malloc'd: free it with cachet_test_tracker_free)
 //   void  cachet_test_tracker_free(char*)
-//   int   cachet_test_tracker_expandable(void)  PyTorch's own CUDAAllocatorConfig::expandable_segments()
-//                                               (what the hook reads to turn itself off)
+//   int   cachet_test_tracker_expandable(void)  PyTorch's own expandable_segments setting, as the hook
+//                                               reads it to turn itself off (see below)
 //
 // Like NCCL's hooks, the tracker calls no allocator: it runs under the allocator's lock.
 #include <cuda_runtime_api.h>
 
+#include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 
@@ -93,6 +94,17 @@ extern "C" __attribute__((visibility("default"))) char* cachet_test_tracker_take
 
 extern "C" __attribute__((visibility("default"))) void cachet_test_tracker_free(char* p) { std::free(p); }
 
+// ProcessGroupNCCL (shouldAllCommunicatorsRegisterAllTensors, once, at the first group) calls the
+// inline CUDAAllocatorConfig::expandable_segments(), which in 2.11 returns
+// AcceleratorAllocatorConfig::use_expandable_segments() only where PYTORCH_C10_DRIVER_API_SUPPORTED
+// was defined when it was compiled (libtorch_cuda on Linux: yes) and false otherwise. No installed
+// header defines it, so compiled here that inline function says false whatever the configuration
+// (the first GPU run's "expandable_segments=False" under native too). This reads what it returns in
+// libtorch_cuda: libc10's AcceleratorAllocatorConfig singleton (out of line, one per process), which
+// parses the environment at its first use (the first of PYTORCH_CUDA_ALLOC_CONF,
+// PYTORCH_HIP_ALLOC_CONF, PYTORCH_ALLOC_CONF that is set: the child's environment), and later
+// setAllocatorSettings strings (torch.cuda.memory._set_allocator_settings). cachet's own
+// configuration (CACHET_ALLOC_CONF first) is not in it.
 extern "C" __attribute__((visibility("default"))) int cachet_test_tracker_expandable(void) {
-  return cc::CUDAAllocatorConfig::expandable_segments() ? 1 : 0;
+  return c10::CachingAllocator::AcceleratorAllocatorConfig::use_expandable_segments() ? 1 : 0;
 }

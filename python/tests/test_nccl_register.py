@@ -237,11 +237,11 @@ def rules(run, expandable):
                 continue
             if not there:
                 bad_there.append((action, size))
-            if action == "segment_alloc":
-                want = pool if name == "mempool" else owner.get(addr, (0, 0))
-                owner.setdefault(addr, p)
+            if action == "segment_alloc":  # an address freed before may come back in another pool
+                want = pool if name == "mempool" else (0, 0)
+                owner[addr] = p
             else:
-                want = owner.get(addr, (0, 0))
+                want = owner.pop(addr, (0, 0))
             if p != want:
                 bad_pool.append((action, size, want, p))
             if expandable and p == (0, 0):

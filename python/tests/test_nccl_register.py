@@ -228,7 +228,8 @@ def rules(run, expandable):
     is left out."""
     out = []
     pool = tuple(run.get("pool", (0, 0)))
-    owner = {}  # address index -> the pool its segment_alloc named
+    owner = {}  # address index -> the pool its latest segment_alloc named
+    alloc_pools = set()  # every pool a segment_alloc named
     reached = [name for name, _ in run["phases"]]
     for name, entries in canonical(run):
         bad_there, bad_pool, default = [], [], []
@@ -240,6 +241,7 @@ def rules(run, expandable):
             if action == "segment_alloc":  # an address freed before may come back in another pool
                 want = pool if name == "mempool" else (0, 0)
                 owner[addr] = p
+                alloc_pools.add(p)
             else:
                 want = owner.pop(addr, (0, 0))
             if p != want:
@@ -266,7 +268,7 @@ def rules(run, expandable):
                         + (f"; found {default[:4]}" if default else "")))
     if "mempool" in reached:
         if not expandable:
-            out.append(("mempool id", pool in owner.values(),
+            out.append(("mempool id", pool in alloc_pools,
                         f"the MemPool's segments were heard of with its id {pool}"))
         else:  # its segments are expandable too (only a MemPool with its own allocator's are not)
             maps = [e for name, es in canonical(run) if name == "mempool" for e in es if e[0] == "segment_map"]

@@ -603,8 +603,8 @@ TEST(WhatIf, ExplainsAnOutOfMemoryInsideAPrivatePool) {
         "plug-in only when clearly better; by replay: 63 configurations tried, 0 without out-of-memory):\n  none of "
         "them avoids it.\n",
         // a1 and a2 both fit only when the cap holds the pool's cached 40 MiB and a2's 40 MiB
-        "\n  The recorded configuration needs a cap of at least 80.00 MiB (83886080 bytes, found by replay to 2 "
-        "MiB).\n"})
+        "\n  The recorded configuration fits under a cap of 80.00 MiB (83886080 bytes) and under every larger one "
+        "(found by replay to 2 MiB).\n"})
     EXPECT_NE(e.out.find(line), std::string::npos) << line << "\n" << e.out;
 
   Out j = run("explain " + f + " --json");

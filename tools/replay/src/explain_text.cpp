@@ -242,7 +242,7 @@ std::string explain_text(const Explanation& e) {
   if (m.oom && !e.native_fix && e.fix && !rec.only_plugin_avoids)
     o += "With PyTorch's own allocator, none of the configurations tried avoids it.\n";
   if (e.cap_needed)
-    o += fmt::format("  The {} needs a cap of at least {} ({} bytes, found by replay to 2 MiB).\n",
+    o += fmt::format("  The {} fits under a cap of {} ({} bytes) and under every larger one (found by replay to 2 MiB).\n",
                      rec.from_given ? "given configuration" : "recorded configuration", hb(*e.cap_needed), *e.cap_needed);
   if (e.smallest_fix) {
     const ReplayResult& r = e.result(*e.smallest_fix);

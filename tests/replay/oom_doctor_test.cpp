@@ -453,6 +453,11 @@ TEST(OomDoctor, FiguresSayWhatTheyAre) {
   EXPECT_NE(html.find("</span> segments, 11.88 GiB reserved, 7.05 GiB allocated; segments in address order, end to "
                       "end, each row 608.00 MiB of them."),
             std::string::npos);
+  // Two figures that are the same are said once, never "0 instead of 0".
+  CliRun x = run_cachet("explain " + kThreads + " --cap 2100M");
+  EXPECT_NE(x.out.find("\n  out-of-memory errors: 0, unchanged\n"), std::string::npos) << x.out;
+  EXPECT_NE(x.out.find("; allocation retries 0, unchanged\n"), std::string::npos) << x.out;
+  EXPECT_EQ(x.out.find("0 instead of 0"), std::string::npos) << x.out;
   CliRun t = run_cachet("trace-info " + kOom);
   EXPECT_NE(t.out.find(" blocks (") , std::string::npos);
   EXPECT_NE(t.out.find(" bytes requested), "), std::string::npos) << t.out;

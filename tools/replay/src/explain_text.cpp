@@ -208,14 +208,24 @@ std::string explain_text(const Explanation& e) {
     const ReplayResult& b = e.base();
     o += fmt::format("  {}=\"{}\"\n", variable(r.config), r.conf);
     o += fmt::format("  {} key{} changed: {}\n", keys.size(), keys.size() == 1 ? "" : "s", join(keys, ", "));
-    o += fmt::format("  out-of-memory errors: {} instead of {}\n", r.stats.num_ooms, b.stats.num_ooms);
-    o += fmt::format("  peak reserved {} instead of {} (the {}{})\n"
-                     "  device calls (segment allocations and frees) {} instead of {}; allocation retries {} instead of {}\n",
-                     hb(r.peak_reserved()), hb(b.peak_reserved()), start,
+    // Two figures that are the same are said once ("0, unchanged"), never "0 instead of 0"; two
+    // sizes that print alike but differ get their bytes.
+    auto vs = [](std::int64_t now, std::int64_t before) {
+      return now == before ? fmt::format("{}, unchanged", now) : fmt::format("{} instead of {}", now, before);
+    };
+    auto vs_bytes = [](std::int64_t now, std::int64_t before) {
+      if (now == before) return fmt::format("{}, unchanged", hb(now));
+      if (hb(now) == hb(before)) return fmt::format("{} = {} bytes instead of {} bytes", hb(now), now, before);
+      return fmt::format("{} instead of {}", hb(now), hb(before));
+    };
+    o += fmt::format("  out-of-memory errors: {}\n", vs(r.stats.num_ooms, b.stats.num_ooms));
+    o += fmt::format("  peak reserved {} (the {}{})\n"
+                     "  device calls (segment allocations and frees) {}; allocation retries {}\n",
+                     vs_bytes(r.peak_reserved(), b.peak_reserved()), start,
                      b.recorded_addresses ? ", replayed with its recorded addresses" : ", replayed the same way",
-                     r.stats.num_device_alloc + r.stats.num_device_free,
-                     b.stats.num_device_alloc + b.stats.num_device_free, r.stats.num_alloc_retries,
-                     b.stats.num_alloc_retries);
+                     vs(r.stats.num_device_alloc + r.stats.num_device_free,
+                        b.stats.num_device_alloc + b.stats.num_device_free),
+                     vs(r.stats.num_alloc_retries, b.stats.num_alloc_retries));
     if (std::string h = headroom_text(r.peak_reserved(), e.cap); !h.empty() && r.stats.num_ooms == 0) o += "  " + h + "\n";
     if (r.config.policy == Policy::Cachet)
       o += "  (policy:cachet needs cachet's plug-in, python/README.md; PyTorch rejects the key in its own variables)\n";

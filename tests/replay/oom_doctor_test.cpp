@@ -485,6 +485,12 @@ TEST(OomDoctor, LessRefusal) {
   CliRun s = run_cachet("summary " + kOom);
   EXPECT_EQ(s.rc, 0);
   EXPECT_EQ(s.err, "cachet summary" + note);
+  // summary names the cap it replayed under, or that there was none.
+  EXPECT_NE(s.out.find("\nmemory cap: none (replayed without one; --cap gives it)\n"), std::string::npos) << s.out;
+  s = run_cachet("summary " + kOom + " --cap 12G");
+  EXPECT_NE(s.out.find("\nmemory cap: 12.00 GiB = 12884901888 bytes (set_per_process_memory_fraction, --cap)\n"),
+            std::string::npos)
+      << s.out;
   EXPECT_EQ(run_cachet("replay " + kOom).rc, 2);  // the verdicts need the cap
   // A window of the last 97 events, the out-of-memory among them.
   p = run_cachet("plot " + kOom + " --cap 12G -o " + svg + " --from 5754 --to 5851");

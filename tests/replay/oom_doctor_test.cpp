@@ -311,6 +311,21 @@ TEST(OomDoctor, SizesAreNeverGuessed) {
       << h.out;
 }
 
+// When no configuration avoids the out-of-memory, explain says so and still names tune's pick
+// (GPT-2 under 11 GiB: expandable_segments:True fails 2 of the 3 requests).
+TEST(OomDoctor, ExplainNamesThePickWhenNothingAvoidsIt) {
+  CliRun t = run_cachet("tune " + kOom + " --cap 11G --json");
+  ASSERT_EQ(t.rc, 0) << t.err;
+  const json tj = json::parse(t.out);
+  const std::string pick = tj["results"][tj["pick"].get<int>()]["conf"];
+  CliRun e = run_cachet("explain " + kOom + " --cap 11G");
+  ASSERT_EQ(e.rc, 0) << e.err;
+  EXPECT_NE(e.out.find("  none of them avoids it.\n  cachet tune's pick still runs out of memory, with the fewest "
+                       "requests that fail (2 instead of 3):\n  PYTORCH_CUDA_ALLOC_CONF=\"" + pick + "\"\n"),
+            std::string::npos)
+      << e.out;
+}
+
 // The verdict's wording: a run that fits with retries and little headroom; a recorded run that
 // never failed, under a cap where the replay does.
 TEST(OomDoctor, VerdictWording) {

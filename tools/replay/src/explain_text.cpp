@@ -236,6 +236,15 @@ std::string explain_text(const Explanation& e) {
                    m.oom ? "change" : "configuration", e.candidates, e.candidates_without_oom);
   if (m.oom && !e.fix) {
     o += "  none of them avoids it.\n";
+    // Nothing avoids it, yet tune has a pick (fewest out-of-memory errors): named, never left unsaid.
+    if (rec.pick != kRecorded) {
+      o += fmt::format("  cachet tune's pick still runs out of memory, with the fewest requests that fail ({} instead "
+                       "of {}):\n",
+                       tr.results[rec.pick].stats.num_ooms, e.base().stats.num_ooms);
+      change(tr.results[rec.pick], rec.pick_keys);
+    } else {
+      o += fmt::format("  cachet tune's pick: keep the {}, no configuration tried fails fewer requests.\n", start);
+    }
   } else if (rec.pick == kRecorded) {
     o += fmt::format("  keep the {}: no configuration tried fails fewer requests, reserves less or makes fewer "
                      "device calls.\n",

@@ -89,8 +89,8 @@ struct Verdict {
 
 // The verdict on `r`, a replay of the whole trace under `o` (the cap and device memory in force;
 // the recorded configuration with the recorded addresses, as `cachet replay` replays it). Runs
-// memory_needed (a replay per 2 MiB between the smallest cap that fits and the unlimited peak
-// reserved, on worker threads). `cap_text`: the --cap as given (for cap_rounding; "" when none).
+// memory_needed (at most a replay per 2 MiB between the answer and the unlimited peak reserved,
+// usually a few: each replay that fits vouches for the caps down to its peak reserved). `cap_text`: the --cap as given (for cap_rounding; "" when none).
 Verdict judge(const LoadedTrace& lt, const ReplayResult& r, const ReplayOptions& o, std::string_view cap_text = {});
 
 // The verdict in a paragraph beginning "Verdict for ...", lines wrapped to `width`, wording for

@@ -74,8 +74,11 @@ TuneResult tune(const Trace& t, const Config& recorded, const std::vector<TuneCa
 // monotone in the cap (the allocator frees its cache and retries at other moments under another
 // cap: side_stream_mlp.native, tests/data/oracle/snapshots/capped, fits under 2,164 MiB and fails
 // under 2,200 MiB), so a cap below the answer may
-// fit too, yet one above it would fail. Found by replay: every 2 MiB step from the unlimited run's
-// peak reserved (above which no cap is reached) down to the first that fails, on worker threads.
+// fit too, yet one above it would fail. Found by replay: the caps walked down from 1 TiB, 2 MiB at a
+// time, to the first that fails; a replay that fits under cap C with peak reserved R vouches for
+// every cap from R to C (the same comparisons, the same run), so the walk jumps to R. With
+// garbage_collection_threshold g (which compares with g x cap) every step below R0 / g (R0: the
+// peak with no cap) is replayed, on worker threads.
 // `replays` (when given) counts the replays made. nullopt when even a 1 TiB cap fails.
 std::optional<Bytes> memory_needed(const Trace& t, const Config& config, const ReplayOptions& opts,
                                    unsigned* replays = nullptr);

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,12 @@ const std::string kOom = kData + "snapshots/gpt2_train_oom_cap12g.pickle.gz";
 const std::string kMlp = kData + "snapshots/mlp_train.pickle.gz";
 const std::string kPressure = kData + "results/res_pressure_default.json.gz";
 const std::string kThreads = std::string(CACHET_TEST_DATA) + "/oracle-issue23/results/res_threads_expandable.json.gz";
+// Recorded on the H200 for issue 35 (tests/replay/recorded_runs_test.py says how), PyTorch's figures
+// beside each in NAME.json: T5 training uncapped; the same at batch 32 under a cap, out of memory;
+// ResNet-18 training with C++ frames (stacks="all").
+const std::string kT5 = kData + "snapshots/t5_train";
+const std::string kT5Oom = kData + "snapshots/t5_train_oom";
+const std::string kResnet = kData + "snapshots/resnet18_cxx";
 
 // The text with its wrapped lines joined (wrap_text and fit_lines break at spaces; continuation
 // lines of fit_lines are indented by two).
@@ -56,43 +63,62 @@ using nlohmann::json;
 struct Case {
   std::string trace;
   std::string cap;  // "" = none
-  std::string pick;  // tune's pick, the one answer
-  std::string verdict;  // the verdict paragraph, the same in replay, tune and explain
+  std::optional<std::string> pick;  // tune's pick, the one answer (nullopt: no literal, the commands agree)
+  std::string verdict;  // the verdict paragraph, the same in replay, tune and explain ("": `truth`'s)
+  // PyTorch's own figures of the recorded run (NAME.json beside the pickle): the verdict's peak
+  // reserved, out-of-memory errors, cap and headroom are checked against them, never against the
+  // code under test.
+  std::string truth;
 };
+
+json read_json(const std::string& path) { return json::parse(cachet::test::slurp(path)); }
 
 // Done-when 1: the same traces and caps to explain, tune, report and replay give one pick and
 // one verdict.
 TEST(OomDoctor, EveryCommandGivesOnePickAndOneVerdict) {
+  // The T5 run that ran out of memory, under its recorded cap: PyTorch's allowed_memory_maximum,
+  // the fraction times the device's total memory, in bytes.
+  const json t5oom = read_json(kT5Oom + ".json");
+  const std::string t5_cap =
+      std::to_string(static_cast<long long>(t5oom["fraction"].get<double>() * t5oom["total_memory"].get<double>()));
+  // ResNet-18 under a cap of exactly the peak reserved PyTorch reported for it uncapped.
+  const std::string resnet_cap = std::to_string(read_json(kResnet + ".json")["peak_reserved"].get<long long>());
   const std::vector<Case> cases = {
+      // T5 uncapped (peak reserved 3.69 GiB) under a cap well above it: fits, no retry.
+      {kT5 + ".pickle.gz", "8.5G", std::nullopt, "", kT5 + ".json"},
+      // T5 at batch 32 under its recorded cap: PyTorch ran out of memory, so does the replay.
+      {kT5Oom + ".pickle.gz", t5_cap, std::nullopt, "", kT5Oom + ".json"},
+      // ResNet-18 with C++ frames, under a cap of its own peak: fits with nothing to spare.
+      {kResnet + ".pickle.gz", resnet_cap, std::nullopt, "", kResnet + ".json"},
       // Only the plug-in avoids the OOM: it is the pick, said plainly.
       {kOom, "12G", "policy:cachet",
        "Verdict for the recorded configuration (PyTorch's defaults) under the cap of 12.00 GiB: it does not fit: 1 "
        "request runs out of memory (peak reserved 11.88 GiB = 12750684160 bytes). 2 allocation retries: the allocator "
-       "reached the cap, freed its cached blocks and tried again. The smallest cap it fits under: 12.70 GiB = "
+       "reached the cap, freed its cached blocks and tried again. The smallest cap at and above which it fits: 12.70 GiB = "
        "13635682304 bytes (by replay, to 2 MiB), 716.00 MiB more than the cap. If the cap is from PyTorch's \"12.00 "
        "GiB allowed\", which is rounded to 0.01 GiB, the true cap lies within 5.12 MiB of it: the verdict holds "
-       "across that range (the smallest cap that fits is 716.00 MiB above the cap)."},
+       "across that range (the smallest cap at and above which it fits is 716.00 MiB above the cap)."},
       // The plug-in is not clearly better: PyTorch's pick (2 keys; the 1-key policy:cachet is a
       // second line in explain only).
       {kPressure, "6.4G", "max_split_size_mb:128,garbage_collection_threshold:0.6",
        "Verdict for the recorded configuration (PyTorch's defaults) under the cap of 6.40 GiB: it does not fit: 15 "
        "requests run out of memory (peak reserved 6.37 GiB = 6843006976 bytes). 28 allocation retries: the allocator "
-       "reached the cap, freed its cached blocks and tried again. The smallest cap it fits under: 9.67 GiB = "
+       "reached the cap, freed its cached blocks and tried again. The smallest cap at and above which it fits: 9.67 GiB = "
        "10380902400 bytes (by replay, to 2 MiB), 3.27 GiB more than the cap. If the cap is from PyTorch's \"6.40 GiB "
        "allowed\", which is rounded to 0.01 GiB, the true cap lies within 5.12 MiB of it: the verdict holds across "
-       "that range (the smallest cap that fits is 3.27 GiB above the cap)."},
+       "that range (the smallest cap at and above which it fits is 3.27 GiB above the cap)."},
       // No OOM, no cap: keep the recorded configuration ("").
       {kMlp, "", "",
        "Verdict for the recorded configuration (PyTorch's defaults) with no device limit (the device's memory is not "
        "known: --device-memory gives it): it fits, no out-of-memory. Peak reserved 198.00 MiB = 207618048 bytes. No "
-       "allocation retry. The smallest cap it fits under: 186.00 MiB = 195035136 bytes (by replay, to 2 MiB); less "
+       "allocation retry. The smallest cap at and above which it fits: 186.00 MiB = 195035136 bytes (by replay, to 2 MiB); less "
        "than its peak reserved: under a cap the allocator frees its cached blocks and retries."},
       // No OOM: the plug-in for its headroom (issue 25's TuneRecommendsThePlugInForItsHeadroom).
       {kThreads, "2100M", "policy:cachet",
        "Verdict for the recorded configuration 'expandable_segments:True' under the cap of 2.05 GiB: it fits, no "
        "out-of-memory. Peak reserved 1.90 GiB = 2040528896 bytes, 154.00 MiB = 161480704 bytes under the cap (close: "
        "under 256.00 MiB, other libraries' memory on the GPU or another allocation order can still make it fail). No "
-       "allocation retry. The smallest cap it fits under: 1.90 GiB = 2042626048 bytes (by replay, to 2 MiB)."},
+       "allocation retry. The smallest cap at and above which it fits: 1.90 GiB = 2042626048 bytes (by replay, to 2 MiB)."},
   };
   const fs::path dir = cachet::test::scratch_dir();
   for (const Case& c : cases) {
@@ -108,30 +134,35 @@ TEST(OomDoctor, EveryCommandGivesOnePickAndOneVerdict) {
     ASSERT_EQ(report.rc, 0) << report.err;
     CliRun replay = run_cachet("replay " + c.trace + cap);
     ASSERT_EQ(replay.rc, 0) << replay.err;
+    CliRun replay_json = run_cachet("replay " + c.trace + cap + " --json");
+    ASSERT_EQ(replay_json.rc, 0) << replay_json.err;
 
     // One pick.
     const json tj = json::parse(tune.out), ej = json::parse(explain.out);
-    EXPECT_EQ(tj["results"][tj["pick"].get<int>()]["conf"], c.pick);
-    EXPECT_EQ(ej["recommendation"]["conf"], c.pick);
-    const std::string var = c.pick.starts_with("policy:cachet") ? "CACHET_ALLOC_CONF" : "PYTORCH_CUDA_ALLOC_CONF";
-    const std::string said = c.pick.empty() ? "keep the recorded configuration, \"\"" : var + "=\"" + c.pick + "\"";
+    const int pick_index = tj["pick"].get<int>();
+    const std::string pick = pick_index < 0 ? "" : tj["results"][pick_index]["conf"].get<std::string>();
+    if (c.pick) EXPECT_EQ(pick, *c.pick);
+    EXPECT_EQ(ej["recommendation"]["conf"], pick);
+    const std::string var = pick.starts_with("policy:cachet") ? "CACHET_ALLOC_CONF" : "PYTORCH_CUDA_ALLOC_CONF";
+    const std::string said = pick.empty() ? "keep the recorded configuration, \"\"" : var + "=\"" + pick + "\"";
     EXPECT_NE(report.out.find("recommendation (cachet tune's pick): " + said), std::string::npos) << report.out;
     // Where only the plug-in avoids the OOM, tune and explain say so plainly.
-    const bool only = c.trace == kOom;
+    // (A recorded run of the table without a literal pick: the commands agree with tune's JSON.)
+    const bool only = c.pick ? c.trace == kOom : tj["only_plugin_avoids"].get<bool>();
     EXPECT_EQ(tj["only_plugin_avoids"].get<bool>(), only);
     EXPECT_EQ(ej["recommendation"]["only_plugin_avoids"].get<bool>(), only);
-    if (only)  // PyTorch's pick still fails the request, said of the recorded configuration's replay
+    if (c.trace == kOom)  // PyTorch's pick still fails the request, said of the recorded configuration's replay
       EXPECT_NE(flat(tune_text.out).find("The request that runs out of memory with the recorded configuration still "
                                          "does. Peak reserved 11.81 GiB instead of 11.88 GiB"),
                 std::string::npos)
           << tune_text.out;
-    if (only)
+    if (c.trace == kOom)
       EXPECT_EQ(paragraph(tune_text.out, "Only cachet's plug-in"),
                 "Only cachet's plug-in avoids the out-of-memory: none of the 62 configurations tried that PyTorch's "
                 "own allocator accepts does; CACHET_ALLOC_CONF=\"policy:cachet\" needs the plug-in (python/README.md), "
                 "PyTorch rejects the key in its own variables.");
     else
-      EXPECT_EQ(tune_text.out.find("Only cachet's plug-in"), std::string::npos);
+      EXPECT_EQ(tune_text.out.find("Only cachet's plug-in") != std::string::npos, only);
     EXPECT_EQ(explain_text.out.find("  Only cachet's plug-in avoids it: with PyTorch's own allocator, none of the "
                                     "configurations tried does.\n") != std::string::npos,
               only);
@@ -139,9 +170,37 @@ TEST(OomDoctor, EveryCommandGivesOnePickAndOneVerdict) {
     // One verdict: the same object in tune's and explain's JSON, the same paragraph in replay,
     // tune and explain.
     EXPECT_EQ(tj["verdict"], ej["verdict"]);
-    EXPECT_EQ(paragraph(replay.out, "Verdict for"), c.verdict);
-    EXPECT_EQ(paragraph(tune_text.out, "Verdict for"), c.verdict);
-    EXPECT_EQ(paragraph(explain_text.out, "Verdict for"), c.verdict);
+    EXPECT_EQ(json::parse(replay_json.out)[0]["verdict"], tj["verdict"]);  // replay --json carries it too
+    const std::string verdict = paragraph(replay.out, "Verdict for");
+    if (!c.verdict.empty()) EXPECT_EQ(verdict, c.verdict);
+    EXPECT_EQ(paragraph(tune_text.out, "Verdict for"), verdict);
+    EXPECT_EQ(paragraph(explain_text.out, "Verdict for"), verdict);
+    if (!c.truth.empty()) {  // against PyTorch's own figures
+      const json truth = read_json(c.truth), v = tj["verdict"];
+      const auto peak = truth["peak_reserved"].get<long long>();
+      const auto cap_bytes = v["cap"].get<long long>();
+      EXPECT_EQ(v["peak_reserved"].get<long long>(), peak);
+      EXPECT_NE(verdict.find(" = " + std::to_string(peak) + " bytes"), std::string::npos) << verdict;
+      EXPECT_EQ(v["fits"].get<bool>(), truth["num_ooms"].get<int>() == 0);
+      EXPECT_EQ(v["num_ooms"].get<int>(), truth["num_ooms"].get<int>());
+      EXPECT_EQ(v["recorded_run_failed"].get<bool>(), truth["status"] == "oom");
+      if (truth["fraction"].is_null()) {
+        // Uncapped: any cap at or above PyTorch's peak is never reached, so the run fits under it
+        // with the rest to spare, and the smallest cap from which every larger one fits is no more
+        // than that peak (rounded up to 2 MiB).
+        EXPECT_GE(cap_bytes, peak);
+        EXPECT_EQ(v["headroom"].get<long long>(), cap_bytes - peak);
+        EXPECT_EQ(v["num_alloc_retries"].get<int>(), 0);
+        EXPECT_LE(v["smallest_cap"].get<long long>(), (peak + (2 << 20) - 1) / (2 << 20) * (2 << 20));
+        EXPECT_NE(verdict.find(": it fits, no out-of-memory. "), std::string::npos) << verdict;
+      } else {
+        // Out of memory under PyTorch's cap: a larger cap is needed.
+        EXPECT_EQ(cap_bytes, static_cast<long long>(truth["fraction"].get<double>() * truth["total_memory"].get<double>()));
+        EXPECT_TRUE(v["headroom"].is_null());
+        EXPECT_GT(v["smallest_cap"].get<long long>(), cap_bytes);
+        EXPECT_NE(verdict.find(": it does not fit: 1 request runs out of memory "), std::string::npos) << verdict;
+      }
+    }
     const bool fits = tj["verdict"]["fits"].get<bool>();
     EXPECT_NE(report.out.find(std::string("verdict: the recorded configuration ") + (fits ? "fits" : "does not fit")),
               std::string::npos)
@@ -167,6 +226,44 @@ TEST(OomDoctor, OneAnswerIsTunes) {
   EXPECT_EQ(a.verdict.smallest_cap, std::optional<cachet::Bytes>(13635682304ull));
   CliRun t = run_cachet("tune " + kOom + " --cap 12G --json");
   EXPECT_EQ(json::parse(t.out)["verdict"], json::parse(verdict_json(a.verdict)));
+}
+
+// The change with the fewest keys is a second answer only when it changes fewer keys than the
+// pick: with as many it is no smaller change (tune ranked the pick before it).
+TEST(OomDoctor, FewestKeysOnlyWhenFewerThanThePick) {
+  using namespace cachet::replay;
+  using cachet::GiB;
+  auto result = [](const std::string& conf, std::int64_t ooms, std::int64_t peak) {
+    ReplayResult r;
+    r.config = cachet::parse_config(conf).config;
+    r.conf = to_string(r.config);
+    r.stats.num_ooms = ooms;
+    r.stats.reserved_bytes[0].peak = peak;
+    return r;
+  };
+  const cachet::Config recorded{};
+  TuneResult tr;
+  tr.baseline = result("", 1, 10 * GiB);
+  // The plug-in (1 key) peaks 3% under PyTorch's best (1 key): ranked first, not clearly better,
+  // so PyTorch's is the pick; the plug-in changes as many keys, so no second answer.
+  tr.results.push_back(result("max_split_size_mb:128", 0, 10 * GiB));
+  tr.results.push_back(result("policy:cachet", 0, 97 * GiB / 10));
+  tr.ranking = {1, 0};
+  tr.best = 1;
+  tr.best_native = 0;
+  Recommendation rec = recommend(Trace{}, recorded, tr, ReplayOptions{});
+  EXPECT_EQ(rec.pick, 0u);
+  EXPECT_EQ(rec.fewest_keys, kRecorded);
+  // A pick of two keys and a 1-key change that also avoids the out-of-memory: the second answer.
+  tr.results.clear();
+  tr.results.push_back(result("max_split_size_mb:128,garbage_collection_threshold:0.6", 0, 9 * GiB));
+  tr.results.push_back(result("expandable_segments:True", 0, 95 * GiB / 10));
+  tr.ranking = {0, 1};
+  tr.best = tr.best_native = 0;
+  rec = recommend(Trace{}, recorded, tr, ReplayOptions{});
+  EXPECT_EQ(rec.pick, 0u);
+  EXPECT_EQ(rec.fewest_keys, 1u);
+  EXPECT_EQ(rec.fewest_keys_keys, std::vector<std::string>{"expandable_segments"});
 }
 
 // Sizes with units: under 1 MiB refused with what was probably meant; KB/MB/GB/TB refused as
@@ -200,10 +297,10 @@ TEST(OomDoctor, SizesAreNeverGuessed) {
   EXPECT_EQ(paragraph(o.out, "Verdict for"),
             "Verdict for the recorded configuration 'expandable_segments:True' under the cap of 1.90 GiB: it does not "
             "fit: 1 request runs out of memory (peak reserved 1.88 GiB = 2019557376 bytes). No allocation retry. The "
-            "recorded run never ran out of memory: this is the replay under the limit given. The smallest cap it fits "
-            "under: 1.90 GiB = 2042626048 bytes (by replay, to 2 MiB), 2.40 MiB more than the cap. If the cap is from "
+            "recorded run never ran out of memory: this is the replay under the limit given. The smallest cap at and above which it fits: "
+            "1.90 GiB = 2042626048 bytes (by replay, to 2 MiB), 2.40 MiB more than the cap. If the cap is from "
             "PyTorch's \"1.90 GiB allowed\", which is rounded to 0.01 GiB, the true cap lies within 5.12 MiB of it: "
-            "the verdict may not hold, the smallest cap that fits is within that range.");
+            "the verdict may not hold, the smallest cap at and above which it fits is within that range.");
   // A cap given in bytes is no rounded text: no note.
   o = run_cachet("replay " + kThreads + " --cap 2040109465");
   EXPECT_EQ(o.out.find("rounded to 0.01 GiB"), std::string::npos) << o.out;
@@ -212,6 +309,21 @@ TEST(OomDoctor, SizesAreNeverGuessed) {
                        "input (usage, an unreadable file, an invalid configuration or size)."),
             std::string::npos)
       << h.out;
+}
+
+// When no configuration avoids the out-of-memory, explain says so and still names tune's pick
+// (GPT-2 under 11 GiB: expandable_segments:True fails 2 of the 3 requests).
+TEST(OomDoctor, ExplainNamesThePickWhenNothingAvoidsIt) {
+  CliRun t = run_cachet("tune " + kOom + " --cap 11G --json");
+  ASSERT_EQ(t.rc, 0) << t.err;
+  const json tj = json::parse(t.out);
+  const std::string pick = tj["results"][tj["pick"].get<int>()]["conf"];
+  CliRun e = run_cachet("explain " + kOom + " --cap 11G");
+  ASSERT_EQ(e.rc, 0) << e.err;
+  EXPECT_NE(e.out.find("  none of them avoids it.\n  cachet tune's pick still runs out of memory, with the fewest "
+                       "requests that fail (2 instead of 3):\n  PYTORCH_CUDA_ALLOC_CONF=\"" + pick + "\"\n"),
+            std::string::npos)
+      << e.out;
 }
 
 // The verdict's wording: a run that fits with retries and little headroom; a recorded run that
@@ -223,15 +335,15 @@ TEST(OomDoctor, VerdictWording) {
             "Verdict for the recorded configuration (PyTorch's defaults) under the cap of 190.00 MiB: it fits, no "
             "out-of-memory. Peak reserved 190.00 MiB = 199229440 bytes, 0 B under the cap (close: under 256.00 MiB, "
             "other libraries' memory on the GPU or another allocation order can still make it fail). 4 allocation "
-            "retries: the allocator reached the cap, freed its cached blocks and tried again. The smallest cap it fits "
-            "under: 186.00 MiB = 195035136 bytes (by replay, to 2 MiB); less than its peak reserved: under a cap the "
+            "retries: the allocator reached the cap, freed its cached blocks and tried again. The smallest cap at and above which it fits: "
+            "186.00 MiB = 195035136 bytes (by replay, to 2 MiB); less than its peak reserved: under a cap the "
             "allocator frees its cached blocks and retries.");
   o = run_cachet("replay " + kMlp + " --cap 150M");
   EXPECT_EQ(paragraph(o.out, "Verdict for"),
             "Verdict for the recorded configuration (PyTorch's defaults) under the cap of 150.00 MiB: it does not fit: "
             "35 requests run out of memory (peak reserved 150.00 MiB = 157286400 bytes). 35 allocation retries: the "
             "allocator reached the cap, freed its cached blocks and tried again. The recorded run never ran out of "
-            "memory: this is the replay under the limit given. The smallest cap it fits under: 186.00 MiB = 195035136 "
+            "memory: this is the replay under the limit given. The smallest cap at and above which it fits: 186.00 MiB = 195035136 "
             "bytes (by replay, to 2 MiB), 36.00 MiB more than the cap.");
   // explain's figures at the failure say which moment they are.
   CliRun e = run_cachet("explain " + kOom + " --cap 12G");
@@ -356,6 +468,11 @@ TEST(OomDoctor, FiguresSayWhatTheyAre) {
   EXPECT_NE(html.find("</span> segments, 11.88 GiB reserved, 7.05 GiB allocated; segments in address order, end to "
                       "end, each row 608.00 MiB of them."),
             std::string::npos);
+  // Two figures that are the same are said once, never "0 instead of 0".
+  CliRun x = run_cachet("explain " + kThreads + " --cap 2100M");
+  EXPECT_NE(x.out.find("\n  out-of-memory errors: 0, unchanged\n"), std::string::npos) << x.out;
+  EXPECT_NE(x.out.find("; allocation retries 0, unchanged\n"), std::string::npos) << x.out;
+  EXPECT_EQ(x.out.find("0 instead of 0"), std::string::npos) << x.out;
   CliRun t = run_cachet("trace-info " + kOom);
   EXPECT_NE(t.out.find(" blocks (") , std::string::npos);
   EXPECT_NE(t.out.find(" bytes requested), "), std::string::npos) << t.out;
@@ -383,6 +500,12 @@ TEST(OomDoctor, LessRefusal) {
   CliRun s = run_cachet("summary " + kOom);
   EXPECT_EQ(s.rc, 0);
   EXPECT_EQ(s.err, "cachet summary" + note);
+  // summary names the cap it replayed under, or that there was none.
+  EXPECT_NE(s.out.find("\nmemory cap: none (replayed without one; --cap gives it)\n"), std::string::npos) << s.out;
+  s = run_cachet("summary " + kOom + " --cap 12G");
+  EXPECT_NE(s.out.find("\nmemory cap: 12.00 GiB = 12884901888 bytes (set_per_process_memory_fraction, --cap)\n"),
+            std::string::npos)
+      << s.out;
   EXPECT_EQ(run_cachet("replay " + kOom).rc, 2);  // the verdicts need the cap
   // A window of the last 97 events, the out-of-memory among them.
   p = run_cachet("plot " + kOom + " --cap 12G -o " + svg + " --from 5754 --to 5851");
@@ -406,10 +529,10 @@ TEST(OomDoctor, LessRefusal) {
   EXPECT_EQ(paragraph(t.out, "Verdict for"),
             "Verdict for the given configuration 'expandable_segments:True' under the cap of 12.00 GiB: it does not "
             "fit: 1 request runs out of memory (peak reserved 11.81 GiB = 12677283840 bytes). 2 allocation retries: the "
-            "allocator reached the cap, freed its cached blocks and tried again. The smallest cap it fits under: 12.03 "
+            "allocator reached the cap, freed its cached blocks and tried again. The smallest cap at and above which it fits: 12.03 "
             "GiB = 12920553472 bytes (by replay, to 2 MiB), 34.00 MiB more than the cap. If the cap is from PyTorch's "
             "\"12.00 GiB allowed\", which is rounded to 0.01 GiB, the true cap lies within 5.12 MiB of it: the verdict "
-            "holds across that range (the smallest cap that fits is 34.00 MiB above the cap).");
+            "holds across that range (the smallest cap at and above which it fits is 34.00 MiB above the cap).");
   EXPECT_NE(t.out.find("\ngiven configuration (--conf):\n"), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("With PyTorch's allocator: keep the given configuration,"), std::string::npos) << t.out;
   CliRun e = run_cachet("explain " + kOom + " --cap 12G --conf expandable_segments:True --json");
@@ -424,55 +547,8 @@ TEST(OomDoctor, LessRefusal) {
   EXPECT_NE(bad.err.find("cachet report: --conf 'max_split_size_mb:1': "), std::string::npos) << bad.err;
 }
 
-// Done-when 3 (part): the README's worked example ("My run ran out of memory: what now?") is the
-// commands' own output: each `$ cachet ...` block of that section, run from the repository root,
-// prints exactly the lines the README shows (the script's path shortened as the README says;
-// stderr for the command that exits 2).
-TEST(OomDoctor, ReadmeWalkThroughIsTheCommandsOutput) {
-  const fs::path root = fs::path(CACHET_TEST_DATA).parent_path().parent_path();
-  const std::string readme = cachet::test::slurp(root / "README.md");
-  const auto section = readme.find("## My run ran out of memory: what now?");
-  ASSERT_NE(section, std::string::npos);
-  const std::string text = readme.substr(section, readme.find("\n## ", section + 5) - section);
-  std::size_t at = 0, blocks = 0;
-  const fs::path dir = cachet::test::scratch_dir();
-  while ((at = text.find("   $ cachet ", at)) != std::string::npos) {
-    const auto eol = text.find('\n', at);
-    std::string args = text.substr(at + 12, eol - at - 12);
-    const auto end = text.find("\n   ```", eol);
-    std::string expected;
-    for (std::size_t l = eol + 1; l < end + 1;) {
-      const auto nl = text.find('\n', l);
-      std::string line = text.substr(l, nl - l);
-      expected += (line.starts_with("   ") ? line.substr(3) : line) + "\n";
-      l = nl + 1;
-    }
-    SCOPED_TRACE(args);
-    // report writes into the scratch folder, named as in the README.
-    CliRun r = cachet::test::run_shell("cd " + dir.string() + " && ln -sfn " + (root / "tests").string() +
-                                       " tests && " + std::string(CACHET_EXE) + " " + args);
-    std::string got = r.rc == 2 ? r.err : r.out;
-    // The script's folder (where it was recorded) shortened to "...", as the README shows it.
-    for (std::size_t p = 0; (p = got.find("/oom_gpt2.py", p)) != std::string::npos; p += 12) {
-      const std::size_t from = got.rfind(' ', p) + 1;
-      got.replace(from, p - from, "...");
-      p = from + 3;
-    }
-    // fit_lines wraps nothing here (stdout is no terminal: 100 columns); lines are compared whole.
-    std::string trimmed;
-    for (std::size_t l = 0; l < got.size();) {
-      auto nl = got.find('\n', l);
-      if (nl == std::string::npos) nl = got.size();
-      std::string line = got.substr(l, nl - l);
-      while (!line.empty() && line.back() == ' ') line.pop_back();
-      trimmed += line + "\n";
-      l = nl + 1;
-    }
-    EXPECT_EQ(trimmed, expected);
-    ++blocks;
-    at = end;
-  }
-  EXPECT_EQ(blocks, 3u);  // explain without the cap, explain with it, report
-}
+// Done-when 3: the README's worked example ("My run ran out of memory: what now?") is compared
+// with the commands' own output in one place, the new_user_walkthrough ctest
+// (tests/replay/new_user_walkthrough.py, which also regenerates it with --write).
 
 }  // namespace

@@ -187,6 +187,38 @@ TEST(Tune, MemoryNeededIsTheSmallestCapWithoutOom) {
   EXPECT_GT(cachet::replay::replay(lt.trace, lt.run.config, at).stats.num_ooms, 0);
 }
 
+// A run is not monotone in the cap: the side-stream MLP recorded uncapped on the H200
+// (snapshots/capped/side_stream_mlp.native, PyTorch's peak reserved 2539651072 bytes in its .json)
+// fits under a 2,164 MiB cap and fails under 2,200 MiB (the allocator frees its cache and retries
+// at other moments). memory_needed is the smallest cap from which every larger cap fits: above
+// 2,200 MiB, 2 MiB less fails, and every 2 MiB step from it up to PyTorch's uncapped peak (above
+// which no cap is reached) fits. (ResNet-18's resnet18_cxx, once found non-monotone, is monotone
+// in the replay now: it fits from 1,550 MiB up.)
+TEST(Tune, MemoryNeededIsTheCapFromWhichEveryLargerCapFits) {
+  LoadedTrace lt = load_trace(kData + "snapshots/capped/side_stream_mlp.native.pickle.gz");
+  ReplayOptions o = recorded_options(lt, AddressMode::Recorded);
+  auto ooms = [&](Bytes cap) {
+    ReplayOptions at = o;
+    at.cap = cap;
+    at.device_memory = std::max(at.device_memory, cap);
+    return cachet::replay::replay(lt.trace, lt.run.config, at).stats.num_ooms;
+  };
+  ASSERT_EQ(ooms(2164 * MiB), 0);
+  ASSERT_GT(ooms(2200 * MiB), 0);
+  const auto need = memory_needed(lt.trace, lt.run.config, o);
+  ASSERT_TRUE(need);
+  EXPECT_EQ(*need % (2 * MiB), 0u);
+  EXPECT_GT(*need, 2200 * MiB);
+  EXPECT_GT(ooms(*need - 2 * MiB), 0);
+  // The same from a cap it fits under (the verdict of `replay --cap 2164M`): a bisection down
+  // from there would answer a cap under 2,164 MiB.
+  ReplayOptions at = o;
+  at.cap = 2164 * MiB;
+  EXPECT_EQ(memory_needed(lt.trace, lt.run.config, at), need);
+  constexpr Bytes kPeak = 2539651072;  // side_stream_mlp.native.json: "peak_reserved"
+  for (Bytes cap = *need; cap <= kPeak + 2 * MiB; cap += 2 * MiB) EXPECT_EQ(ooms(cap), 0) << cap;
+}
+
 TEST(Tune, ChangeInPlainWords) {
   ReplayResult from = fake(3, 14 * GiB, 150), to = fake(0, 13 * GiB, 100);
   from.stats.num_alloc_retries = 3;

@@ -121,7 +121,7 @@ TEST(Report, NoOomReportHoldsTheVerdictAndTheRecommendation) {
                        "/oracle/snapshots/mlp_train.pickle.gz -o " + page.string());
   ASSERT_EQ(o.rc, 0) << o.err;
   EXPECT_NE(o.out.find("\nrecommendation (cachet tune"), std::string::npos) << o.out;
-  EXPECT_NE(o.out.find("\nverdict: the recorded configuration fits; the smallest cap it fits under: 186.00 MiB = "
+  EXPECT_NE(o.out.find("\nverdict: the recorded configuration fits; the smallest cap at and above which it fits: 186.00 MiB = "
                        "195035136 bytes\n"),
             std::string::npos)
       << o.out;

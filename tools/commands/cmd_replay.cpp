@@ -126,8 +126,14 @@ int run_replay(const Args& a) {
   progress.clear();  // before the results, on a terminal
   std::vector<const ReplayResult*> rows;
   for (const auto& r : results) rows.push_back(&r);
+  // The verdict for each configuration (cachet/replay/recommend.h): fits or not, headroom, retries,
+  // the smallest cap that fits, as tune, explain and report give it; in the text and in --json.
+  std::vector<Verdict> judged;
+  for (std::size_t i = 0; i < results.size(); ++i) judged.push_back(judge(lt, results[i], used[i], cap_text));
   if (a.json) {
-    std::fputs(results_json(rows).c_str(), stdout);
+    std::vector<std::string> verdicts;
+    for (const Verdict& v : judged) verdicts.push_back(verdict_json(v));
+    std::fputs(results_json(rows, verdicts).c_str(), stdout);
     return kExitOk;
   }
   std::string out;
@@ -225,11 +231,8 @@ int run_replay(const Args& a) {
                          r.conf.empty() ? "(default)" : r.conf, r.pytorch_failures, r.pytorch_failures == 1 ? "" : "s",
                          r.pytorch_failure);
   }
-  // The verdict for each configuration (cachet/replay/recommend.h): fits or not, headroom, retries,
-  // the smallest cap that fits, as tune, explain and report give it.
   std::string verdicts;
-  for (std::size_t i = 0; i < results.size(); ++i)
-    verdicts += "\n" + verdict_text(judge(lt, results[i], used[i], cap_text), output_width());
+  for (const Verdict& v : judged) verdicts += "\n" + verdict_text(v, output_width());
   if (auto c = oom_end_caveat(lt); !c.empty())
     verdicts += "\n" + wrap_text("Caveat: " + c + ".", output_width(), "");
   std::fputs(fit_lines(out, output_width()).c_str(), stdout);
@@ -257,7 +260,14 @@ Runner setup(CLI::App& sub) {
                  "'13.5G'. Default: the recorded one (oracle recordings), else none");
   sub.add_option("--fraction", a->fraction, kFractionHelp);
   sub.add_option("--device-memory", a->device_memory, kDeviceMemoryHelp);
-  sub.add_flag("--json", a->json, "print a JSON array, one object per configuration");
+  sub.add_flag("--json", a->json,
+               "print a JSON array, one object per configuration: {conf, peak_allocated, peak_reserved, "
+               "fragmentation, num_ooms, num_alloc_retries, num_device_alloc, num_device_free, "
+               "second_half_device_calls, peak_requested, waste, failed_allocs, oom_requests, oom_requests_ok, "
+               "pytorch_failures, pytorch_failure, events, ops, addresses, seconds, note, final_stats: {...}, "
+               "verdict: {conf, recorded_conf, fits, num_ooms, num_alloc_retries, peak_reserved, cap, limit, "
+               "headroom, smallest_cap, cap_rounding, recorded_run_failed}} (verdict: the one tune, explain and "
+               "report give)");
   return [a] { return run_replay(*a); };
 }
 

@@ -145,7 +145,7 @@ int run_report(const Args& a) {
                                                   rec.only_plugin_avoids ? " (only cachet's plug-in avoids the out-of-memory)" : "")
                                           .c_str());
   std::printf("verdict: the recorded configuration %s%s\n", v.fits() ? "fits" : "does not fit",
-              v.smallest_cap ? fmt::format("; the smallest cap it fits under: {}", human_bytes_exact(*v.smallest_cap)).c_str()
+              v.smallest_cap ? fmt::format("; the smallest cap at and above which it fits: {}", human_bytes_exact(*v.smallest_cap)).c_str()
                              : "");
   return kExitOk;
 }

@@ -52,6 +52,10 @@ int run_summary(const Args& a) {
   std::string out;
   out += fmt::format("trace: {} ({} events), configuration: {}\n", lt.file.name, lt.trace.events,
                      r.conf.empty() ? "(default)" : r.conf);
+  // The cap the replay ran under, said (a summary's figures depend on it).
+  out += lt.run.cap ? fmt::format("memory cap: {} (set_per_process_memory_fraction, {})\n", human_bytes_exact(lt.run.cap),
+                                  !a.fraction.empty() ? "--fraction" : !a.cap.empty() ? "--cap" : "recorded")
+                    : std::string("memory cap: none (replayed without one; --cap gives it)\n");
   if (auto note = trace_note(lt.trace); !note.empty()) out += note + "\n";
   if (!r.note.empty()) out += "note: " + r.note + "\n";
   out += "\n== at the end of the trace ==\n";

@@ -208,14 +208,24 @@ std::string explain_text(const Explanation& e) {
     const ReplayResult& b = e.base();
     o += fmt::format("  {}=\"{}\"\n", variable(r.config), r.conf);
     o += fmt::format("  {} key{} changed: {}\n", keys.size(), keys.size() == 1 ? "" : "s", join(keys, ", "));
-    o += fmt::format("  out-of-memory errors: {} instead of {}\n", r.stats.num_ooms, b.stats.num_ooms);
-    o += fmt::format("  peak reserved {} instead of {} (the {}{})\n"
-                     "  device calls (segment allocations and frees) {} instead of {}; allocation retries {} instead of {}\n",
-                     hb(r.peak_reserved()), hb(b.peak_reserved()), start,
+    // Two figures that are the same are said once ("0, unchanged"), never "0 instead of 0"; two
+    // sizes that print alike but differ get their bytes.
+    auto vs = [](std::int64_t now, std::int64_t before) {
+      return now == before ? fmt::format("{}, unchanged", now) : fmt::format("{} instead of {}", now, before);
+    };
+    auto vs_bytes = [](std::int64_t now, std::int64_t before) {
+      if (now == before) return fmt::format("{}, unchanged", hb(now));
+      if (hb(now) == hb(before)) return fmt::format("{} = {} bytes instead of {} bytes", hb(now), now, before);
+      return fmt::format("{} instead of {}", hb(now), hb(before));
+    };
+    o += fmt::format("  out-of-memory errors: {}\n", vs(r.stats.num_ooms, b.stats.num_ooms));
+    o += fmt::format("  peak reserved {} (the {}{})\n"
+                     "  device calls (segment allocations and frees) {}; allocation retries {}\n",
+                     vs_bytes(r.peak_reserved(), b.peak_reserved()), start,
                      b.recorded_addresses ? ", replayed with its recorded addresses" : ", replayed the same way",
-                     r.stats.num_device_alloc + r.stats.num_device_free,
-                     b.stats.num_device_alloc + b.stats.num_device_free, r.stats.num_alloc_retries,
-                     b.stats.num_alloc_retries);
+                     vs(r.stats.num_device_alloc + r.stats.num_device_free,
+                        b.stats.num_device_alloc + b.stats.num_device_free),
+                     vs(r.stats.num_alloc_retries, b.stats.num_alloc_retries));
     if (std::string h = headroom_text(r.peak_reserved(), e.cap); !h.empty() && r.stats.num_ooms == 0) o += "  " + h + "\n";
     if (r.config.policy == Policy::Cachet)
       o += "  (policy:cachet needs cachet's plug-in, python/README.md; PyTorch rejects the key in its own variables)\n";
@@ -226,6 +236,15 @@ std::string explain_text(const Explanation& e) {
                    m.oom ? "change" : "configuration", e.candidates, e.candidates_without_oom);
   if (m.oom && !e.fix) {
     o += "  none of them avoids it.\n";
+    // Nothing avoids it, yet tune has a pick (fewest out-of-memory errors): named, never left unsaid.
+    if (rec.pick != kRecorded) {
+      o += fmt::format("  cachet tune's pick still runs out of memory, with the fewest requests that fail ({} instead "
+                       "of {}):\n",
+                       tr.results[rec.pick].stats.num_ooms, e.base().stats.num_ooms);
+      change(tr.results[rec.pick], rec.pick_keys);
+    } else {
+      o += fmt::format("  cachet tune's pick: keep the {}, no configuration tried fails fewer requests.\n", start);
+    }
   } else if (rec.pick == kRecorded) {
     o += fmt::format("  keep the {}: no configuration tried fails fewer requests, reserves less or makes fewer "
                      "device calls.\n",
@@ -242,7 +261,7 @@ std::string explain_text(const Explanation& e) {
   if (m.oom && !e.native_fix && e.fix && !rec.only_plugin_avoids)
     o += "With PyTorch's own allocator, none of the configurations tried avoids it.\n";
   if (e.cap_needed)
-    o += fmt::format("  The {} needs a cap of at least {} ({} bytes, found by replay to 2 MiB).\n",
+    o += fmt::format("  The {} fits under a cap of {} ({} bytes) and under every larger one (found by replay to 2 MiB).\n",
                      rec.from_given ? "given configuration" : "recorded configuration", hb(*e.cap_needed), *e.cap_needed);
   if (e.smallest_fix) {
     const ReplayResult& r = e.result(*e.smallest_fix);

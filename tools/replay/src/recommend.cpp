@@ -64,7 +64,9 @@ Recommendation recommend(const Trace& t, const Config& recorded, const TuneResul
         best_keys = std::move(keys);
       }
     }
-    if (best != rec.pick) {
+    // A second answer only when it changes fewer keys than the pick: one with as many is no
+    // smaller change, and the pick ranks before it.
+    if (best != kRecorded && best != rec.pick && (rec.pick == kRecorded || best_keys.size() < rec.pick_keys.size())) {
       rec.fewest_keys = best;
       rec.fewest_keys_keys = std::move(best_keys);
     }
@@ -85,8 +87,9 @@ std::string recommendation_text(const TuneResult& tr, const Recommendation& rec,
   const ReplayResult& native = tr.at(tr.best_native);
   auto needs = [&](const std::optional<Bytes>& m) {
     if (!m) return std::string();
-    return fmt::format(" To avoid them it needs {} of memory (found by replay, to 2 MiB): {}.", human_bytes_exact(*m),
-                       o.cap ? fmt::format("a cap of at least that, {} now", hb(o.cap))
+    return fmt::format(" To avoid them it needs {} of memory (found by replay, to 2 MiB: the smallest from which every "
+                       "larger limit fits too): {}.",
+                       human_bytes_exact(*m), o.cap ? fmt::format("a cap of that or more, {} now", hb(o.cap))
                              : fmt::format("that much device memory for the process, {} now", hb(o.device_memory)));
   };
   auto headroom = [&](const ReplayResult& r) {
@@ -219,11 +222,16 @@ std::string verdict_text(const Verdict& v, std::size_t width) {
   if (v.recorded_conf && v.recorded_run_failed && v.fits())
     s += " The recorded run ran out of memory; under this limit the replay does not.";
   if (v.smallest_cap) {
-    s += fmt::format(" The smallest cap it fits under: {} (by replay, to 2 MiB)", human_bytes_exact(*v.smallest_cap));
+    s += fmt::format(" The smallest cap at and above which it fits: {} (by replay, to 2 MiB)",
+                     human_bytes_exact(*v.smallest_cap));
     if (v.device_memory_known && *v.smallest_cap > v.device_memory)
       s += fmt::format(", more than the device's {}", hb(v.device_memory));
     else if (v.cap && !v.fits())
       s += fmt::format(", {} more than the cap", hb(*v.smallest_cap - v.cap));
+    else if (v.cap && *v.smallest_cap > v.cap)
+      s += fmt::format(", {} more than this cap, under which it fits all the same: a run is not monotone in the cap "
+                       "(the allocator frees its cache and retries at other moments), and a cap between the two fails",
+                       hb(*v.smallest_cap - v.cap));
     if (static_cast<std::int64_t>(*v.smallest_cap) < v.peak_reserved)
       s += "; less than its peak reserved: under a cap the allocator frees its cached blocks and retries";
     s += ".";
@@ -240,10 +248,10 @@ std::string verdict_text(const Verdict& v, std::size_t width) {
     if (close_fit)
       s += ": the verdict may not hold, the configuration fits with less to spare than that.";
     else if (close_fail)
-      s += ": the verdict may not hold, the smallest cap that fits is within that range.";
+      s += ": the verdict may not hold, the smallest cap at and above which it fits is within that range.";
     else if (v.fits() || v.smallest_cap)
       s += fmt::format(": the verdict holds across that range ({} {} the cap).",
-                       v.fits() ? "peak reserved is" : "the smallest cap that fits is",
+                       v.fits() ? "peak reserved is" : "the smallest cap at and above which it fits is",
                        v.fits() ? hb(static_cast<std::int64_t>(v.cap) - v.peak_reserved) + " under"
                                 : hb(*v.smallest_cap - v.cap) + " above");
     else

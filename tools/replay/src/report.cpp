@@ -210,7 +210,7 @@ std::string results_table(const std::vector<const ReplayResult*>& rows, const st
   return out;
 }
 
-std::string results_json(const std::vector<const ReplayResult*>& rows) {
+std::string results_json(const std::vector<const ReplayResult*>& rows, const std::vector<std::string>& verdicts) {
   std::string o = "[";
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const ReplayResult& r = *rows[i];
@@ -238,7 +238,9 @@ std::string results_json(const std::vector<const ReplayResult*>& rows) {
       o += fmt::format("{}{}: {}", first ? "" : ", ", json_quote(k), v);
       first = false;
     }
-    o += "}}";
+    o += "}";
+    if (i < verdicts.size()) o += ", \"verdict\": " + verdicts[i];
+    o += "}";
   }
   return o + "\n]\n";
 }

@@ -167,45 +167,86 @@ std::optional<Bytes> memory_needed(const Trace& t, const Config& config, const R
                                    unsigned* replays) {
   constexpr Bytes kStep = 2 * MiB;
   constexpr Bytes kUnlimited = 1024 * GiB;  // 1 TiB: more than any device
+  // The cap is a fraction of the device memory in the allocator (set_per_process_memory_fraction),
+  // so a cap of R bytes may allow a byte less: a cap certified by a peak reserved R is one at least
+  // this much above it.
+  constexpr Bytes kSlack = 4096;
   ReplayOptions o = opts;
   o.observer = nullptr;
   o.progress = nullptr;
   o.keep_allocator = false;
   o.stop_after = static_cast<std::size_t>(-1);
-  unsigned n = 0;
-  // Fails under a limit of `units` x 2 MiB? The limit is a cap when the device is larger, else
-  // the device itself.
-  auto fails = [&](Bytes units) {
+  std::atomic<unsigned> n{0};
+  // The replay under a limit of `units` x 2 MiB: a cap when the device is larger, else the device
+  // itself.
+  auto under = [&](Bytes units) {
+    ReplayOptions at = o;
     const Bytes limit = units * kStep;
-    o.device_memory = std::max(opts.device_memory, limit);
-    o.cap = limit;
+    at.device_memory = std::max(opts.device_memory, limit);
+    at.cap = limit;
     ++n;
-    return replay(t, config, o).stats.num_ooms > 0;
+    return replay(t, config, at);
   };
-  std::optional<Bytes> out;
-  Bytes hi = kUnlimited / kStep;
-  if (!fails(hi)) {
-    // A first guess from the unlimited run's peak, rounded up to 2 MiB.
-    o.device_memory = kUnlimited;
-    o.cap = 0;
-    ++n;
-    const auto peak = static_cast<Bytes>(replay(t, config, o).peak_reserved());
-    Bytes guess = std::max<Bytes>(1, (peak + kStep - 1) / kStep);
-    if (guess < hi && !fails(guess)) hi = guess;
-    const Bytes limit0 = opts.cap > 0 ? opts.cap : opts.device_memory;
-    Bytes lo = std::min(limit0 / kStep, hi - 1);  // fails (assumed: below what failed)
-    if (lo > 0 && !fails(lo)) {
-      hi = lo;
-      lo = 0;
+  auto fails = [&](Bytes units) { return under(units).stats.num_ooms > 0; };
+  auto done = [&](std::optional<Bytes> out) {
+    if (replays) *replays = n.load();
+    return out;
+  };
+  // A run is not monotone in the cap (a smaller cap can fit where a larger one fails: the
+  // allocator frees its cache and retries at other moments), so no bisection: the caps are walked
+  // down from 1 TiB, 2 MiB at a time, to the first that fails; the answer is the step above it, the
+  // smallest cap from which every larger cap fits.
+  //
+  // Without garbage_collection_threshold the cap acts only where the allocator compares reserved
+  // memory plus a new segment with it. A replay under cap C that fits with peak reserved R made
+  // every segment allocation it made with reserved + size <= R and was refused the others with
+  // reserved + size > C: under any cap between R and C every comparison comes out the same, so the
+  // replay is the same and fits. One replay vouches for every step from R to C, and the walk jumps.
+  Bytes hi = kUnlimited / kStep;  // in steps; `hi` fits, and every cap above it
+  ReplayResult top = under(hi);
+  if (top.stats.num_ooms > 0) return done(std::nullopt);
+  if (config.garbage_collection_threshold <= 0) {
+    std::int64_t peak = top.peak_reserved();
+    for (;;) {
+      const Bytes next = std::min(hi - 1, (static_cast<Bytes>(peak) + kSlack - 1) / kStep);
+      if (next == 0) return done(kStep);  // fits under every cap down to 2 MiB
+      ReplayResult r = under(next);
+      if (r.stats.num_ooms > 0) return done((next + 1) * kStep);  // the steps above `next` are vouched for
+      hi = next;
+      peak = r.peak_reserved();
     }
-    while (hi - lo > 1) {
-      const Bytes mid = lo + (hi - lo) / 2;
-      (fails(mid) ? lo : hi) = mid;
-    }
-    out = hi * kStep;
   }
-  if (replays) *replays = n;
-  return out;
+  // With garbage_collection_threshold (a fraction g of the cap) the allocator also compares
+  // reserved memory with g x cap, so a cap below C may change the run although it is above R. A
+  // cap of at least R / g (R the peak reserved with no cap) is never reached and garbage collection
+  // never starts: those fit. Below, every 2 MiB step is replayed, on worker threads in batches.
+  hi = std::min(hi, static_cast<Bytes>(static_cast<double>(top.peak_reserved() + static_cast<std::int64_t>(kSlack)) /
+                                           config.garbage_collection_threshold / static_cast<double>(kStep)) +
+                        1);
+  const unsigned threads = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
+  while (hi > 1) {
+    const Bytes batch = std::min<Bytes>(threads, hi - 1);  // caps hi-1 .. hi-batch, in steps
+    std::vector<char> failed(batch, 0);
+    std::vector<std::thread> pool;
+    std::exception_ptr error;
+    std::mutex mu;
+    auto work = [&](Bytes k) {
+      try {
+        failed[k] = fails(hi - 1 - k) ? 1 : 0;
+      } catch (...) {
+        std::lock_guard lock(mu);
+        if (!error) error = std::current_exception();
+      }
+    };
+    for (Bytes k = 1; k < batch; ++k) pool.emplace_back(work, k);
+    work(0);
+    for (auto& th : pool) th.join();
+    if (error) std::rethrow_exception(error);
+    for (Bytes k = 0; k < batch; ++k)
+      if (failed[k]) return done((hi - k) * kStep);  // hi - 1 - k fails; the step above it fits
+    hi -= batch;
+  }
+  return done(kStep);
 }
 
 }  // namespace cachet::replay

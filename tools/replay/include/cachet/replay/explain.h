@@ -135,9 +135,9 @@ struct Explanation {
   std::optional<Verdict> verdict;     // the recorded configuration under the cap (judge)
   std::size_t candidates = 0;         // configurations tried for the fix
   std::size_t candidates_without_oom = 0;
-  // With no native fix: the smallest memory cap (to 2 MiB, by replay) under which the recorded
-  // configuration has no out-of-memory (the verdict's smallest_cap); nullopt when not searched or
-  // none up to the device.
+  // With no native fix: the smallest memory cap (to 2 MiB, by replay) from which the recorded
+  // configuration has no out-of-memory under it and every larger cap (the verdict's smallest_cap);
+  // nullopt when not searched or none up to the device.
   std::optional<Bytes> cap_needed;
   // Every configuration replayed for the fix (results[i] is tune_space()[i]), when searched.
   std::optional<TuneResult> tried;

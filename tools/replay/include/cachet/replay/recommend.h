@@ -9,8 +9,9 @@
 // never the headline.
 //
 // The verdict is what the user's configuration does under the cap (or the device's memory): it
-// fits or not, its headroom, its allocation retries, and the smallest cap under which it has no
-// out-of-memory, found by replay (memory_needed) whether or not the recorded run failed.
+// fits or not, its headroom, its allocation retries, and the smallest cap from which it has no
+// out-of-memory under every larger cap too, found by replay (memory_needed) whether or not the
+// recorded run failed.
 #pragma once
 
 #include <cstddef>
@@ -36,7 +37,8 @@ struct Recommendation {
   bool only_plugin_avoids = false;
   // Among the candidates with no out-of-memory (when the recorded configuration has one): the one
   // changing the fewest keys of the recorded configuration (then lowest peak reserved, then the
-  // shorter string); kRecorded when none, or when it is the pick.
+  // shorter string); kRecorded when none, when it is the pick, or when it changes no fewer keys
+  // than the pick.
   std::size_t fewest_keys = kRecorded;
   std::vector<std::string> pick_keys, fewest_keys_keys;  // the keys each changes (changed_keys)
   // The configuration tune started from is not the recorded one (a command's --conf): said as
@@ -73,8 +75,9 @@ struct Verdict {
   std::int64_t num_ooms = 0;     // requests that run out of memory in the replay
   std::int64_t retries = 0;      // num_alloc_retries: the allocator freed its cache and retried
   std::int64_t peak_reserved = 0;
-  // The smallest cap (to 2 MiB) under which the configuration has no out-of-memory, by replay
-  // (memory_needed); nullopt: none up to 1 TiB.
+  // The smallest cap (to 2 MiB) from which the configuration has no out-of-memory under it and
+  // under every larger cap, by replay (memory_needed: a run is not monotone in the cap, a smaller
+  // one may fit too); nullopt: none up to 1 TiB.
   std::optional<Bytes> smallest_cap;
   // When the cap was given as PyTorch's rounded text ("8.12 GiB allowed": two decimals of GiB),
   // half its rounding: the true cap lies within this many bytes of `cap` (cap_text_rounding).
@@ -86,7 +89,8 @@ struct Verdict {
 
 // The verdict on `r`, a replay of the whole trace under `o` (the cap and device memory in force;
 // the recorded configuration with the recorded addresses, as `cachet replay` replays it). Runs
-// memory_needed (about 20 replays). `cap_text`: the --cap as given (for cap_rounding; "" when none).
+// memory_needed (at most a replay per 2 MiB between the answer and the unlimited peak reserved,
+// usually a few: each replay that fits vouches for the caps down to its peak reserved). `cap_text`: the --cap as given (for cap_rounding; "" when none).
 Verdict judge(const LoadedTrace& lt, const ReplayResult& r, const ReplayOptions& o, std::string_view cap_text = {});
 
 // The verdict in a paragraph beginning "Verdict for ...", lines wrapped to `width`, wording for

@@ -49,8 +49,9 @@ std::string results_table(const std::vector<const ReplayResult*>& rows, const st
 
 // One JSON object per result (conf, peak_allocated, peak_reserved, fragmentation, num_ooms,
 // num_alloc_retries, num_device_alloc, num_device_free, failed_allocs, pytorch_failures and the
-// first one, events, addresses, note, final_stats with PyTorch's key names).
-std::string results_json(const std::vector<const ReplayResult*>& rows);
+// first one, events, addresses, note, final_stats with PyTorch's key names). `verdicts` (when not
+// empty, one per row: verdict_json, recommend.h) adds each row's "verdict" object after final_stats.
+std::string results_json(const std::vector<const ReplayResult*>& rows, const std::vector<std::string>& verdicts = {});
 
 // A JSON string literal.
 std::string json_quote(std::string_view s);

@@ -68,11 +68,18 @@ TuneResult tune(const Trace& t, const Config& recorded, const std::vector<TuneCa
                 const ReplayOptions& opts, unsigned threads,
                 const std::function<void(std::size_t, std::size_t)>& progress = {});
 
-// The smallest memory limit, a multiple of 2 MiB, under which `config` replays `t` with no
-// out-of-memory error (num_ooms == 0): the cap (set_per_process_memory_fraction, in bytes) the
-// run would need, or the device memory when above opts.device_memory. Found by replay
-// (bisection between a limit that fails and one that does not). `replays` (when given) counts
-// the replays made. nullopt when even an unlimited device fails (a request over 1 PiB).
+// The smallest cap, a multiple of 2 MiB, from which `config` replays `t` with no out-of-memory
+// error (num_ooms == 0) under it and under every larger cap: the cap (set_per_process_memory_fraction,
+// in bytes) the run needs, or the device memory when above opts.device_memory. A run is not
+// monotone in the cap (the allocator frees its cache and retries at other moments under another
+// cap: side_stream_mlp.native, tests/data/oracle/snapshots/capped, fits under 2,164 MiB and fails
+// under 2,200 MiB), so a cap below the answer may
+// fit too, yet one above it would fail. Found by replay: the caps walked down from 1 TiB, 2 MiB at a
+// time, to the first that fails; a replay that fits under cap C with peak reserved R vouches for
+// every cap from R to C (the same comparisons, the same run), so the walk jumps to R. With
+// garbage_collection_threshold g (which compares with g x cap) every step below R0 / g (R0: the
+// peak with no cap) is replayed, on worker threads.
+// `replays` (when given) counts the replays made. nullopt when even a 1 TiB cap fails.
 std::optional<Bytes> memory_needed(const Trace& t, const Config& config, const ReplayOptions& opts,
                                    unsigned* replays = nullptr);
 

@@ -219,6 +219,24 @@ TEST(Tune, MemoryNeededIsTheCapFromWhichEveryLargerCapFits) {
   for (Bytes cap = *need; cap <= kPeak + 2 * MiB; cap += 2 * MiB) EXPECT_EQ(ooms(cap), 0) << cap;
 }
 
+// With garbage_collection_threshold the walk strides (about kGcProbes caps up to peak / threshold)
+// and walks every 2 MiB above the first cap that fails. res_pools_gc (oracle-h100, threshold 0.6 in
+// its recorded configuration) has a pocket of failing caps between 2.10 and 2.40 GiB: the walk that
+// replayed every 2 MiB step (the gc path before the stride) answered 2,579,496,960 bytes; a stride
+// of 1/24 of the range stepped over the pocket and answered 2,252,341,248.
+TEST(Tune, MemoryNeededWithGarbageCollectionFindsTheFailingPocket) {
+  LoadedTrace lt = load_trace(std::string(CACHET_TEST_DATA) + "/oracle-h100/results/res_pools_gc.json.gz");
+  ASSERT_GT(lt.run.config.garbage_collection_threshold, 0.0);
+  ReplayOptions o = recorded_options(lt, AddressMode::Recorded);
+  const auto need = memory_needed(lt.trace, lt.run.config, o);
+  ASSERT_TRUE(need);
+  EXPECT_EQ(*need, 2579496960u);
+  ReplayOptions at = o;
+  at.cap = *need - 2 * MiB;
+  at.device_memory = std::max(at.device_memory, at.cap);
+  EXPECT_GT(cachet::replay::replay(lt.trace, lt.run.config, at).stats.num_ooms, 0);
+}
+
 TEST(Tune, ChangeInPlainWords) {
   ReplayResult from = fake(3, 14 * GiB, 150), to = fake(0, 13 * GiB, 100);
   from.stats.num_alloc_retries = 3;

@@ -183,6 +183,7 @@ Verdict judge(const LoadedTrace& lt, const ReplayResult& r, const ReplayOptions&
   v.retries = r.stats.num_alloc_retries;
   v.peak_reserved = r.peak_reserved();
   v.smallest_cap = memory_needed(lt.trace, r.config, o);
+  v.gc_threshold = r.config.garbage_collection_threshold;
   if (o.cap) v.cap_rounding = cap_text_rounding(cap_text);
   return v;
 }
@@ -222,8 +223,12 @@ std::string verdict_text(const Verdict& v, std::size_t width) {
   if (v.recorded_conf && v.recorded_run_failed && v.fits())
     s += " The recorded run ran out of memory; under this limit the replay does not.";
   if (v.smallest_cap) {
-    s += fmt::format(" The smallest cap at and above which it fits: {} (by replay, to 2 MiB)",
-                     human_bytes_exact(*v.smallest_cap));
+    s += fmt::format(" The smallest cap at and above which it fits: {} (by replay, to 2 MiB{})",
+                     human_bytes_exact(*v.smallest_cap),
+                     v.gc_threshold > 0 ? fmt::format("; with garbage_collection_threshold, the caps above it up to "
+                                                      "peak / {} checked about 1/{} of that apart",
+                                                      v.gc_threshold, kGcProbes)
+                                        : std::string());
     if (v.device_memory_known && *v.smallest_cap > v.device_memory)
       s += fmt::format(", more than the device's {}", hb(v.device_memory));
     else if (v.cap && !v.fits())

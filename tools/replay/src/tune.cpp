@@ -219,34 +219,61 @@ std::optional<Bytes> memory_needed(const Trace& t, const Config& config, const R
   // With garbage_collection_threshold (a fraction g of the cap) the allocator also compares
   // reserved memory with g x cap, so a cap below C may change the run although it is above R. A
   // cap of at least R / g (R the peak reserved with no cap) is never reached and garbage collection
-  // never starts: those fit. Below, every 2 MiB step is replayed, on worker threads in batches.
-  hi = std::min(hi, static_cast<Bytes>(static_cast<double>(top.peak_reserved() + static_cast<std::int64_t>(kSlack)) /
-                                           config.garbage_collection_threshold / static_cast<double>(kStep)) +
-                        1);
+  // never starts: those fit. Below, the caps are replayed every kGcStride steps (docs: at most
+  // kGcProbes caps between R and R / g, so a verdict costs tens of replays, not hundreds), down to
+  // the first that fails, then every 2 MiB step between it and the last that fitted: the answer is
+  // exact to 2 MiB next to it, and the caps further up were checked at that stride (said by
+  // gc_stride()). Replays run on worker threads in batches.
+  const Bytes top_steps =
+      std::min(hi, static_cast<Bytes>(static_cast<double>(top.peak_reserved() + static_cast<std::int64_t>(kSlack)) /
+                                          config.garbage_collection_threshold / static_cast<double>(kStep)) +
+                       1);
+  const Bytes stride = gc_stride(top.peak_reserved(), config.garbage_collection_threshold) / kStep;
   const unsigned threads = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
-  while (hi > 1) {
-    const Bytes batch = std::min<Bytes>(threads, hi - 1);  // caps hi-1 .. hi-batch, in steps
-    std::vector<char> failed(batch, 0);
-    std::vector<std::thread> pool;
-    std::exception_ptr error;
-    std::mutex mu;
-    auto work = [&](Bytes k) {
-      try {
-        failed[k] = fails(hi - 1 - k) ? 1 : 0;
-      } catch (...) {
-        std::lock_guard lock(mu);
-        if (!error) error = std::current_exception();
-      }
-    };
-    for (Bytes k = 1; k < batch; ++k) pool.emplace_back(work, k);
-    work(0);
-    for (auto& th : pool) th.join();
-    if (error) std::rethrow_exception(error);
-    for (Bytes k = 0; k < batch; ++k)
-      if (failed[k]) return done((hi - k) * kStep);  // hi - 1 - k fails; the step above it fits
-    hi -= batch;
-  }
-  return done(kStep);
+  // Replays the caps `caps` (in steps, descending) and returns the index of the first that fails.
+  auto first_failing = [&](const std::vector<Bytes>& caps) -> std::optional<std::size_t> {
+    for (std::size_t at = 0; at < caps.size(); at += threads) {
+      const std::size_t batch = std::min<std::size_t>(threads, caps.size() - at);
+      std::vector<char> failed(batch, 0);
+      std::vector<std::thread> pool;
+      std::exception_ptr error;
+      std::mutex mu;
+      auto work = [&](std::size_t k) {
+        try {
+          failed[k] = fails(caps[at + k]) ? 1 : 0;
+        } catch (...) {
+          std::lock_guard lock(mu);
+          if (!error) error = std::current_exception();
+        }
+      };
+      for (std::size_t k = 1; k < batch; ++k) pool.emplace_back(work, k);
+      work(0);
+      for (auto& th : pool) th.join();
+      if (error) std::rethrow_exception(error);
+      for (std::size_t k = 0; k < batch; ++k)
+        if (failed[k]) return at + k;
+    }
+    return std::nullopt;
+  };
+  std::vector<Bytes> coarse;
+  for (Bytes c = top_steps; c > stride; c -= stride) coarse.push_back(c - stride);  // top_steps fits
+  if (coarse.empty() || coarse.back() > 1) coarse.push_back(1);
+  auto f = first_failing(coarse);
+  if (!f) return done(kStep);
+  const Bytes failing = coarse[*f];
+  const Bytes fitted = *f == 0 ? top_steps : coarse[*f - 1];
+  std::vector<Bytes> fine;
+  for (Bytes c = fitted - 1; c > failing; --c) fine.push_back(c);
+  auto g = first_failing(fine);
+  return done(((g ? fine[*g] : failing) + 1) * kStep);
+}
+
+Bytes gc_stride(std::int64_t uncapped_peak_reserved, double gc_threshold) {
+  constexpr Bytes kStep = 2 * MiB;
+  if (gc_threshold <= 0) return kStep;
+  const double span = static_cast<double>(std::max<std::int64_t>(uncapped_peak_reserved, 0)) / gc_threshold;
+  const Bytes steps = static_cast<Bytes>(span / static_cast<double>(kStep) / static_cast<double>(kGcProbes)) + 1;
+  return steps * kStep;
 }
 
 }  // namespace cachet::replay

@@ -79,6 +79,9 @@ struct Verdict {
   // under every larger cap, by replay (memory_needed: a run is not monotone in the cap, a smaller
   // one may fit too); nullopt: none up to 1 TiB.
   std::optional<Bytes> smallest_cap;
+  // The configuration's garbage_collection_threshold (0: none): memory_needed then checks the caps
+  // above the answer at gc_stride() apart, and the text says so.
+  double gc_threshold = 0;
   // When the cap was given as PyTorch's rounded text ("8.12 GiB allowed": two decimals of GiB),
   // half its rounding: the true cap lies within this many bytes of `cap` (cap_text_rounding).
   Bytes cap_rounding = 0;

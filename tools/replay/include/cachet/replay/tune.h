@@ -59,6 +59,12 @@ struct TuneResult {
   const ReplayResult& at(std::size_t i) const { return i == kRecorded ? baseline : results.at(i); }
 };
 
+// The stride of memory_needed's walk under garbage_collection_threshold `gc_threshold` (a multiple
+// of 2 MiB: R0 / threshold split into about kGcProbes caps, R0 the peak reserved with no cap);
+// 2 MiB without the threshold.
+inline constexpr unsigned kGcProbes = 64;
+Bytes gc_stride(std::int64_t uncapped_peak_reserved, double gc_threshold);
+
 // Replays every candidate on `threads` (>= 1) worker threads (std::thread), then ranks them. The
 // recorded configuration, and a candidate equal to it, replay with the trace's addresses
 // (AddressMode::Recorded, synthetic where they do not hold, ReplayResult::note), as `cachet
@@ -77,9 +83,11 @@ TuneResult tune(const Trace& t, const Config& recorded, const std::vector<TuneCa
 // fit too, yet one above it would fail. Found by replay: the caps walked down from 1 TiB, 2 MiB at a
 // time, to the first that fails; a replay that fits under cap C with peak reserved R vouches for
 // every cap from R to C (the same comparisons, the same run), so the walk jumps to R. With
-// garbage_collection_threshold g (which compares with g x cap) every step below R0 / g (R0: the
-// peak with no cap) is replayed, on worker threads.
-// `replays` (when given) counts the replays made. nullopt when even a 1 TiB cap fails.
+// garbage_collection_threshold g (which compares with g x cap) caps below R0 / g (R0: the peak
+// with no cap) are replayed every gc_stride() bytes (about kGcProbes caps) down to the first that
+// fails, then every 2 MiB step above it: exact to 2 MiB next to the answer, the caps further up
+// checked at that stride. `replays` (when given) counts the replays made. nullopt when even a
+// 1 TiB cap fails.
 std::optional<Bytes> memory_needed(const Trace& t, const Config& config, const ReplayOptions& opts,
                                    unsigned* replays = nullptr);
 

@@ -24,6 +24,8 @@ void CachetPolicy::check_invariants() const {
   std::map<PoolId, int> pool_live;     // live blocks per private pool
   std::uint64_t expect = base_;
   const Block* prev = nullptr;
+  Bytes unmapped_pages = 0;  // the pages of the unmapped blocks
+  std::int64_t runs = 0;     // runs of consecutive mapped blocks
   for (const auto& [ptr, b] : blocks_) {
     const auto at = [&, ptr = ptr] { return " at block " + std::to_string(ptr - base_); };  // named only on failure
     if (ptr != b.ptr || ptr != expect)
@@ -32,13 +34,7 @@ void CachetPolicy::check_invariants() const {
     if (b.size == 0 || b.size % kCachetBlockAlign != 0 || b.ptr % kCachetBlockAlign != 0)
       fail("[INV-SIZE-1]", "size or alignment" + at());
     if (b.mapped()) {
-      // Every page from its first to its last is in mapped_pages_ (an ordered set: consecutive
-      // entries from the first page on).
-      auto m = mapped_pages_.lower_bound(page_of(b.ptr));
-      for (std::uint64_t p = page_of(b.ptr); p <= page_of(b.end() - 1); ++p, ++m)
-        if (m == mapped_pages_.end() || *m != p) {
-          fail("[INV-MAP-4]", "a mapped block on an unmapped page" + at());
-        }
+      if (prev == nullptr || prev->unmapped()) ++runs;  // a run of mapped blocks starts here
     } else if (auto m = mapped_pages_.lower_bound(page_of(b.ptr));
                m != mapped_pages_.end() && *m <= page_of(b.end() - 1)) {
       fail("[INV-MAP-4]", "a mapped page inside an unmapped block" + at());
@@ -46,6 +42,7 @@ void CachetPolicy::check_invariants() const {
     if (b.unmapped()) {
       if ((b.ptr - base_) % kCachetPage != 0 || b.size % kCachetPage != 0)
         fail("[INV-MAP-3]", "unmapped block not page aligned" + at());
+      unmapped_pages += b.size / kCachetPage;
       if (prev != nullptr && prev->unmapped())
         fail("[INV-MERGE-1]", "adjacent unmapped blocks" + at());
     }  // (a live block is mapped by its state: Allocated and AwaitingEvents are mapped states)
@@ -91,6 +88,18 @@ void CachetPolicy::check_invariants() const {
   }
   if (expect != base_ + reservation_size_)
     fail("[INV-SEG-1]", "blocks do not reach the reservation's end");
+  // [INV-MAP-4], the mapped blocks' side: the unmapped blocks are whole pages ([INV-MAP-3]) and
+  // hold no mapped page (above), so the mapped pages are among the other pages, those of the
+  // mapped blocks; they are all of them exactly when there are as many. On failure, the first
+  // mapped block with an unmapped page is named.
+  const Bytes pages = reservation_size_ / kCachetPage;
+  if (mapped_pages_.size() != pages - unmapped_pages || (!mapped_pages_.empty() && *mapped_pages_.rbegin() >= pages)) {
+    for (const auto& [ptr, b] : blocks_)
+      for (std::uint64_t p = page_of(b.ptr); b.mapped() && p <= page_of(b.end() - 1); ++p)
+        if (!mapped_pages_.count(p))
+          fail("[INV-MAP-4]", "a mapped block on an unmapped page at block " + std::to_string(ptr - base_));
+    fail("[INV-MAP-4]", "mapped pages outside the reservation");
+  }
   for (const auto& [id, p] : pools_) {
     const std::string which = " of pool {" + std::to_string(id.first) + ", " + std::to_string(id.second) + "}";
     if (p.use_count < 0) fail("[INV-PRIV-3]", "negative use count" + which);
@@ -117,7 +126,9 @@ void CachetPolicy::check_invariants() const {
   if (stats_.reserved_bytes[0].current != mapped || stats_.reserved_bytes[2].current != mapped ||
       stats_.reserved_bytes[1].current != 0)
     fail("[INV-STATS-1]", "reserved_bytes is not the mapped bytes");
-  if (stats_.segment[0].current != mapped_runs() || stats_.segment[2].current != mapped_runs())
+  // The runs of mapped pages are the runs of mapped blocks: unmapped blocks are whole pages
+  // between them ([INV-MAP-3], [INV-MAP-4]).
+  if (stats_.segment[0].current != runs || stats_.segment[2].current != runs)
     fail("[INV-STATS-1]", "segment is not the number of runs of mapped pages");
   if (touched_pages() > peak_touched_)
     fail("[INV-PAGE-2]", "touched pages above their high-water mark");

@@ -27,8 +27,7 @@ SnapshotState state_of(const Block* b) {
 
 Snapshot Allocator::snapshot() const { return snapshot_of(false); }
 
-Snapshot Allocator::snapshot_of(bool orphaned) const {
-  Snapshot out;
+std::vector<const Block*> Allocator::run_heads(bool orphaned) const {
   // Every mapped block: the default and private pools and the active set (PyTorch's
   // get_all_blocks). An orphaned pool's free blocks are in none of them (§14.8.1): a run of
   // it shows only from an active block on, unless `orphaned` asks for every run.
@@ -42,10 +41,16 @@ Snapshot Allocator::snapshot_of(bool orphaned) const {
       all.push_back(owned.get());
   std::sort(all.begin(), all.end());
   all.erase(std::unique(all.begin(), all.end()), all.end());
-  for (const Block* head : all) {
-    // One segment per contiguous mapped run (a whole cudaMalloc, or a mapped range of an
-    // expandable segment).
-    if (head->prev != nullptr && head->prev->is_mapped()) continue;
+  // One segment per contiguous mapped run (a whole cudaMalloc, or a mapped range of an
+  // expandable segment), from its first block.
+  std::erase_if(all, [](const Block* b) { return b->prev != nullptr && b->prev->is_mapped(); });
+  std::sort(all.begin(), all.end(), [](const Block* a, const Block* b) { return a->ptr < b->ptr; });
+  return all;
+}
+
+Snapshot Allocator::snapshot_of(bool orphaned) const {
+  Snapshot out;
+  for (const Block* head : run_heads(orphaned)) {
     SegmentSnapshot seg;
     seg.address = head->ptr;
     seg.stream = head->stream;
@@ -65,8 +70,6 @@ Snapshot Allocator::snapshot_of(bool orphaned) const {
     }
     out.push_back(std::move(seg));
   }
-  std::sort(out.begin(), out.end(),
-            [](const SegmentSnapshot& a, const SegmentSnapshot& b) { return a.address < b.address; });
   return out;
 }
 
@@ -179,19 +182,24 @@ void Allocator::check_invariants() const {
   // [INV-STATS-1]: the stats agree with the structure (§5.3).
   std::int64_t segments = 0, reserved = 0, allocated = 0, active_bytes = 0, allocations = 0,
                active = 0, inactive_split = 0, inactive_split_bytes = 0;
-  for (const SegmentSnapshot& s : snapshot_of(true)) {  // orphaned pools' memory is counted too
-    if (!s.is_expandable) ++segments;
-    reserved += static_cast<std::int64_t>(s.total_size);
-    for (const BlockSnapshot& b : s.blocks) {
-      const auto size = static_cast<std::int64_t>(b.size);
-      if (b.state == SnapshotState::ActiveAllocated) {
+  // Every mapped run (the segments snapshot_of(true) lists: orphaned pools' memory is counted
+  // too), walked from its first block.
+  for (const Block* head : run_heads(true)) {
+    const bool expandable = head->expandable != nullptr;
+    if (!expandable) ++segments;
+    const bool split = head->next != nullptr && head->next->is_mapped();  // more than one block
+    for (const Block* b = head; b != nullptr && b->is_mapped(); b = b->next) {
+      const auto size = static_cast<std::int64_t>(b->size);
+      reserved += size;
+      const SnapshotState st = state_of(b);
+      if (st == SnapshotState::ActiveAllocated) {
         allocated += size;
         ++allocations;
       }
-      if (b.state != SnapshotState::Inactive) {
+      if (st != SnapshotState::Inactive) {
         active_bytes += size;
         ++active;
-      } else if (!s.is_expandable && s.blocks.size() > 1) {
+      } else if (!expandable && split) {
         ++inactive_split;
         inactive_split_bytes += size;
       }

@@ -194,15 +194,19 @@ std::optional<std::string> Lockstep<Model, Impl>::State::compare() {
   }
   if (opts.compare_snapshots) {
     Snapshot ms = model->snapshot();
-    Snapshot ss = sut_before.snapshot;
     // policy:cachet's rules do not decide what a free block's requested size reads (gpu/
-    // leaves the last caller's, the model 0): compared for live blocks only. policy:pytorch
-    // keeps PyTorch's stale value, which the model reproduces: compared for every block.
-    if constexpr (kPolicy == Policy::Cachet)
-      for (Snapshot* snap : {&ms, &ss})
+    // leaves the last caller's, the model 0): compared for live blocks only (on a copy of the
+    // sut's). policy:pytorch keeps PyTorch's stale value, which the model reproduces: compared
+    // for every block.
+    Snapshot masked;
+    if constexpr (kPolicy == Policy::Cachet) {
+      masked = sut_before.snapshot;
+      for (Snapshot* snap : {&ms, &masked})
         for (auto& seg : *snap)
           for (auto& b : seg.blocks)
             if (b.state == BlockState::Inactive) b.requested_size = 0;
+    }
+    const Snapshot& ss = kPolicy == Policy::Cachet ? masked : sut_before.snapshot;
     if (ms != ss) {
       r << "snapshots differ\n";
       std::size_t i = 0;

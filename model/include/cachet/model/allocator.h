@@ -238,6 +238,8 @@ class Allocator {
   }
   // snapshot.cpp: snapshot() is PyTorch's view; with `orphaned`, every mapped run.
   Snapshot snapshot_of(bool orphaned) const;
+  // The first block of each mapped run snapshot_of(orphaned) shows, in address order.
+  std::vector<const Block*> run_heads(bool orphaned) const;
   // release.cpp
   void release_cached_blocks(PoolId id = PoolId{});
   void release_blocks(BlockPool& pool);

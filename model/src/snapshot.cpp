@@ -6,6 +6,7 @@
 
 #include "cachet/model/allocator.h"
 #include "cachet/model/sizes.h"
+#include "cachet/snapshot_digest.h"
 
 namespace cachet::model {
 
@@ -71,6 +72,23 @@ Snapshot Allocator::snapshot_of(bool orphaned) const {
     out.push_back(std::move(seg));
   }
   return out;
+}
+
+std::uint64_t Allocator::snapshot_digest() const {
+  // snapshot()'s segments and blocks, fed to the digest without building them.
+  SnapshotDigest d;
+  for (const Block* head : run_heads(false)) {
+    Bytes total = 0, backup = 0;
+    const auto asleep = sleeping_.find(head->ptr);
+    for (const Block* b = head; b != nullptr && b->is_mapped(); b = b->next) {
+      total += b->size;
+      if (asleep != sleeping_.end() && asleep->second.backed_up && b->is_active()) backup += b->size;
+      d.block(b->ptr, b->size, b->requested_size, state_of(b));
+    }
+    d.segment(head->ptr, total, head->stream, !head->pool->is_small, head->expandable != nullptr,
+              head->pool->owner != nullptr ? head->pool->owner->id : PoolId{}, asleep != sleeping_.end(), backup);
+  }
+  return d.value();
 }
 
 void Allocator::check_invariants() const {
@@ -182,9 +200,11 @@ void Allocator::check_invariants() const {
   // [INV-STATS-1]: the stats agree with the structure (§5.3).
   std::int64_t segments = 0, reserved = 0, allocated = 0, active_bytes = 0, allocations = 0,
                active = 0, inactive_split = 0, inactive_split_bytes = 0;
-  // Every mapped run (the segments snapshot_of(true) lists: orphaned pools' memory is counted
-  // too), walked from its first block.
-  for (const Block* head : run_heads(true)) {
+  // Every mapped run (orphaned pools' memory is counted too), walked from its first block: the
+  // mapped blocks with no mapped block before them.
+  for (const auto& [key, owned] : owned_) {
+    const Block* head = owned.get();
+    if (!head->is_mapped() || (head->prev != nullptr && head->prev->is_mapped())) continue;
     const bool expandable = head->expandable != nullptr;
     if (!expandable) ++segments;
     const bool split = head->next != nullptr && head->next->is_mapped();  // more than one block

@@ -349,6 +349,11 @@ Snapshot CachingAllocator::snapshot() {
   return core_->with_policy([](auto& p) { return p.snapshot(); });
 }
 
+std::uint64_t CachingAllocator::snapshot_digest() const {
+  std::lock_guard lock(mu_);
+  return core_->with_policy([](const auto& p) { return p.snapshot_digest(); });
+}
+
 Snapshot CachingAllocator::block_table() const {
   std::lock_guard lock(mu_);
   return core_->with_policy([](const auto& p) { return p.block_table(); });

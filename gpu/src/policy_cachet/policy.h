@@ -33,6 +33,7 @@
 #include "cachet/gpu/backend.h"
 #include "cachet/gpu/policy_cachet.h"
 #include "cachet/snapshot.h"
+#include "cachet/snapshot_digest.h"
 #include "cachet/stats.h"
 #include "cachet/trace.h"
 #include "ptr_map.h"
@@ -133,6 +134,7 @@ class CachetPolicy : public Shell {
   void set_memory_fraction(double fraction);
   Snapshot snapshot();
   Snapshot block_table() const;  // snapshot() without its trace event
+  std::uint64_t snapshot_digest() const { return digest(block_table()); }  // (not on a hot path)
   void apply_config(const Config& c);
   std::vector<std::string> invariants() const;
   // Sleep and wake (docs/sleep-wake.md; policy_cachet/sleep.cpp).

@@ -264,6 +264,7 @@ class PytorchPolicy : public Shell {
   // Every mapped run, also an orphaned pool's runs that begin with a free block, which
   // snapshot() cannot show (§14.8); no trace event.
   Snapshot block_table() const;
+  std::uint64_t snapshot_digest() const;  // digest(snapshot()), built from the segments; no trace event
   void apply_config(const Config& c);  // runtime configure (§4.1)
   std::vector<std::string> invariants() const;
   Bytes round_size(Bytes size) const;

@@ -11,6 +11,7 @@
 
 #include "cachet/errors.h"
 #include "cachet/snapshot.h"
+#include "cachet/snapshot_digest.h"
 #include "cachet/stats.h"
 #include "cachet/trace.h"
 #include "lockstep_state.h"
@@ -42,7 +43,7 @@ std::optional<std::string> Lockstep<Model, Impl>::State::end_case(const SutState
   // Before it refuses, a malloc during a capture may complete the frees the capture had already
   // made safe (graph_capture_record_stream_reuse, docs/pytorch-allocator.md §14.10.1), as
   // PyTorch does before it fails. When the sut's trace of the op holds free_completed events
-  // and nothing else (but the snapshot event of sut_state's own snapshot), its stats and
+  // and nothing else (but snapshot events of the checks' snapshots), its stats and
   // snapshot are not compared with those before the op (what the frees changed is not
   // recomputed here); its invariants still are.
   const bool only_safe_frees = opts.compare_trace && [&] {
@@ -52,7 +53,7 @@ std::optional<std::string> Lockstep<Model, Impl>::State::end_case(const SutState
     return frees > 0 && frees + snaps == static_cast<std::ptrdiff_t>(t.size());
   }();
   if (after.stats != before.stats && !only_safe_frees) r << "the sut refused (§14.8) but its stats changed\n";
-  else if (after.snapshot != before.snapshot && !only_safe_frees)
+  else if (after.snapshot_digest != before.snapshot_digest && !only_safe_frees)
     r << "the sut refused (§14.8) but its snapshot changed\n";
   else if (opts.check_invariants)
     for (const auto& v : sut_violations())
@@ -129,6 +130,49 @@ std::optional<std::string> Lockstep<Model, Impl>::State::compare_trace() {
 }
 
 template <class Model, class Impl>
+std::optional<std::string> Lockstep<Model, Impl>::State::compare_snapshots() {
+  // policy:pytorch: by digest after every op (cachet/snapshot_digest.h: each side walks its own
+  // blocks); built and compared in full on the first op and every kFullSnapshotEvery-th op after
+  // it, and whenever the digests differ, each side's digest then checked against its snapshot's.
+  // policy:cachet: in full after every op.
+  const bool full = kPolicy == Policy::Cachet || snapshot_checks++ % kFullSnapshotEvery == 0;
+  std::uint64_t model_digest = 0;
+  if constexpr (kPolicy == Policy::PyTorch) {
+    model_digest = model->snapshot_digest();
+    if (!full && model_digest == sut_before.snapshot_digest) return std::nullopt;
+  }
+  Snapshot ms = model->snapshot();
+  Snapshot ss = sut->snapshot();
+  // policy:cachet's rules do not decide what a free block's requested size reads (gpu/ leaves the
+  // last caller's, the model 0): compared for live blocks only. policy:pytorch keeps PyTorch's
+  // stale value, which the model reproduces: compared for every block.
+  if constexpr (kPolicy == Policy::Cachet)
+    for (Snapshot* snap : {&ms, &ss})
+      for (auto& seg : *snap)
+        for (auto& b : seg.blocks)
+          if (b.state == BlockState::Inactive) b.requested_size = 0;
+  std::ostringstream r;
+  if (ms != ss) {
+    r << "snapshots differ\n";
+    std::size_t i = 0;
+    for (; i < ms.size() && i < ss.size(); ++i)
+      if (ms[i] != ss[i]) {
+        r << "  model: " << show_segment(ms[i]) << "\n  sut:   " << show_segment(ss[i]) << "\n";
+        break;
+      }
+    if (ms.size() != ss.size()) r << "  model has " << ms.size() << " segments, sut " << ss.size() << "\n";
+    return r.str();
+  }
+  if constexpr (kPolicy == Policy::PyTorch) {
+    if (digest(ms) != model_digest) r << "  the model's: snapshot_digest() " << hex(model_digest) << ", digest(snapshot()) " << hex(digest(ms)) << "\n";
+    if (digest(ss) != sut_before.snapshot_digest)
+      r << "  the sut's: snapshot_digest() " << hex(sut_before.snapshot_digest) << ", digest(snapshot()) " << hex(digest(ss)) << "\n";
+    if (!r.str().empty()) return "snapshots equal but a snapshot digest is not its snapshot's\n" + r.str();
+  }
+  return std::nullopt;
+}
+
+template <class Model, class Impl>
 std::optional<std::string> Lockstep<Model, Impl>::State::compare() {
   std::ostringstream r;
   // Usage and device errors: the same kind (the wording is each implementation's own);
@@ -193,32 +237,7 @@ std::optional<std::string> Lockstep<Model, Impl>::State::compare() {
     }
   }
   if (opts.compare_snapshots) {
-    Snapshot ms = model->snapshot();
-    // policy:cachet's rules do not decide what a free block's requested size reads (gpu/
-    // leaves the last caller's, the model 0): compared for live blocks only (on a copy of the
-    // sut's). policy:pytorch keeps PyTorch's stale value, which the model reproduces: compared
-    // for every block.
-    Snapshot masked;
-    if constexpr (kPolicy == Policy::Cachet) {
-      masked = sut_before.snapshot;
-      for (Snapshot* snap : {&ms, &masked})
-        for (auto& seg : *snap)
-          for (auto& b : seg.blocks)
-            if (b.state == BlockState::Inactive) b.requested_size = 0;
-    }
-    const Snapshot& ss = kPolicy == Policy::Cachet ? masked : sut_before.snapshot;
-    if (ms != ss) {
-      r << "snapshots differ\n";
-      std::size_t i = 0;
-      for (; i < ms.size() && i < ss.size(); ++i)
-        if (ms[i] != ss[i]) {
-          r << "  model: " << show_segment(ms[i]) << "\n  sut:   " << show_segment(ss[i]) << "\n";
-          break;
-        }
-      if (ms.size() != ss.size())
-        r << "  model has " << ms.size() << " segments, sut " << ss.size() << "\n";
-      return r.str();
-    }
+    if (auto d = compare_snapshots()) return d;
   }
   return compare_use_counts();
 }
@@ -227,11 +246,13 @@ template std::optional<std::string> Lockstep<model::Allocator, CachingAllocator>
 template std::vector<std::string> Lockstep<model::Allocator, CachingAllocator>::State::sut_violations();
 template std::optional<std::string> Lockstep<model::Allocator, CachingAllocator>::State::compare_use_counts();
 template std::optional<std::string> Lockstep<model::Allocator, CachingAllocator>::State::compare_trace();
+template std::optional<std::string> Lockstep<model::Allocator, CachingAllocator>::State::compare_snapshots();
 template std::optional<std::string> Lockstep<model::Allocator, CachingAllocator>::State::compare();
 template std::optional<std::string> Lockstep<model::CachetPolicy, CachingAllocator>::State::end_case(const SutState& before);
 template std::vector<std::string> Lockstep<model::CachetPolicy, CachingAllocator>::State::sut_violations();
 template std::optional<std::string> Lockstep<model::CachetPolicy, CachingAllocator>::State::compare_use_counts();
 template std::optional<std::string> Lockstep<model::CachetPolicy, CachingAllocator>::State::compare_trace();
+template std::optional<std::string> Lockstep<model::CachetPolicy, CachingAllocator>::State::compare_snapshots();
 template std::optional<std::string> Lockstep<model::CachetPolicy, CachingAllocator>::State::compare();
 
 }  // namespace cachet::lockstep

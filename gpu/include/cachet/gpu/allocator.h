@@ -239,6 +239,9 @@ class CachingAllocator {
   // block (docs/pytorch-allocator.md §14.8). Records nothing; for recounting the stats from the
   // blocks (props' stats-recount).
   Snapshot block_table() const;
+  // digest(snapshot()) (cachet/snapshot_digest.h) without building the snapshot, and recording no
+  // snapshot event: for checks that compare snapshots after every operation (the lockstep).
+  std::uint64_t snapshot_digest() const;
 
   void set_trace(bool on);  // _record_memory_history(enabled="all") / (None)
   std::vector<TraceEvent> trace() const;

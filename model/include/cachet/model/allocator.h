@@ -138,6 +138,8 @@ class Allocator {
   void reset_peak_stats() { stats_.reset_peak(); }
   // torch.cuda.memory_snapshot(): segments by address (§8).
   Snapshot snapshot() const;
+  // digest(snapshot()) (cachet/snapshot_digest.h), from the blocks without building the snapshot.
+  std::uint64_t snapshot_digest() const;
   const std::vector<TraceEvent>& trace() const { return trace_; }
   const Config& config() const { return config_; }
   // Bytes obtained from the device (PyTorch's total_allocated_memory).

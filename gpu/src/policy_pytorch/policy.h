@@ -241,6 +241,7 @@ class PytorchPolicy : public Shell {
   void end_allocate_to_pool(PoolId id);
   void release_pool(PoolId id);
   int pool_use_count(PoolId id) const;
+  bool has_pool(PoolId id) const { return graph_pools_.find(id) != graph_pools_.end(); }
   // The frees a capture deferred (§14.7), pending, in the order the next batch takes them; and
   // that order set from a replay's recording (§14.10.3; CachingAllocator::set_deferred_free_order).
   std::vector<DevicePtr> deferred_frees() const;

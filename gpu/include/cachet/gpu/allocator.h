@@ -158,6 +158,7 @@ class CachingAllocator {
   // released it (§14.6); the default id is empty_cache().
   void empty_cache(PoolId id);
   int pool_use_count(PoolId id) const;  // getPoolUseCount
+  bool has_pool(PoolId id) const;       // pool_use_count(id) would answer (not refuse)
   // The frees a capture deferred (§14.7) and not yet processed: their pointers, in the order the
   // next batch takes them (the order the frees were made, unless set_deferred_free_order said
   // otherwise). policy:cachet: its own deferred frees (R12), in the order they were made.

@@ -1,7 +1,7 @@
 // fuzz_cachet_random: a random campaign over the fuzz_cachet_policy interpreter without
 // libFuzzer (builds with g++ in the default tree).
 //
-//   fuzz_cachet_random [--seconds N] [--seed S] [--max-len L] [--artifacts DIR]
+//   fuzz_cachet_random [--seconds N] [--seed S] [--max-len L] [--cases N] [--artifacts DIR]
 //       random inputs for N seconds (default 10); on a failed check writes the input to
 //       DIR/crash-cachet-<seed>-<case> (default: .), prints the report and exits 1.
 //   fuzz_cachet_random --replay FILE   runs one input (a crash, a seed); exit 0 when it passes;
@@ -23,12 +23,14 @@ int main(int argc, char** argv) {
   double seconds = 10;
   std::uint64_t seed = 1;
   std::size_t max_len = 4096;
+  std::uint64_t max_cases = 0;  // --cases: stop after this many cases (0: none; the time still bounds)
   std::string artifacts = ".";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--seconds") seconds = std::stod(v);
     else if (a == "--seed") seed = std::stoull(v);
     else if (a == "--max-len") max_len = std::stoull(v);
+    else if (a == "--cases") max_cases = std::stoull(v);
     else if (a == "--artifacts") artifacts = v;
     else if (a == "--replay") {
       std::ifstream in(v, std::ios::binary);
@@ -45,7 +47,7 @@ int main(int argc, char** argv) {
       std::cout << v << ": " << (r.empty() ? "passes" : "FAILS") << "\n";
       return r.empty() ? 0 : 1;
     } else {
-      std::cerr << "usage: fuzz_cachet_random [--seconds N] [--seed S] [--max-len L] [--artifacts DIR] | --replay FILE\n";
+      std::cerr << "usage: fuzz_cachet_random [--seconds N] [--seed S] [--max-len L] [--cases N] [--artifacts DIR] | --replay FILE\n";
       return 2;
     }
   }
@@ -54,7 +56,7 @@ int main(int argc, char** argv) {
   const auto deadline = start + std::chrono::duration<double>(seconds);
   std::uint64_t cases = 0;
   std::vector<std::uint8_t> buf;
-  while (std::chrono::steady_clock::now() < deadline) {
+  while (std::chrono::steady_clock::now() < deadline && (max_cases == 0 || cases < max_cases)) {
     buf.resize(1 + rng() % max_len);
     for (auto& b : buf) b = static_cast<std::uint8_t>(rng());
     const std::string r = cachet::fuzz::run_cachet_bytes(buf.data(), buf.size());

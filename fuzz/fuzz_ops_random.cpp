@@ -1,7 +1,7 @@
 // fuzz_ops_random: a random campaign over the fuzz_ops interpreter without libFuzzer (builds
 // with g++ in the default tree). Random byte strings go through the same entry as fuzz_ops.
 //
-//   fuzz_ops_random [--seconds N] [--seed S] [--max-len L] [--artifacts DIR]
+//   fuzz_ops_random [--seconds N] [--seed S] [--max-len L] [--cases N] [--artifacts DIR]
 //       runs random cases for N seconds (default 10); on a divergence writes the input to
 //       DIR/crash-random-<seed>-<case> (default: .), prints the report and exits 1.
 //   fuzz_ops_random --decode FILE     prints FILE (any fuzz_ops input) as a replayable .ops case
@@ -33,7 +33,7 @@ std::string slurp(const std::string& path) {
 }
 
 int usage() {
-  std::cerr << "usage: fuzz_ops_random [--seconds N] [--seed S] [--max-len L] [--artifacts DIR]\n"
+  std::cerr << "usage: fuzz_ops_random [--seconds N] [--seed S] [--max-len L] [--cases N] [--artifacts DIR]\n"
                "       fuzz_ops_random --decode FILE | --replay FILE.ops\n";
   return 2;
 }
@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   double seconds = 10;
   std::uint64_t seed = 1;
   std::size_t max_len = 4096;
+  std::uint64_t max_cases = 0;  // --cases: stop after this many cases (0: none; the time still bounds)
   std::string artifacts = ".";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
     if (a == "--seconds") seconds = std::stod(v);
     else if (a == "--seed") seed = std::stoull(v);
     else if (a == "--max-len") max_len = std::stoull(v);
+    else if (a == "--cases") max_cases = std::stoull(v);
     else if (a == "--artifacts") artifacts = v;
     else if (a == "--decode") {
       const std::string bytes = slurp(v);
@@ -76,7 +78,7 @@ int main(int argc, char** argv) {
   const auto deadline = start + std::chrono::duration<double>(seconds);
   std::uint64_t cases = 0, bytes_total = 0;
   std::vector<std::uint8_t> buf;
-  while (std::chrono::steady_clock::now() < deadline) {
+  while (std::chrono::steady_clock::now() < deadline && (max_cases == 0 || cases < max_cases)) {
     buf.resize(1 + rng() % max_len);
     for (auto& b : buf) b = static_cast<std::uint8_t>(rng());
     bytes_total += buf.size();

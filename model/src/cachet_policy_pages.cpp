@@ -2,6 +2,7 @@
 // whole free pages and their unmapping (R6), mapping new pages (R5), and the segment count
 // (runs of mapped pages).
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 
 #include "cachet/errors.h"
@@ -124,8 +125,11 @@ bool CachetPolicy::map_pages(std::uint64_t lo, std::uint64_t hi, StreamId stream
 // Segments are maximal runs of mapped pages.
 std::int64_t CachetPolicy::mapped_runs() const {
   std::int64_t runs = 0;
-  for (std::uint64_t p : mapped_pages_)
-    if (p == 0 || !mapped_pages_.count(p - 1)) ++runs;
+  std::optional<std::uint64_t> prev;  // the page before p in the (ordered) set
+  for (std::uint64_t p : mapped_pages_) {
+    if (!prev || *prev + 1 != p) ++runs;
+    prev = p;
+  }
   return runs;
 }
 

@@ -70,8 +70,11 @@ void CachetPolicy::split_at_sleep_edges() {
 
 std::int64_t CachetPolicy::sleeping_runs() const {
   std::int64_t runs = 0;
-  for (const auto& [p, page] : sleeping_pages_)
-    if (p == 0 || sleeping_pages_.count(p - 1) == 0) ++runs;
+  std::optional<std::uint64_t> prev;  // the sleeping page before p (the map is ordered)
+  for (const auto& [p, page] : sleeping_pages_) {
+    if (!prev || *prev + 1 != p) ++runs;
+    prev = p;
+  }
   return runs;
 }
 

@@ -6,6 +6,7 @@
 
 #include "cachet/model/allocator.h"
 #include "cachet/model/sizes.h"
+#include "cachet/snapshot_digest.h"
 
 namespace cachet::model {
 
@@ -27,8 +28,7 @@ SnapshotState state_of(const Block* b) {
 
 Snapshot Allocator::snapshot() const { return snapshot_of(false); }
 
-Snapshot Allocator::snapshot_of(bool orphaned) const {
-  Snapshot out;
+std::vector<const Block*> Allocator::run_heads(bool orphaned) const {
   // Every mapped block: the default and private pools and the active set (PyTorch's
   // get_all_blocks). An orphaned pool's free blocks are in none of them (§14.8.1): a run of
   // it shows only from an active block on, unless `orphaned` asks for every run.
@@ -42,10 +42,16 @@ Snapshot Allocator::snapshot_of(bool orphaned) const {
       all.push_back(owned.get());
   std::sort(all.begin(), all.end());
   all.erase(std::unique(all.begin(), all.end()), all.end());
-  for (const Block* head : all) {
-    // One segment per contiguous mapped run (a whole cudaMalloc, or a mapped range of an
-    // expandable segment).
-    if (head->prev != nullptr && head->prev->is_mapped()) continue;
+  // One segment per contiguous mapped run (a whole cudaMalloc, or a mapped range of an
+  // expandable segment), from its first block.
+  std::erase_if(all, [](const Block* b) { return b->prev != nullptr && b->prev->is_mapped(); });
+  std::sort(all.begin(), all.end(), [](const Block* a, const Block* b) { return a->ptr < b->ptr; });
+  return all;
+}
+
+Snapshot Allocator::snapshot_of(bool orphaned) const {
+  Snapshot out;
+  for (const Block* head : run_heads(orphaned)) {
     SegmentSnapshot seg;
     seg.address = head->ptr;
     seg.stream = head->stream;
@@ -65,9 +71,24 @@ Snapshot Allocator::snapshot_of(bool orphaned) const {
     }
     out.push_back(std::move(seg));
   }
-  std::sort(out.begin(), out.end(),
-            [](const SegmentSnapshot& a, const SegmentSnapshot& b) { return a.address < b.address; });
   return out;
+}
+
+std::uint64_t Allocator::snapshot_digest() const {
+  // snapshot()'s segments and blocks, fed to the digest without building them.
+  SnapshotDigest d;
+  for (const Block* head : run_heads(false)) {
+    Bytes total = 0, backup = 0;
+    const auto asleep = sleeping_.find(head->ptr);
+    for (const Block* b = head; b != nullptr && b->is_mapped(); b = b->next) {
+      total += b->size;
+      if (asleep != sleeping_.end() && asleep->second.backed_up && b->is_active()) backup += b->size;
+      d.block(b->ptr, b->size, b->requested_size, state_of(b));
+    }
+    d.segment(head->ptr, total, head->stream, !head->pool->is_small, head->expandable != nullptr,
+              head->pool->owner != nullptr ? head->pool->owner->id : PoolId{}, asleep != sleeping_.end(), backup);
+  }
+  return d.value();
 }
 
 void Allocator::check_invariants() const {
@@ -179,19 +200,26 @@ void Allocator::check_invariants() const {
   // [INV-STATS-1]: the stats agree with the structure (§5.3).
   std::int64_t segments = 0, reserved = 0, allocated = 0, active_bytes = 0, allocations = 0,
                active = 0, inactive_split = 0, inactive_split_bytes = 0;
-  for (const SegmentSnapshot& s : snapshot_of(true)) {  // orphaned pools' memory is counted too
-    if (!s.is_expandable) ++segments;
-    reserved += static_cast<std::int64_t>(s.total_size);
-    for (const BlockSnapshot& b : s.blocks) {
-      const auto size = static_cast<std::int64_t>(b.size);
-      if (b.state == SnapshotState::ActiveAllocated) {
+  // Every mapped run (orphaned pools' memory is counted too), walked from its first block: the
+  // mapped blocks with no mapped block before them.
+  for (const auto& [key, owned] : owned_) {
+    const Block* head = owned.get();
+    if (!head->is_mapped() || (head->prev != nullptr && head->prev->is_mapped())) continue;
+    const bool expandable = head->expandable != nullptr;
+    if (!expandable) ++segments;
+    const bool split = head->next != nullptr && head->next->is_mapped();  // more than one block
+    for (const Block* b = head; b != nullptr && b->is_mapped(); b = b->next) {
+      const auto size = static_cast<std::int64_t>(b->size);
+      reserved += size;
+      const SnapshotState st = state_of(b);
+      if (st == SnapshotState::ActiveAllocated) {
         allocated += size;
         ++allocations;
       }
-      if (b.state != SnapshotState::Inactive) {
+      if (st != SnapshotState::Inactive) {
         active_bytes += size;
         ++active;
-      } else if (!s.is_expandable && s.blocks.size() > 1) {
+      } else if (!expandable && split) {
         ++inactive_split;
         inactive_split_bytes += size;
       }

@@ -223,6 +223,11 @@ void CachingAllocator::release_pool(PoolId id) {
   validate("release_pool");
 }
 
+bool CachingAllocator::has_pool(PoolId id) const {
+  std::lock_guard lock(mu_);
+  return core_->with_policy([id](const auto& p) { return p.has_pool(id); });
+}
+
 int CachingAllocator::pool_use_count(PoolId id) const {
   std::lock_guard lock(mu_);
   return core_->with_policy([id](const auto& p) { return p.pool_use_count(id); });
@@ -355,6 +360,11 @@ Bytes CachingAllocator::release_backup_buffers() {
 Snapshot CachingAllocator::snapshot() {
   std::lock_guard lock(mu_);
   return core_->with_policy([](auto& p) { return p.snapshot(); });
+}
+
+std::uint64_t CachingAllocator::snapshot_digest() const {
+  std::lock_guard lock(mu_);
+  return core_->with_policy([](const auto& p) { return p.snapshot_digest(); });
 }
 
 Snapshot CachingAllocator::block_table() const {

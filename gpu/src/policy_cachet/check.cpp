@@ -3,6 +3,7 @@
 // or both, each violation starting with its ID; and what it calls (never mutated: built once,
 // without mutant.h, so the checker stays the real one).
 #include <algorithm>
+#include <cstring>
 #include <iterator>
 #include <map>
 #include <stdexcept>
@@ -81,12 +82,12 @@ std::vector<std::string> CachetPolicy::invariants() const {
   DevicePtr expect = base_;
   const CBlock* prev = nullptr;
   for (const CBlock* b = head_; b != nullptr; prev = b, b = b->next) {
-    const std::string at = " (block " + hex(b->ptr) + ")";
-    if (b->ptr != expect) fail("[INV-SEG-1] gap or overlap at " + hex(expect) + at);
-    if (b->prev != prev) fail("[INV-SEG-2] prev link broken" + at);
+    const auto at = [b] { return " (block " + hex(b->ptr) + ")"; };  // formatted only on failure
+    if (b->ptr != expect) fail("[INV-SEG-1] gap or overlap at " + hex(expect) + at());
+    if (b->prev != prev) fail("[INV-SEG-2] prev link broken" + at());
     expect = b->end();
     if (b->size == 0 || b->size % kCachetAlign != 0 || b->ptr % kCachetAlign != 0)
-      fail("[INV-SIZE-1] size/alignment" + at);
+      fail("[INV-SIZE-1] size/alignment" + at());
     if (b->is_mapped()) {
       mapped += b->size;
       if (!b->asleep) awake += b->size;
@@ -98,72 +99,72 @@ std::vector<std::string> CachetPolicy::invariants() const {
       asleep += b->size;
       if (b->is_allocated()) asleep_allocated += b->size;
       if (prev == nullptr || !prev->asleep) ++asleep_runs;
-      if (b->is_unmapped()) fail("[INV-SLEEP-1] unmapped block marked asleep" + at);
+      if (b->is_unmapped()) fail("[INV-SLEEP-1] unmapped block marked asleep" + at());
       if ((b->ptr % kPage != 0 && (prev == nullptr || !prev->asleep)) ||
           (b->end() % kPage != 0 && (b->next == nullptr || !b->next->asleep)))
-        fail("[INV-SLEEP-1] sleeping block shares a page with an awake block" + at);
+        fail("[INV-SLEEP-1] sleeping block shares a page with an awake block" + at());
       if (b->is_mapped_free()) {
         const CFreeSet& fs = b->pool.is_default() ? free_ : pools_.count(b->pool) ? pools_.at(b->pool).free : free_;
         auto it = fs.find(SizeKey{b->stream, b->size, b->ptr}, SizeOrder{});
-        if (it != fs.end() && &*it == b) fail("[INV-SLEEP-1] sleeping free block in a free set" + at);
+        if (it != fs.end() && &*it == b) fail("[INV-SLEEP-1] sleeping free block in a free set" + at());
       }
-      if (b->is_live() && !b->is_allocated()) fail("[INV-SLEEP-1] sleeping block waits for events" + at);
+      if (b->is_live() && !b->is_allocated()) fail("[INV-SLEEP-1] sleeping block waits for events" + at());
     }
     // The state against the other fields (shell/block_state.h).
     if (!b->is_allocated() && b->state() != BlockState::Deferred && !b->stream_uses.empty())
-      fail("[INV-EVENT-3] stream uses on a block that is neither allocated nor deferred" + at);
+      fail("[INV-EVENT-3] stream uses on a block that is neither allocated nor deferred" + at());
     // [INV-PRIV-3]: which pool a block may belong to (R10, R11).
     if (!b->pool.is_default()) {
       pool_bytes[b->pool] += b->size;
       if (b->is_live()) ++pool_live[b->pool];
       auto p = pools_.find(b->pool);
       if (b->is_unmapped())
-        fail("[INV-PRIV-3] unmapped block with a pool" + at);
+        fail("[INV-PRIV-3] unmapped block with a pool" + at());
       else if (p == pools_.end())
-        fail("[INV-PRIV-3] block of an unknown pool" + at);
+        fail("[INV-PRIV-3] block of an unknown pool" + at());
       else if (b->is_mapped_free() && p->second.use_count <= 0)
-        fail("[INV-PRIV-3] free block of a pool with no user" + at);
+        fail("[INV-PRIV-3] free block of a pool with no user" + at());
     }
     if (b->is_reusable()) {
-      if (b->event_count != 0) fail("[INV-EVENT-1] free block with events" + at);
+      if (b->event_count != 0) fail("[INV-EVENT-1] free block with events" + at());
       if (b->is_unmapped()) {
         ++n_unmapped;
         if (b->ptr % kPage != 0 || b->size % kPage != 0)
-          fail("[INV-MAP-3] unmapped block not page aligned" + at);
+          fail("[INV-MAP-3] unmapped block not page aligned" + at());
         if (b->next != nullptr && b->next->is_unmapped())
-          fail("[INV-MERGE-1] adjacent unmapped blocks" + at);
+          fail("[INV-MERGE-1] adjacent unmapped blocks" + at());
         if (auto u = unmapped_.find(b->ptr, CAddrOrder{}); u == unmapped_.end() || &*u != b)
-          fail("[INV-POOL-1] unmapped block not in unmapped_" + at);
-        if (active_.find(b->ptr) == b) fail("[INV-MAP-1] unmapped block in active_" + at);
+          fail("[INV-POOL-1] unmapped block not in unmapped_" + at());
+        if (active_.find(b->ptr) == b) fail("[INV-MAP-1] unmapped block in active_" + at());
       } else if (b->asleep) {
         if (b->next != nullptr && b->next->is_mapped_free() && b->next->asleep && b->next->stream == b->stream &&
             b->next->pool == b->pool)
-          fail("[INV-MERGE-1] adjacent sleeping free blocks of one stream and pool" + at);
+          fail("[INV-MERGE-1] adjacent sleeping free blocks of one stream and pool" + at());
       } else {
         ++n_free;
         if (b->next != nullptr && b->next->is_awake_free() && b->next->stream == b->stream &&
             b->next->pool == b->pool)
-          fail("[INV-MERGE-1] adjacent free blocks of one stream and pool" + at);
+          fail("[INV-MERGE-1] adjacent free blocks of one stream and pool" + at());
         auto p = b->pool.is_default() ? pools_.end() : pools_.find(b->pool);
         const CFreeSet* fs = b->pool.is_default() ? &free_ : p != pools_.end() ? &p->second.free : nullptr;
         auto it = fs ? fs->find(SizeKey{b->stream, b->size, b->ptr}, SizeOrder{}) : free_.end();
         if (fs == nullptr || it == fs->end() || &*it != b)
-          fail("[INV-POOL-1] free block not in its pool's free set" + at);
+          fail("[INV-POOL-1] free block not in its pool's free set" + at());
         // A mapped free block touches only mapped pages: its neighbours on shared pages are mapped.
         if (b->ptr % kPage != 0 && b->prev != nullptr && !b->prev->is_mapped())
-          fail("[INV-MAP-4] free block on an unmapped page" + at);
+          fail("[INV-MAP-4] free block on an unmapped page" + at());
       }
     } else {
       ++n_active;
-      if (active_.find(b->ptr) != b) fail("[INV-POOL-1] active block not in active_" + at);
+      if (active_.find(b->ptr) != b) fail("[INV-POOL-1] active block not in active_" + at());
       if (b->size != align_up(b->requested, kCachetAlign))
-        fail("[INV-SIZE-4] size is not the rounded request" + at);
+        fail("[INV-SIZE-4] size is not the rounded request" + at());
       if ((b->state() == BlockState::AwaitingEvents) != (b->event_count > 0))
-        fail("[INV-EVENT-1] pending/event_count mismatch" + at);
+        fail("[INV-EVENT-1] pending/event_count mismatch" + at());
       // A deferred block waits in deferred_ with its stream uses and no event yet (R12).
       if ((b->state() == BlockState::Deferred) != is_deferred(b) ||
           (b->state() == BlockState::Deferred && b->stream_uses.empty()))
-        fail("[INV-EVENT-1] deferred block not in deferred_, or without stream uses" + at);
+        fail("[INV-EVENT-1] deferred block not in deferred_, or without stream uses" + at());
       n_events += static_cast<std::size_t>(b->event_count);
       const StatType pool = pool_of(b->size);
       const auto n = static_cast<std::int64_t>(b->size);
@@ -214,7 +215,11 @@ std::vector<std::string> CachetPolicy::invariants() const {
     // [INV-SLEEP-3] pages are tag-homogeneous (SLEEP-R1): the live blocks touching one page carry
     // one tag, the one page_tag_ keeps for a live block's end pages (from the first tag on); a
     // sleeping page is in sleeping_pages_ (and no other), with the tag of its live blocks.
-    std::map<std::size_t, std::uint32_t> tag_of;  // page -> the tag of the live blocks touching it
+    // The live blocks touching one page follow each other in address order, and only a block's
+    // first page can be shared with the live blocks before it: the tag of the last page of the
+    // last live block is all there is to compare with.
+    std::size_t tag_page = ~std::size_t{0};  // the last page of the last live block
+    std::uint32_t page_tag = 0;              // the tag of the live blocks on tag_page
     std::size_t asleep_pages = 0;
     std::size_t last_asleep = ~std::size_t{0};
     for (const CBlock* b = head_; b != nullptr; b = b->next) {
@@ -232,11 +237,12 @@ std::vector<std::string> CachetPolicy::invariants() const {
                  "' of its live block " + hex(b->ptr));
         }
       if (!b->is_live()) continue;
+      if (first == tag_page && page_tag != b->tag)
+        fail("[INV-SLEEP-3] page " + std::to_string(first) + " is touched by live blocks of the tags '" +
+             tag_name(page_tag) + "' and '" + tag_name(b->tag) + "' (block " + hex(b->ptr) + ")");
+      if (first != tag_page || last != first) page_tag = b->tag;  // (a shared page keeps the first tag)
+      tag_page = last;
       for (std::size_t p : {first, last}) {
-        const auto [it, fresh] = tag_of.emplace(p, b->tag);
-        if (!fresh && it->second != b->tag)
-          fail("[INV-SLEEP-3] page " + std::to_string(p) + " is touched by live blocks of the tags '" +
-               tag_name(it->second) + "' and '" + tag_name(b->tag) + "' (block " + hex(b->ptr) + ")");
         if (tags_seen() && page_tag_[p] != b->tag)
           fail("[INV-SLEEP-3] page " + std::to_string(p) + " keeps the tag '" + tag_name(page_tag_[p]) +
                "', its live block " + hex(b->ptr) + " has '" + tag_name(b->tag) + "'");
@@ -271,15 +277,41 @@ std::vector<std::string> CachetPolicy::invariants() const {
     fail("[INV-PAGE-1] touched pages " + std::to_string(touched_pages_) + ", recount " +
          std::to_string(touched_bytes() / kPage));
   {
-    // Counts are kept for the first and last page of each live block (touch()).
-    std::vector<std::uint32_t> live(page_live_.size(), 0);
+    // Counts are kept for the first and last page of each live block (touch()): the recount at
+    // those pages (in address order, a page's counts come together), 0 at every other page
+    // (compared as memory: the reservation has thousands of pages).
+    static const std::uint32_t kZeros[1024] = {};
+    auto zero = [this](std::size_t lo, std::size_t hi) {  // page_live_[lo, hi) all 0
+      for (std::size_t n; lo < hi; lo += n) {
+        n = std::min<std::size_t>(hi - lo, std::size(kZeros));
+        if (std::memcmp(&page_live_[lo], kZeros, n * sizeof kZeros[0]) != 0) return false;
+      }
+      return true;
+    };
+    bool same = true;
+    std::size_t page = 0, n = 0, next = 0;  // the page recounted (n blocks so far), the first not compared
+    auto flush = [&] {
+      if (n == 0) return;
+      same = same && page < page_live_.size() && zero(next, page) && page_live_[page] == n;
+      next = page + 1;
+    };
+    auto at = [&](std::size_t p) {
+      if (p != page || n == 0) {
+        flush();
+        page = p;
+        n = 0;
+      }
+      ++n;
+    };
     for (const CBlock* b = head_; b != nullptr; b = b->next)
       if (b->is_live()) {
         const std::size_t first = (b->ptr - base_) / kPage, last = (b->end() - 1 - base_) / kPage;
-        ++live[first];
-        if (last != first) ++live[last];
+        at(first);
+        if (last != first) at(last);
       }
-    if (live != page_live_) fail("[INV-PAGE-1] live-page counts differ from a recount");
+    flush();
+    if (!same || !zero(std::min(next, page_live_.size()), page_live_.size()))
+      fail("[INV-PAGE-1] live-page counts differ from a recount");
   }
   if (!pool_active()) {
     // [INV-BUDGET-1]; free pages split between free blocks of different streams, or held by a

@@ -189,6 +189,37 @@ Snapshot CachetPolicy::block_table() const {
   return out;
 }
 
+// block_table()'s segments and blocks, fed to the digest as they are walked.
+std::uint64_t CachetPolicy::snapshot_digest() const {
+  SnapshotDigest d;
+  const CBlock* first = nullptr;  // the first block of the segment under way
+  Bytes total = 0, backup = 0;
+  auto end_segment = [&] {
+    if (first != nullptr) d.segment(first->ptr, total, first->stream, true, true, first->pool, first->asleep, backup);
+    first = nullptr;
+    total = backup = 0;
+  };
+  for (const CBlock* b = head_; b != nullptr; b = b->next) {
+    if (!b->is_mapped()) {
+      end_segment();
+      continue;
+    }
+    if (b->prev == nullptr || !b->prev->is_mapped() || b->prev->pool != b->pool || b->prev->asleep != b->asleep) {
+      end_segment();
+      first = b;
+    }
+    total += b->size;
+    if (b->asleep)
+      for (const BackupCopy& c : backups_) {
+        const DevicePtr lo = std::max(c.ptr, b->ptr), hi = std::min(c.ptr + c.size, b->end());
+        if (lo < hi) backup += hi - lo;
+      }
+    d.block(b->ptr, b->size, b->requested, snapshot_state(b->state()));
+  }
+  end_segment();
+  return d.value();
+}
+
 // ===================================================================== checks
 
 CBlock* CachetPolicy::find_active(DevicePtr ptr, const char* op) const {

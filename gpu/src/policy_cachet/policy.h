@@ -33,6 +33,7 @@
 #include "cachet/gpu/backend.h"
 #include "cachet/gpu/policy_cachet.h"
 #include "cachet/snapshot.h"
+#include "cachet/snapshot_digest.h"
 #include "cachet/stats.h"
 #include "cachet/trace.h"
 #include "ptr_map.h"
@@ -120,6 +121,7 @@ class CachetPolicy : public Shell {
   void release_pool(PoolId id);
   void empty_cache(PoolId id);
   int pool_use_count(PoolId id) const;
+  bool has_pool(PoolId id) const { return pools_.find(id) != pools_.end(); }
   std::vector<DevicePtr> deferred_frees() const;  // R12's deferred_, in the order they were freed
   // PyTorch's CUDAAllocator calls beyond the pools (§15; policy_cachet/torch_api.cpp).
   void create_or_incref_pool(PoolId id, std::shared_ptr<SegmentSource> source);
@@ -133,6 +135,7 @@ class CachetPolicy : public Shell {
   void set_memory_fraction(double fraction);
   Snapshot snapshot();
   Snapshot block_table() const;  // snapshot() without its trace event
+  std::uint64_t snapshot_digest() const;  // digest(snapshot()), walking the blocks; no trace event
   void apply_config(const Config& c);
   std::vector<std::string> invariants() const;
   // Sleep and wake (docs/sleep-wake.md; policy_cachet/sleep.cpp).

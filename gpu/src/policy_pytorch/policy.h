@@ -241,6 +241,7 @@ class PytorchPolicy : public Shell {
   void end_allocate_to_pool(PoolId id);
   void release_pool(PoolId id);
   int pool_use_count(PoolId id) const;
+  bool has_pool(PoolId id) const { return graph_pools_.find(id) != graph_pools_.end(); }
   // The frees a capture deferred (§14.7), pending, in the order the next batch takes them; and
   // that order set from a replay's recording (§14.10.3; CachingAllocator::set_deferred_free_order).
   std::vector<DevicePtr> deferred_frees() const;
@@ -264,6 +265,7 @@ class PytorchPolicy : public Shell {
   // Every mapped run, also an orphaned pool's runs that begin with a free block, which
   // snapshot() cannot show (§14.8); no trace event.
   Snapshot block_table() const;
+  std::uint64_t snapshot_digest() const;  // digest(snapshot()), built from the segments; no trace event
   void apply_config(const Config& c);  // runtime configure (§4.1)
   std::vector<std::string> invariants() const;
   Bytes round_size(Bytes size) const;

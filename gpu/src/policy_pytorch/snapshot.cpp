@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cachet/errors.h"
+#include "cachet/snapshot_digest.h"
 #include "cachet/summary.h"
 #include "check.h"
 #include "messages.h"
@@ -55,6 +56,36 @@ Snapshot PytorchPolicy::mapped_runs(bool hidden) const {
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.address < b.address; });
   return out;
+}
+
+// mapped_runs(false)'s segments and blocks, fed to the digest as they are walked.
+std::uint64_t PytorchPolicy::snapshot_digest() const {
+  SnapshotDigest d;
+  for (const auto& [base, seg] : segments_) {
+    const bool orphaned = seg->pool->owner != nullptr && seg->pool->owner->orphaned;
+    const PoolId pool = seg->pool->owner != nullptr ? seg->pool->owner->id : PoolId{};
+    for (const Block* b = seg->head; b != nullptr;) {
+      if (!b->is_mapped() ||
+          (orphaned && !b->is_active() && (seg->sleeping_runs == 0 || sleeping_range_at(b->ptr) == nullptr))) {
+        for (b = b->next; b != nullptr && b->is_mapped() && b->prev->is_mapped();) b = b->next;
+        continue;
+      }
+      const DevicePtr at = b->ptr;
+      const StreamId stream = b->stream;
+      const bool large = !b->is_small;
+      const SleepingRange* range = seg->sleeping_runs != 0 ? sleeping_range_at(b->ptr) : nullptr;
+      Bytes total = 0, backup = 0;
+      if (range != nullptr)
+        for (const BackupCopy& c : range->copies) backup += c.size;
+      for (; b != nullptr && b->is_mapped() && (seg->sleeping_runs == 0 || sleeping_range_at(b->ptr) == range);
+           b = b->next) {
+        d.block(b->ptr, b->size, b->requested_size, snapshot_state(b->state()));
+        total += b->size;
+      }
+      d.segment(at, total, stream, large, seg->expandable, pool, range != nullptr, backup);
+    }
+  }
+  return d.value();
 }
 
 Snapshot PytorchPolicy::snapshot() {

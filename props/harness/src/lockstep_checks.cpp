@@ -3,6 +3,8 @@
 // op's trace events, the stats (and sleep stats), both sides' invariants, the snapshots and the
 // pools' use counts. end_case() is the check of a refusal where PyTorch fails (§14.8).
 #include <algorithm>
+#include <optional>
+#include <stdexcept>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -11,6 +13,7 @@
 
 #include "cachet/errors.h"
 #include "cachet/snapshot.h"
+#include "cachet/snapshot_digest.h"
 #include "cachet/stats.h"
 #include "cachet/trace.h"
 #include "lockstep_state.h"
@@ -42,7 +45,7 @@ std::optional<std::string> Lockstep<Model, Impl>::State::end_case(const SutState
   // Before it refuses, a malloc during a capture may complete the frees the capture had already
   // made safe (graph_capture_record_stream_reuse, docs/pytorch-allocator.md §14.10.1), as
   // PyTorch does before it fails. When the sut's trace of the op holds free_completed events
-  // and nothing else (but the snapshot event of sut_state's own snapshot), its stats and
+  // and nothing else (but snapshot events of the checks' snapshots), its stats and
   // snapshot are not compared with those before the op (what the frees changed is not
   // recomputed here); its invariants still are.
   const bool only_safe_frees = opts.compare_trace && [&] {
@@ -52,7 +55,7 @@ std::optional<std::string> Lockstep<Model, Impl>::State::end_case(const SutState
     return frees > 0 && frees + snaps == static_cast<std::ptrdiff_t>(t.size());
   }();
   if (after.stats != before.stats && !only_safe_frees) r << "the sut refused (§14.8) but its stats changed\n";
-  else if (after.snapshot != before.snapshot && !only_safe_frees)
+  else if (after.snapshot_digest != before.snapshot_digest && !only_safe_frees)
     r << "the sut refused (§14.8) but its snapshot changed\n";
   else if (opts.check_invariants)
     for (const auto& v : sut_violations())
@@ -79,18 +82,33 @@ std::vector<std::string> Lockstep<Model, Impl>::State::sut_violations() {
 template <class Model, class Impl>
 std::optional<std::string> Lockstep<Model, Impl>::State::compare_use_counts() {
   if constexpr (kPools) {
-    auto count = [](const auto& a, PoolId id) -> std::optional<int> {
+    // Unknown: has_pool() says so, without pool_use_count's refusal (an exception) for every pool
+    // gone; on the full-check ops (compare()), has_pool() is checked against that refusal too.
+    auto refused = [](const auto& a, PoolId id) {
       try {
-        return a.pool_use_count(id);
+        a.pool_use_count(id);
+        return false;
       } catch (const UsageError&) {
-        return std::nullopt;
+        return true;
       }
     };
-    for (const PoolId id : pools.ids_used()) {
-      const auto mc = count(*model, id), sc = count(*sut, id);
-      if (mc != sc)
-        return "pool use counts differ\n  pool " + show_pool(id) + ": model " +
-               (mc ? std::to_string(*mc) : "unknown") + ", sut " + (sc ? std::to_string(*sc) : "unknown") + "\n";
+    auto count = [&](const auto& a, PoolId id, const char* side) -> std::optional<int> {
+      const bool known = a.has_pool(id);
+      if (full_check && known == refused(a, id))
+        throw std::logic_error(std::string("the ") + side + "'s has_pool(" + show_pool(id) + ") says " +
+                               (known ? "known" : "unknown") + ", its pool_use_count " + (known ? "refuses" : "answers"));
+      if (!known) return std::nullopt;
+      return a.pool_use_count(id);
+    };
+    try {
+      for (const PoolId id : pools.ids_used()) {
+        const auto mc = count(*model, id, "model"), sc = count(*sut, id, "sut");
+        if (mc != sc)
+          return "pool use counts differ\n  pool " + show_pool(id) + ": model " +
+                 (mc ? std::to_string(*mc) : "unknown") + ", sut " + (sc ? std::to_string(*sc) : "unknown") + "\n";
+      }
+    } catch (const std::logic_error& e) {
+      return std::string("pool use counts: ") + e.what() + "\n";
     }
   }
   return std::nullopt;
@@ -129,27 +147,77 @@ std::optional<std::string> Lockstep<Model, Impl>::State::compare_trace() {
 }
 
 template <class Model, class Impl>
+std::optional<std::string> Lockstep<Model, Impl>::State::compare_snapshots() {
+  // policy:pytorch: by digest after every op (cachet/snapshot_digest.h: each side walks its own
+  // blocks); built and compared in full on the full-check ops (the first op and every
+  // kFullCheckEvery-th after it) and whenever the digests differ, each side's digest then checked
+  // against its snapshot's. policy:cachet: in full after every op, the sut's digest checked too.
+  const bool full = kPolicy == Policy::Cachet || full_check;
+  std::uint64_t model_digest = 0;
+  if constexpr (kPolicy == Policy::PyTorch) {
+    model_digest = model->snapshot_digest();
+    if (!full && model_digest == sut_before.snapshot_digest) return std::nullopt;
+  }
+  Snapshot ms = model->snapshot();
+  Snapshot ss = sut->snapshot();
+  const std::uint64_t sut_digest = digest(ss);  // before any masking
+  // policy:cachet's rules do not decide what a free block's requested size reads (gpu/ leaves the
+  // last caller's, the model 0): compared for live blocks only. policy:pytorch keeps PyTorch's
+  // stale value, which the model reproduces: compared for every block.
+  if constexpr (kPolicy == Policy::Cachet)
+    for (Snapshot* snap : {&ms, &ss})
+      for (auto& seg : *snap)
+        for (auto& b : seg.blocks)
+          if (b.state == BlockState::Inactive) b.requested_size = 0;
+  if (ms != ss) {
+    std::ostringstream r;
+    r << "snapshots differ\n";
+    std::size_t i = 0;
+    for (; i < ms.size() && i < ss.size(); ++i)
+      if (ms[i] != ss[i]) {
+        r << "  model: " << show_segment(ms[i]) << "\n  sut:   " << show_segment(ss[i]) << "\n";
+        break;
+      }
+    if (ms.size() != ss.size()) r << "  model has " << ms.size() << " segments, sut " << ss.size() << "\n";
+    return r.str();
+  }
+  // Each digest against its side's snapshot (the model's: policy:pytorch; it has none under
+  // policy:cachet, whose sut digest only the §14.8 checks use).
+  std::string wrong;
+  if constexpr (kPolicy == Policy::PyTorch)
+    if (digest(ms) != model_digest)
+      wrong += "  the model's: snapshot_digest() " + hex(model_digest) + ", digest(snapshot()) " + hex(digest(ms)) + "\n";
+  if (sut_digest != sut_before.snapshot_digest)
+    wrong += "  the sut's: snapshot_digest() " + hex(sut_before.snapshot_digest) + ", digest(snapshot()) " + hex(sut_digest) + "\n";
+  if (!wrong.empty()) return "snapshots equal but a snapshot digest is not its snapshot's\n" + wrong;
+  return std::nullopt;
+}
+
+template <class Model, class Impl>
 std::optional<std::string> Lockstep<Model, Impl>::State::compare() {
-  std::ostringstream r;
+  full_check = checks++ % kFullCheckEvery == 0;
+  // The report's stream, made only when a check fails (an ostringstream costs a locale).
+  std::optional<std::ostringstream> report;
+  auto r = [&]() -> std::ostringstream& { return report ? *report : report.emplace(); };
   // Usage and device errors: the same kind (the wording is each implementation's own);
   // out-of-memory: PyTorch's exact text.
   const bool same = last_sut.kind == last_model.kind && last_sut.ptr == last_model.ptr &&
                     (last_sut.kind == Outcome::Kind::UsageError || last_sut.kind == Outcome::Kind::DeviceError ||
                      last_sut.message == last_model.message);
   if (!same) {
-    r << "result differs\n  model: " << show(last_model) << "\n  sut:   " << show(last_sut) << "\n";
-    return r.str();
+    r() << "result differs\n  model: " << show(last_model) << "\n  sut:   " << show(last_sut) << "\n";
+    return r().str();
   }
   if (!log.notes.empty()) {
-    r << "device calls differ\n";
-    for (const auto& n : log.notes) r << "  " << n << "\n";
-    return r.str();
+    r() << "device calls differ\n";
+    for (const auto& n : log.notes) r() << "  " << n << "\n";
+    return r().str();
   }
   for (auto* q : {&log.malloc, &log.reserve, &log.map})
     for (const DeviceCall& c : *q)
-      r << "  the sut called " << (c.kind == DeviceCall::Kind::Malloc ? "cudaMalloc" : c.kind == DeviceCall::Kind::Reserve ? "reserve" : "map")
+      r() << "  the sut called " << (c.kind == DeviceCall::Kind::Malloc ? "cudaMalloc" : c.kind == DeviceCall::Kind::Reserve ? "reserve" : "map")
         << "(" << c.size << ") at " << hex(c.addr) << ", the model did not\n";
-  if (!r.str().empty()) return "device calls differ\n" + r.str();
+  if (report) return "device calls differ\n" + report->str();
   if (opts.compare_trace) {
     if (auto d = compare_trace()) return d;
   }
@@ -161,9 +229,9 @@ std::optional<std::string> Lockstep<Model, Impl>::State::compare() {
     // sleep keys), so two records are equal exactly when their keys are.
     const DeviceStats ms = model->stats();
     if (ms != sut_before.stats) {
-      r << "stats differ (key: model vs sut)\n";
-      report_keys(r, flatten(ms), flatten(sut_before.stats));
-      return r.str();
+      r() << "stats differ (key: model vs sut)\n";
+      report_keys(r(), flatten(ms), flatten(sut_before.stats));
+      return r().str();
     }
     // The 21 sleep.* keys beside them (docs/sleep-wake.md section 5), where both sides sleep.
     if constexpr (HasSleep<Model> && HasSleep<Impl>) {
@@ -171,9 +239,9 @@ std::optional<std::string> Lockstep<Model, Impl>::State::compare() {
         const SleepStats msl = model->sleep_stats();
         const SleepStats ssl = sut->sleep_stats();
         if (msl != ssl) {
-          r << "sleep stats differ (key: model vs sut)\n";
-          report_keys(r, flatten(msl), flatten(ssl));
-          return r.str();
+          r() << "sleep stats differ (key: model vs sut)\n";
+          report_keys(r(), flatten(msl), flatten(ssl));
+          return r().str();
         }
       }
     }
@@ -181,40 +249,19 @@ std::optional<std::string> Lockstep<Model, Impl>::State::compare() {
   if (opts.check_invariants) {
     const auto bad = sut_violations();
     if (!bad.empty()) {
-      r << "sut invariants() violated\n";
-      for (const auto& b : bad) r << "  " << b << "\n";
-      return r.str();
+      r() << "sut invariants() violated\n";
+      for (const auto& b : bad) r() << "  " << b << "\n";
+      return r().str();
     }
     try {
       model->check_invariants();
     } catch (const std::exception& e) {
-      r << "model invariants violated\n  " << e.what() << "\n";
-      return r.str();
+      r() << "model invariants violated\n  " << e.what() << "\n";
+      return r().str();
     }
   }
   if (opts.compare_snapshots) {
-    Snapshot ms = model->snapshot();
-    Snapshot ss = sut_before.snapshot;
-    // policy:cachet's rules do not decide what a free block's requested size reads (gpu/
-    // leaves the last caller's, the model 0): compared for live blocks only. policy:pytorch
-    // keeps PyTorch's stale value, which the model reproduces: compared for every block.
-    if constexpr (kPolicy == Policy::Cachet)
-      for (Snapshot* snap : {&ms, &ss})
-        for (auto& seg : *snap)
-          for (auto& b : seg.blocks)
-            if (b.state == BlockState::Inactive) b.requested_size = 0;
-    if (ms != ss) {
-      r << "snapshots differ\n";
-      std::size_t i = 0;
-      for (; i < ms.size() && i < ss.size(); ++i)
-        if (ms[i] != ss[i]) {
-          r << "  model: " << show_segment(ms[i]) << "\n  sut:   " << show_segment(ss[i]) << "\n";
-          break;
-        }
-      if (ms.size() != ss.size())
-        r << "  model has " << ms.size() << " segments, sut " << ss.size() << "\n";
-      return r.str();
-    }
+    if (auto d = compare_snapshots()) return d;
   }
   return compare_use_counts();
 }
@@ -223,11 +270,13 @@ template std::optional<std::string> Lockstep<model::Allocator, CachingAllocator>
 template std::vector<std::string> Lockstep<model::Allocator, CachingAllocator>::State::sut_violations();
 template std::optional<std::string> Lockstep<model::Allocator, CachingAllocator>::State::compare_use_counts();
 template std::optional<std::string> Lockstep<model::Allocator, CachingAllocator>::State::compare_trace();
+template std::optional<std::string> Lockstep<model::Allocator, CachingAllocator>::State::compare_snapshots();
 template std::optional<std::string> Lockstep<model::Allocator, CachingAllocator>::State::compare();
 template std::optional<std::string> Lockstep<model::CachetPolicy, CachingAllocator>::State::end_case(const SutState& before);
 template std::vector<std::string> Lockstep<model::CachetPolicy, CachingAllocator>::State::sut_violations();
 template std::optional<std::string> Lockstep<model::CachetPolicy, CachingAllocator>::State::compare_use_counts();
 template std::optional<std::string> Lockstep<model::CachetPolicy, CachingAllocator>::State::compare_trace();
+template std::optional<std::string> Lockstep<model::CachetPolicy, CachingAllocator>::State::compare_snapshots();
 template std::optional<std::string> Lockstep<model::CachetPolicy, CachingAllocator>::State::compare();
 
 }  // namespace cachet::lockstep

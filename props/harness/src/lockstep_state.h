@@ -146,6 +146,13 @@ struct Lockstep<Model, Impl>::State {
   // segment_alloc/free/map/unmap, oom): the first that differs, with both sides' lists.
   std::optional<std::string> compare_trace();
 
+  // The snapshots after an op: by digest, or in full on the full-check ops (compare() makes
+  // every kFullCheckEvery-th op one, the first included) and where the digests differ.
+  static constexpr std::uint64_t kFullCheckEvery = 16;
+  std::uint64_t checks = 0;  // compare() calls so far
+  bool full_check = true;    // this op's checks are the full ones
+  std::optional<std::string> compare_snapshots();
+
   std::optional<std::string> compare();
 };
 

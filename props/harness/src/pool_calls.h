@@ -26,12 +26,12 @@ namespace cachet::lockstep::detail {
 // sut's stats (the record of the 122 keys) and its snapshot.
 struct SutState {
   DeviceStats stats;
-  Snapshot snapshot;
+  std::uint64_t snapshot_digest = 0;  // digest(snapshot()) (cachet/snapshot_digest.h)
   friend bool operator==(const SutState&, const SutState&) = default;
 };
 template <class Impl>
-SutState sut_state(Impl& sut) {  // snapshot() records a trace event: not const
-  return SutState{sut.stats(), sut.snapshot()};
+SutState sut_state(Impl& sut) {
+  return SutState{sut.stats(), sut.snapshot_digest()};
 }
 
 // Thrown to the front end when a call did not succeed alike on both sides; the lockstep runner

@@ -158,6 +158,7 @@ class CachingAllocator {
   // released it (§14.6); the default id is empty_cache().
   void empty_cache(PoolId id);
   int pool_use_count(PoolId id) const;  // getPoolUseCount
+  bool has_pool(PoolId id) const;       // pool_use_count(id) would answer (not refuse)
   // The frees a capture deferred (§14.7) and not yet processed: their pointers, in the order the
   // next batch takes them (the order the frees were made, unless set_deferred_free_order said
   // otherwise). policy:cachet: its own deferred frees (R12), in the order they were made.
@@ -246,6 +247,9 @@ class CachingAllocator {
   // block (docs/pytorch-allocator.md §14.8). Records nothing; for recounting the stats from the
   // blocks (props' stats-recount).
   Snapshot block_table() const;
+  // digest(snapshot()) (cachet/snapshot_digest.h) without building the snapshot, and recording no
+  // snapshot event: for checks that compare snapshots after every operation (the lockstep).
+  std::uint64_t snapshot_digest() const;
 
   void set_trace(bool on);  // _record_memory_history(enabled="all") / (None)
   // PyTorch's trace trackers (cachet/trace.h TraceListener): `l` is told of every trace event as

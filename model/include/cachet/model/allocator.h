@@ -138,6 +138,8 @@ class Allocator {
   void reset_peak_stats() { stats_.reset_peak(); }
   // torch.cuda.memory_snapshot(): segments by address (§8).
   Snapshot snapshot() const;
+  // digest(snapshot()) (cachet/snapshot_digest.h), from the blocks without building the snapshot.
+  std::uint64_t snapshot_digest() const;
   const std::vector<TraceEvent>& trace() const { return trace_; }
   const Config& config() const { return config_; }
   // Bytes obtained from the device (PyTorch's total_allocated_memory).
@@ -238,6 +240,8 @@ class Allocator {
   }
   // snapshot.cpp: snapshot() is PyTorch's view; with `orphaned`, every mapped run.
   Snapshot snapshot_of(bool orphaned) const;
+  // The first block of each mapped run snapshot_of(orphaned) shows, in address order.
+  std::vector<const Block*> run_heads(bool orphaned) const;
   // release.cpp
   void release_cached_blocks(PoolId id = PoolId{});
   void release_blocks(BlockPool& pool);

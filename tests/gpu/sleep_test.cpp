@@ -1071,6 +1071,29 @@ class KeepingMemory final : public gpu::DeviceMemory {
   gpu::PinnedKeep keep_;
 };
 
+// A 1 GiB host device behind KeepingMemory, cachet_sleep:True and validate, for SleepKeptBuffers.
+struct KeptBuffersAllocator {
+  KeptBuffersAllocator(Policy policy, bool expandable) {
+    gpu::HostOptions o;
+    o.capacity = 1 * GiB;
+    auto mem = std::make_unique<KeepingMemory>(gpu::make_host_memory(o, &sim));
+    keeping = mem.get();
+    Config c;
+    c.sleep = true;
+    c.validate = true;
+    c.policy = policy;
+    c.expandable_segments = expandable;
+    allocator = std::make_unique<CachingAllocator>(std::move(mem), c);
+  }
+  void* alloc(Bytes n, const char* tag) {
+    TagScope t(tag);
+    return allocator->allocate(n, 0);
+  }
+  std::shared_ptr<gpu::HostSim> sim;
+  KeepingMemory* keeping = nullptr;
+  std::unique_ptr<CachingAllocator> allocator;
+};
+
 // empty_cache() gives back device memory only: the kept buffers stay, so the next sleep pins
 // nothing (bench/tms_readme.py calls torch.cuda.empty_cache() between cycles). What is kept is
 // bounded by the largest set of backups held at once, several tags counting together, and
@@ -1078,20 +1101,11 @@ class KeepingMemory final : public gpu::DeviceMemory {
 TEST(SleepKeptBuffers, EmptyCacheKeepsThemAndReleaseBackupBuffersGivesThemBack) {
   for (Policy policy : {Policy::PyTorch, Policy::Cachet}) {
     SCOPED_TRACE(policy == Policy::PyTorch ? "policy:pytorch" : "policy:cachet");
-    std::shared_ptr<gpu::HostSim> sim;
-    gpu::HostOptions o;
-    o.capacity = 1 * GiB;
-    auto mem = std::make_unique<KeepingMemory>(gpu::make_host_memory(o, &sim));
-    KeepingMemory* keeping = mem.get();
-    Config c;
-    c.sleep = true;
-    c.validate = true;
-    c.policy = policy;
-    CachingAllocator a(std::move(mem), c);
-    auto alloc = [&](Bytes n, const char* tag) {
-      TagScope t(tag);
-      return a.allocate(n, 0);
-    };
+    KeptBuffersAllocator k(policy, false);
+    std::shared_ptr<gpu::HostSim>& sim = k.sim;
+    KeepingMemory* keeping = k.keeping;
+    CachingAllocator& a = *k.allocator;
+    auto alloc = [&](Bytes n, const char* tag) { return k.alloc(n, tag); };
     void* w = alloc(30 * MiB, "weights");
     void* kv = alloc(8 * MiB, "kv_cache");
     for (int cycle = 0; cycle < 3; ++cycle) {
@@ -1140,21 +1154,11 @@ TEST(SleepKeptBuffers, PrepareBackupBuffersPinsWhatTheFirstSleepTakes) {
     for (bool expandable : {false, true}) {
       SCOPED_TRACE(std::string(policy == Policy::PyTorch ? "policy:pytorch" : "policy:cachet") +
                    (expandable ? ", expandable segments" : ""));
-      std::shared_ptr<gpu::HostSim> sim;
-      gpu::HostOptions o;
-      o.capacity = 1 * GiB;
-      auto mem = std::make_unique<KeepingMemory>(gpu::make_host_memory(o, &sim));
-      KeepingMemory* keeping = mem.get();
-      Config c;
-      c.sleep = true;
-      c.validate = true;
-      c.policy = policy;
-      c.expandable_segments = expandable;
-      CachingAllocator a(std::move(mem), c);
-      auto alloc = [&](Bytes n, const char* tag) {
-        TagScope t(tag);
-        return a.allocate(n, 0);
-      };
+      KeptBuffersAllocator k(policy, expandable);
+      std::shared_ptr<gpu::HostSim>& sim = k.sim;
+      KeepingMemory* keeping = k.keeping;
+      CachingAllocator& a = *k.allocator;
+      auto alloc = [&](Bytes n, const char* tag) { return k.alloc(n, tag); };
       void* w1 = alloc(20 * MiB, "weights");
       void* w2 = alloc(10 * MiB, "weights");
       void* gone = alloc(4 * MiB, "weights");

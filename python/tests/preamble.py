@@ -14,6 +14,7 @@
   run_worker(argv, out, label, checks)
                     a worker interpreter that writes its results as JSON to `out`: the results,
                     or None after a FAIL line (kept in `checks`) when it fails.
+  rss_bytes()       this process's resident set size in bytes (/proc/self/status VmRSS; 0 if absent).
   library_symbols(lib), leaked_cxx_symbols(syms), dynamic_section(lib)
                     what a built library exports (nm -D) and needs (readelf -d), for the tests
                     that check libcachet_torch.so and libcachet_c10.so without a GPU.
@@ -133,3 +134,12 @@ def run_worker(argv, out, label, checks, env=None, timeout=1500):
         return None
     with open(out) as f:
         return json.load(f)
+
+
+def rss_bytes():
+    """This process's resident set size in bytes (VmRSS), 0 where /proc says nothing."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0

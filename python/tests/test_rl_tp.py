@@ -65,12 +65,7 @@ def note(text):
     print("note  " + text, flush=True)
 
 
-def rss_bytes():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
+rss_bytes = preamble.rss_bytes
 
 
 # ------------------------------------------------------------------------------------- the rank

@@ -97,7 +97,8 @@ def cmake_build():
         script = os.path.join(bdir, sub, "cmake_install.cmake")
         if os.path.exists(script):
             _run([cmake, f"-DCMAKE_INSTALL_PREFIX={stage}", "-DCMAKE_INSTALL_DO_STRIP=1", "-P", script])
-    found = {"cachet": None, "libcachet_torch.so": None, "libcachet_c10.so": None, "libcachet_fakecuda.so": None}
+    found = {"cachet": None, "libcachet_torch.so": None, "libcachet_c10.so": None, "libcachet_fakecuda.so": None,
+             "libcachet_fakecudnn.so": None}
     for dirpath, _, files in os.walk(stage):
         for f in files:
             if f in found and found[f] is None:
@@ -117,7 +118,7 @@ class BuildPy(build_py):
     def run(self):
         super().run()
         out = os.path.join(self.build_lib, "cachet_torch")
-        for name in ("libcachet_torch.so", "libcachet_c10.so", "libcachet_fakecuda.so"):
+        for name in ("libcachet_torch.so", "libcachet_c10.so", "libcachet_fakecuda.so", "libcachet_fakecudnn.so"):
             path = cmake_build()[name]
             if os.path.exists(os.path.join(out, name)):  # never a library of an earlier build
                 os.remove(os.path.join(out, name))

@@ -22,7 +22,7 @@ cmake -S . -B build/predict -G Ninja -DCMAKE_BUILD_TYPE=Release -DCACHET_CUDA=ON
   -DCACHET_BUILD_BENCH=OFF -DCACHET_MUTANTS=OFF \
   -DCMAKE_PREFIX_PATH="$deps/usr;$deps/usr/lib/x86_64-linux-gnu/cmake;$deps/usr/share/cmake" > "$out/configure.log" 2>&1 \
   || { tail -20 "$out/configure.log"; exit 1; }
-cmake --build build/predict -j "$(nproc)" --target cachet cachet_fakecuda > "$out/build.log" 2>&1 \
+cmake --build build/predict -j "$(nproc)" --target cachet cachet_fakecuda cachet_fakecudnn > "$out/build.log" 2>&1 \
   || { grep -m5 -A5 error "$out/build.log"; exit 1; }
 C=$PWD/build/predict/tools/cachet
 echo "== built"

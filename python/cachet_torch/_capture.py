@@ -48,6 +48,7 @@ class Capture:
         self.notes: list[str] = []
         self.started = time.time()
         self.user_history_calls = 0
+        self.cudnn = ""
 
     def assume(self, text: str) -> None:
         if text not in self.assumptions:
@@ -185,8 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(opts.out, exist_ok=True)
     cap = Capture(opts.out)
 
-    # cuDNN is driven through its v7 API on the fake device (docs/predict.md section 3).
-    os.environ["TORCH_CUDNN_V8_API_DISABLED"] = "1"
+    # NVIDIA's cuDNN runs on the fake device and picks its engines as on the target; the fake
+    # cuDNN (CACHET_FAKE_CUDNN=fake, preloaded by cachet predict) is driven through its v7 API
+    # (docs/predict.md section 3).
+    fake_cudnn = os.environ.get("CACHET_FAKE_CUDNN", "") == "fake"
+    if fake_cudnn:
+        os.environ["TORCH_CUDNN_V8_API_DISABLED"] = "1"
     # torch counts devices through NVML where it can, honouring CUDA_VISIBLE_DEVICES; the fake
     # device is device 0 whatever the host has (predict hides any real GPU: it never touches it).
     os.environ["CUDA_VISIBLE_DEVICES"] = "0"
@@ -212,8 +217,9 @@ def main(argv: list[str] | None = None) -> int:
               f"torch sees {torch.cuda.device_count()} device(s)", file=sys.stderr)
         return 2
 
-    if torch.backends.cuda.cudnn_sdp_enabled():
-        # cuDNN's attention is built through its graph API, which the fake device does not model;
+    cap.cudnn = "fake" if fake_cudnn else f"nvidia {torch.backends.cudnn.version()}"
+    if fake_cudnn and torch.backends.cuda.cudnn_sdp_enabled():
+        # cuDNN's attention is built through its graph API, which the fake cuDNN does not model;
         # PyTorch then takes the next backend the target would take (flash or memory-efficient).
         torch.backends.cuda.enable_cudnn_sdp(False)
         cap.assume(ASSUME_CUDNN_SDPA)
@@ -286,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch_arg_found": batch_found,
         "program": program,
         "torch": str(torch.__version__),
+        "cudnn": cap.cudnn,
         "seconds": time.time() - cap.started,
     }
     with open(os.path.join(opts.out, "capture.json"), "w") as f:

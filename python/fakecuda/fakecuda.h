@@ -51,6 +51,14 @@ void* new_handle();
 // The fake driver's function for a driver API name (cuGetProcAddress, cudaGetDriverEntryPoint*):
 // every name has one; those not modelled answer CUDA_SUCCESS and are written to the ledger.
 void* driver_entry(const char* symbol);
+// The driver functions a statically linked CUDA runtime needs beyond PyTorch's (driver_static.cpp),
+// or null.
+void* static_runtime_entry(const char* symbol);
+// cuGetExportTable (export_tables.cpp).
+void* export_table_entry();
+// MD2 (RFC 1319) and HMAC-MD2 with a 16-byte key (md2.cpp).
+void md2(const std::string& message, unsigned char out[16]);
+void hmac_md2(const unsigned char key[16], const std::string& message, unsigned char out[16]);
 // One line to the ledger (no-op without CACHET_FAKE_LEDGER).
 void ledger(const std::string& line);
 void ledger_once(const std::string& key, const std::string& line);

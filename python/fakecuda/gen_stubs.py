@@ -1,14 +1,22 @@
 #!/usr/bin/env python3
-"""Writes stubs.c: every name of symbols.txt that no .cpp file here defines, as a C function that
-does nothing and returns 0 (success for the CUDA runtime, cuBLAS, cuDNN, cuSPARSE, cuFFT, NCCL and
-CUPTI alike; a null pointer where the function returns one). Usage: gen_stubs.py OUT.c SRCDIR."""
+"""Writes stubs.c: every name of symbols.txt that no .cpp file of SRCDIR defines, as a C function
+that does nothing and returns 0 (success for the CUDA runtime, cuBLAS, cuDNN, cuSPARSE, cuFFT,
+NCCL and CUPTI alike; a null pointer where the function returns one).
+
+Usage: gen_stubs.py OUT.c SYMBOLS SRCDIR (--only PREFIX | --skip PREFIX)
+  --only cudnn  the fake cuDNN (cudnn/): only cuDNN's names
+  --skip cudnn  the fake device: every name but cuDNN's, which NVIDIA's cuDNN answers"""
 import pathlib
 import re
 import sys
 
-out, src = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-names = [l.strip() for l in (src / "symbols.txt").read_text().splitlines()
+if len(sys.argv) != 6 or sys.argv[4] not in ("--only", "--skip"):
+    sys.exit(__doc__)
+out, symbols, src = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
+mode, prefix = sys.argv[4], sys.argv[5]
+names = [l.strip() for l in symbols.read_text().splitlines()
          if l.strip() and not l.startswith("#")]
+names = [n for n in names if n.startswith(prefix) == (mode == "--only")]
 defined = set()
 for cpp in src.glob("*.cpp"):
     for line in cpp.read_text().splitlines():

@@ -283,6 +283,46 @@ CUresult d_addr_free(CUdeviceptr p, size_t) { release_va(p); return CUDA_SUCCESS
 CUresult d_ok() { return CUDA_SUCCESS; }
 CUresult d_not_supported() { return CUDA_ERROR_NOT_SUPPORTED; }
 CUresult d_error_string(CUresult, const char** s) { *s = "error reported by cachet's fake CUDA device"; return CUDA_SUCCESS; }
+// The device memory a statically linked runtime asks the driver for (cuDNN's own, driver_static.cpp):
+// the same device bytes as cudaMalloc's (F1, F2).
+CUresult d_mem_alloc(CUdeviceptr* p, size_t size) {
+  void* v = nullptr;
+  if (device_malloc(&v, size) != cudaSuccess) return CUDA_ERROR_OUT_OF_MEMORY;
+  *p = reinterpret_cast<CUdeviceptr>(v);
+  return CUDA_SUCCESS;
+}
+CUresult d_mem_alloc_async(CUdeviceptr* p, size_t size, CUstream) { return d_mem_alloc(p, size); }
+CUresult d_mem_free(CUdeviceptr p) {
+  return device_free(reinterpret_cast<void*>(p)) == cudaSuccess ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+CUresult d_mem_free_async(CUdeviceptr p, CUstream) { return d_mem_free(p); }
+CUresult d_mem_get_info(size_t* free_bytes, size_t* total) {
+  cudaMemGetInfo(free_bytes, total);
+  return CUDA_SUCCESS;
+}
+CUresult d_host_alloc(void** p, size_t size, unsigned int flags) {
+  return cudaHostAlloc(p, size, flags) == cudaSuccess ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+CUresult d_host_alloc_default(void** p, size_t size) { return d_host_alloc(p, size, 0); }
+CUresult d_host_free(void* p) { cudaFreeHost(p); return CUDA_SUCCESS; }
+// cuPointerGetAttributes as cudaPointerGetAttributes answers it.
+CUresult d_pointer_attributes(unsigned int n, CUpointer_attribute* attrs, void** data, CUdeviceptr ptr) {
+  const void* p = reinterpret_cast<const void*>(ptr);
+  const bool dev = is_device_pointer(p), host = !dev && is_pinned(p);
+  for (unsigned int i = 0; i < n; ++i) {
+    switch (attrs[i]) {
+      case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data[i]) = (dev || host) ? reinterpret_cast<CUcontext>(0xc0de) : nullptr; break;
+      case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned int*>(data[i]) = dev ? CU_MEMORYTYPE_DEVICE : host ? CU_MEMORYTYPE_HOST : 0; break;
+      case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *static_cast<CUdeviceptr*>(data[i]) = (dev || host) ? ptr : 0; break;
+      case CU_POINTER_ATTRIBUTE_HOST_POINTER: *static_cast<void**>(data[i]) = host ? const_cast<void*>(p) : nullptr; break;
+      case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data[i]) = (dev || host) ? 0 : -2; break;
+      case CU_POINTER_ATTRIBUTE_IS_MANAGED: *static_cast<unsigned int*>(data[i]) = 0; break;
+      case CU_POINTER_ATTRIBUTE_MAPPED: *static_cast<unsigned int*>(data[i]) = (dev || host) ? 1 : 0; break;
+      default: break;
+    }
+  }
+  return CUDA_SUCCESS;
+}
 CUresult d_get_address_range(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
   std::uint64_t n = device_allocation_size(reinterpret_cast<void*>(p));
   if (!n) return CUDA_ERROR_NOT_FOUND;
@@ -320,9 +360,19 @@ void* driver_entry(const char* symbol) {
       {"cuMulticastAddDevice", reinterpret_cast<void*>(&d_not_supported)},
       {"cuMulticastBindMem", reinterpret_cast<void*>(&d_not_supported)},
       {"cuPointerGetAttribute", reinterpret_cast<void*>(&d_not_supported)},
+      {"cuPointerGetAttributes", reinterpret_cast<void*>(&d_pointer_attributes)},
+      {"cuMemAlloc", reinterpret_cast<void*>(&d_mem_alloc)},
+      {"cuMemAllocAsync", reinterpret_cast<void*>(&d_mem_alloc_async)},
+      {"cuMemFree", reinterpret_cast<void*>(&d_mem_free)},
+      {"cuMemFreeAsync", reinterpret_cast<void*>(&d_mem_free_async)},
+      {"cuMemGetInfo", reinterpret_cast<void*>(&d_mem_get_info)},
+      {"cuMemHostAlloc", reinterpret_cast<void*>(&d_host_alloc)},
+      {"cuMemAllocHost", reinterpret_cast<void*>(&d_host_alloc_default)},
+      {"cuMemFreeHost", reinterpret_cast<void*>(&d_host_free)},
   };
   auto it = table.find(symbol);
   if (it != table.end()) return it->second;
+  if (void* f = static_runtime_entry(symbol)) return f;
   ledger_once(std::string("drv:") + symbol, std::string("default\tdriver entry point ") + symbol + " answers CUDA_SUCCESS");
   return reinterpret_cast<void*>(&d_ok);
 }

@@ -131,6 +131,7 @@ CACHET_FORWARD(cuEventRecord, "cuEventRecord")
 CACHET_FORWARD(cuEventSynchronize, "cuEventSynchronize")
 CACHET_FORWARD(cuOccupancyAvailableDynamicSMemPerBlock, "cuOccupancyAvailableDynamicSMemPerBlock")
 CACHET_FORWARD(cuOccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters")
+CACHET_FORWARD(cuOccupancyMaxPotentialClusterSize, "cuOccupancyMaxPotentialClusterSize")
 #undef CACHET_FORWARD
 int cuMemMap(std::uintptr_t, std::size_t, std::size_t, unsigned long long, unsigned long long) { return 0; }
 int cuMemUnmap(std::uintptr_t, std::size_t) { return 0; }

@@ -127,6 +127,26 @@ CUresult occupancy_dynamic_smem(size_t* bytes, CUfunction, int, int) {
   *bytes = static_cast<size_t>(target().shared_per_block_optin);
   return CUDA_SUCCESS;
 }
+// Thread-block clusters (sm_90): a kernel may use the portable maximum, 8 blocks a cluster, and
+// as many clusters run at once as the SMs hold at one block each.
+int cluster_blocks(const CUlaunchConfig* config) {
+  int blocks = 1;
+  if (config)
+    for (unsigned i = 0; i < config->numAttrs; ++i)
+      if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
+        const auto& d = config->attrs[i].value.clusterDim;
+        blocks = static_cast<int>(d.x * d.y * d.z);
+      }
+  return blocks > 0 ? blocks : 1;
+}
+CUresult occupancy_cluster_size(int* size, CUfunction, const CUlaunchConfig*) {
+  *size = target().major >= 9 ? 8 : 1;
+  return CUDA_SUCCESS;
+}
+CUresult occupancy_active_clusters(int* n, CUfunction, const CUlaunchConfig* config) {
+  *n = target().sm_count / cluster_blocks(config);
+  return CUDA_SUCCESS;
+}
 CUresult stream_is_capturing(CUstream, CUstreamCaptureStatus* s) { *s = CU_STREAM_CAPTURE_STATUS_NONE; return CUDA_SUCCESS; }
 // Every version of cuStreamGetCaptureInfo begins (stream, status*, id*): not capturing.
 CUresult stream_capture_info(CUstream, CUstreamCaptureStatus* s, cuuint64_t* id) {
@@ -194,6 +214,8 @@ void* static_runtime_entry(const char* symbol) {
       {"cuOccupancyMaxPotentialBlockSize", fn(&occupancy_potential)},
       {"cuOccupancyMaxPotentialBlockSizeWithFlags", fn(&occupancy_potential)},
       {"cuOccupancyAvailableDynamicSMemPerBlock", fn(&occupancy_dynamic_smem)},
+      {"cuOccupancyMaxPotentialClusterSize", fn(&occupancy_cluster_size)},
+      {"cuOccupancyMaxActiveClusters", fn(&occupancy_active_clusters)},
       {"cuStreamCreate", fn(&handle_out)},
       {"cuStreamCreateWithPriority", fn(&handle_out)},
       {"cuStreamIsCapturing", fn(&stream_is_capturing)},

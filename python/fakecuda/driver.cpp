@@ -132,6 +132,16 @@ CACHET_FORWARD(cuEventSynchronize, "cuEventSynchronize")
 CACHET_FORWARD(cuOccupancyAvailableDynamicSMemPerBlock, "cuOccupancyAvailableDynamicSMemPerBlock")
 CACHET_FORWARD(cuOccupancyMaxActiveClusters, "cuOccupancyMaxActiveClusters")
 CACHET_FORWARD(cuOccupancyMaxPotentialClusterSize, "cuOccupancyMaxPotentialClusterSize")
+CACHET_FORWARD(cuCtxGetLimit, "cuCtxGetLimit")
+CACHET_FORWARD(cuCtxPopCurrent, "cuCtxPopCurrent")
+CACHET_FORWARD(cuCtxPushCurrent, "cuCtxPushCurrent")
+CACHET_FORWARD(cuStreamGetCtx, "cuStreamGetCtx")
+CACHET_FORWARD(cuLinkCreate, "cuLinkCreate")
+CACHET_FORWARD(cuLinkAddData, "cuLinkAddData")
+CACHET_FORWARD(cuLibraryLoadFromFile, "cuLibraryLoadFromFile")
+CACHET_FORWARD(cuKernelSetAttribute, "cuKernelSetAttribute")
+CACHET_FORWARD(cuKernelGetAttribute, "cuKernelGetAttribute")
+CACHET_FORWARD(cuGetExportTable, "cuGetExportTable")
 #undef CACHET_FORWARD
 int cuMemMap(std::uintptr_t, std::size_t, std::size_t, unsigned long long, unsigned long long) { return 0; }
 int cuMemUnmap(std::uintptr_t, std::size_t) { return 0; }

@@ -30,7 +30,7 @@ echo "== built"
 for p in "${progs[@]}"; do
   for r in 1 2; do
     ( python3 bench/predict/record_native.py --out "$out/$p.native$r" -- $P/$p.py > "$out/$p.native$r.log" 2>&1 ) &
-    while [ "$(jobs -rp | wc -l)" -ge 6 ]; do sleep 0.5; done
+    while [ "$(jobs -rp | wc -l)" -ge ${PAR:-6} ]; do sleep 0.5; done
   done
 done
 wait
@@ -45,7 +45,7 @@ for p in "${progs[@]}"; do
     for r in 1 2; do
       ( python3 bench/predict/record_native.py --fraction "$(python3 -c "print($cap/$total)")" --out "$out/$p.cap$f.r$r" \
           -- $P/$p.py > "$out/$p.cap$f.r$r.log" 2>&1; rm -f "$out/$p.cap$f.r$r.pickle" ) &
-      while [ "$(jobs -rp | wc -l)" -ge 6 ]; do sleep 0.5; done
+      while [ "$(jobs -rp | wc -l)" -ge ${PAR:-6} ]; do sleep 0.5; done
     done
   done
   echo "$caps" > "$out/$p.caps"

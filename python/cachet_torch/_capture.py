@@ -218,11 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     cap.cudnn = "fake" if fake_cudnn else f"nvidia {torch.backends.cudnn.version()}"
-    if torch.backends.cuda.cudnn_sdp_enabled():
-        # cuDNN's attention engines refuse the fake device (NVIDIA's cuDNN 9.19 answers
-        # CUDNN_STATUS_NOT_SUPPORTED_RUNTIME_PREREQUISITE_MISSING when its plan is finalized), and
-        # the fake cuDNN has no graph API;
-        # PyTorch then takes the next backend the target would take (flash or memory-efficient).
+    if fake_cudnn and torch.backends.cuda.cudnn_sdp_enabled():
+        # The fake cuDNN has no graph API, so no attention: PyTorch then takes the next backend the
+        # target would take (flash or memory-efficient). NVIDIA's cuDNN builds it as on the GPU.
         torch.backends.cuda.enable_cudnn_sdp(False)
         cap.assume(ASSUME_CUDNN_SDPA)
     real_history = _hold_history(cap, torch)

@@ -451,10 +451,14 @@ int run(Args& a) {
                 "peak allocated: the most its live tensors took (a different moment).\n");
     std::printf("outside the allocator: %s (CUDA context and libraries; the device cap above leaves it out)\n",
                 human(kOutsideAllocatorBytes).c_str());
-    for (const auto& h : hidden_allocations(cap))
-      if (h.value("bytes", std::int64_t{0}) > 0)
+    for (const auto& h : hidden_allocations(cap)) {
+      if (h["bytes"].is_number_unsigned() && h["bytes"].get<std::uint64_t>() > 0)
         std::printf("in the trace: %s %s (%d)\n", h["kind"].get<std::string>().c_str(),
                     human(h["bytes"].get<std::uint64_t>()).c_str(), h.value("count", 0));
+      else if (h["bytes"].is_null())
+        std::printf("in the trace: %s (%s)\n", h["kind"].get<std::string>().c_str(),
+                    h["rule"].get<std::string>().c_str());
+    }
     if (recommendation.is_object()) {
       const auto best = recommendation.value("best", -1);
       const auto& res = recommendation["results"];

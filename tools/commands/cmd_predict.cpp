@@ -186,8 +186,8 @@ json hidden_allocations(const Capture& c) {
                    {"rule", "the fake cuDNN (CACHET_FAKE_CUDNN=fake) asks for no workspace (docs/predict.md section 3)"}});
   else
     out.push_back({{"kind", "cudnn_workspace"}, {"bytes", nullptr},
-                   {"rule", "NVIDIA's cuDNN picked its engines for the target on the fake device; their workspaces are "
-                            "PyTorch allocations in the trace, not counted apart (docs/predict.md section 3)"}});
+                   {"rule", "NVIDIA's cuDNN chose the target's engines on the fake device; their workspaces are "
+                            "PyTorch allocations, not counted apart (docs/predict.md section 3)"}});
   return out;
 }
 

@@ -32,7 +32,7 @@ struct Target {
   std::uint64_t outside_allocator = 0;            // context and other non-allocator memory
   int major = 9, minor = 0, sm_count = 132;
   int shared_per_block_optin = 232448, shared_per_sm = 233472;
-  int l2_bytes = 52428800, clock_khz = 1980000, mem_clock_khz = 3201000, bus_width = 6144;
+  int l2_bytes = 52428800, clock_khz = 1980000, mem_clock_khz = 3201000, bus_width = 6016;
   int max_threads_per_sm = 2048, regs_per_block = 65536, max_blocks_per_sm = 32;
 };
 

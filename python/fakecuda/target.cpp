@@ -178,6 +178,31 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   return cudaSuccess;
 }
 
+// Every attribute of cudaDeviceAttr 0..147 as the project's H200 answered it (cudaDeviceGetAttribute,
+// PyTorch 2.11 / CUDA 13.0, 2026-12-02), PCI identity left 0: the answer for an attribute the
+// target does not set below. NVIDIA's cuDNN reads many of them to rank its engines (docs/predict.md
+// section 3).
+constexpr int kMeasuredH200[148] = {
+    0, 1024, 1024, 1024, 64, 2147483647, 65535, 65535,
+    49152, 65536, 32, 2147483647, 65536, 1980000, 512, 1,
+    132, 0, 0, 1, 0, 131072, 131072, 65536,
+    16384, 16384, 16384, 32768, 32768, 2048, 512, 1,
+    1, 0, 0, 0, 3201000, 6016, 62914560, 2048,
+    3, 1, 32768, 2048, 1, 32768, 32768, 8192,
+    8192, 32768, 0, 32, 32768, 32768, 2046, 32768,
+    131072, 65536, 16384, 16384, 16384, 32768, 2048, 32768,
+    32768, 2048, 32768, 32768, 2046, 268435456, 131072, 65000,
+    2097120, 32768, 32768, 9, 0, 32768, 1, 1,
+    1, 233472, 65536, 1, 0, 0, 0, 2,
+    0, 1, 1, 1, 0, 0, 0, 1,
+    1, 232448, 0, 1, 0, 0, 1, 1,
+    0, 0, 32, 1, 39321600, 134217728, 1, 1024,
+    1, 1, 1, 1, 1, 1, 100, 9,
+    1, 1, 1, 1, 1, 1, 4, 1,
+    1, 1, 0, -1, 0, 0, 0, 0,
+    0, 0, 0, 0, 0, 1, 1, 0,
+    1, 1, 0, 0,
+};
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   if (device != 0) return cudaErrorInvalidDevice;
   const Target& t = target();
@@ -211,9 +236,14 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrIpcEventSupport: *value = 1; break;
     case cudaDevAttrPciBusId: case cudaDevAttrPciDeviceId: case cudaDevAttrPciDomainId: *value = 0; break;
     case cudaDevAttrConcurrentKernels: case cudaDevAttrCanMapHostMemory: case cudaDevAttrCooperativeLaunch: *value = 1; break;
-    case cudaDevAttrAsyncEngineCount: *value = 2; break;
     case cudaDevAttrTotalConstantMemory: *value = 65536; break;
+    // Hopper and Ampere keep up to 5/8 and 3/4 of the L2 for persisting accesses.
+    case cudaDevAttrMaxPersistingL2CacheSize: *value = t.major >= 9 ? t.l2_bytes / 8 * 5 : t.l2_bytes / 4 * 3; break;
     default:
+      if (static_cast<int>(attr) >= 0 && static_cast<int>(attr) < 148) {
+        *value = kMeasuredH200[static_cast<int>(attr)];
+        break;
+      }
       *value = 0;
       ledger_once("attr" + std::to_string(static_cast<int>(attr)),
                   "default\tcudaDeviceGetAttribute(" + std::to_string(static_cast<int>(attr)) + ") answered 0");

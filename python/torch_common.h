@@ -110,5 +110,7 @@ bool guarded(F&& f, bool print) {
 
 char* dup(const std::string& str);  // malloc'd copy (cachet_torch_string_free)
 void append_json_string(std::string& out, std::string_view str);
+// `"key": value` for each pair, after a ", " unless `first` (which it clears).
+void append_json_fields(std::string& out, const std::vector<std::pair<std::string, std::int64_t>>& kv, bool& first);
 
 }  // namespace cachet::torch_common

@@ -19,6 +19,7 @@
 #include "cachet/model/segment_source.h"
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
+#include "cachet/summary.h"
 #include "cachet/tags.h"
 #include "cachet/trace.h"
 #include "lockstep_state.h"
@@ -29,7 +30,7 @@ std::string show(const Outcome& o) {
   switch (o.kind) {
     case Outcome::Kind::Ok: return "ok";
     case Outcome::Kind::Pointer: return "pointer " + hex(o.ptr);
-    case Outcome::Kind::OutOfMemory: return "OutOfMemory: " + o.message;
+    case Outcome::Kind::OutOfMemory: return "OutOfMemory: " + text(o);
     case Outcome::Kind::UsageError: return "UsageError: " + o.message;
     case Outcome::Kind::DeviceError: return "DeviceError: " + o.message;
     case Outcome::Kind::Other: return "exception: " + o.message;
@@ -39,6 +40,17 @@ std::string show(const Outcome& o) {
     case Outcome::Kind::Ended: return "not applied (the case ended at a PyTorch failure, §14.8)";
   }
   return "?";
+}
+
+std::string text(const Outcome& o) {
+  if (o.oom && o.message.empty()) return oom_message(*o.oom);
+  return o.message;
+}
+
+bool same_text(const Outcome& a, const Outcome& b) {
+  if (a.oom && b.oom && *a.oom == *b.oom) return true;
+  if (!a.oom && !b.oom) return a.message == b.message;
+  return text(a) == text(b);
 }
 
 double fraction_for_cap(Bytes cap, Bytes total) {

@@ -203,7 +203,7 @@ std::optional<std::string> Lockstep<Model, Impl>::State::compare() {
   // out-of-memory: PyTorch's exact text.
   const bool same = last_sut.kind == last_model.kind && last_sut.ptr == last_model.ptr &&
                     (last_sut.kind == Outcome::Kind::UsageError || last_sut.kind == Outcome::Kind::DeviceError ||
-                     last_sut.message == last_model.message);
+                     same_text(last_sut, last_model));
   if (!same) {
     r() << "result differs\n  model: " << show(last_model) << "\n  sut:   " << show(last_sut) << "\n";
     return r().str();

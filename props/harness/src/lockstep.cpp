@@ -111,6 +111,7 @@ void Lockstep<Model, Impl>::State::build(std::unique_ptr<gpu::DeviceMemory> memo
 
 template <class Model, class Impl>
 std::optional<std::string> Lockstep<Model, Impl>::State::apply(const Op& op) {
+  ++ops_applied;
   log.clear_pending();
   // The trace events of this op only: the sut's recorder is emptied (it also holds the
   // snapshot events of the previous op's checks), the model's trace is read from here on.
@@ -305,6 +306,13 @@ bool Lockstep<Model, Impl>::runs_sleep_ops() const {
 template <class Model, class Impl>
 bool Lockstep<Model, Impl>::runs_stream_ops() const {
   return s_->stream_ops_run();
+}
+template <class Model, class Impl>
+std::optional<Snapshot> Lockstep<Model, Impl>::take_checked_snapshot() {
+  if (!s_->checked_snapshot || s_->checked_snapshot_op != s_->ops_applied) return std::nullopt;
+  std::optional<Snapshot> r = std::move(s_->checked_snapshot);
+  s_->checked_snapshot.reset();
+  return r;
 }
 template <class Model, class Impl>
 const front_end::PoolFrontEnd& Lockstep<Model, Impl>::pools() const {

@@ -190,6 +190,8 @@ std::optional<std::string> Lockstep<Model, Impl>::State::compare_snapshots() {
   if (sut_digest != sut_before.snapshot_digest)
     wrong += "  the sut's: snapshot_digest() " + hex(sut_before.snapshot_digest) + ", digest(snapshot()) " + hex(sut_digest) + "\n";
   if (!wrong.empty()) return "snapshots equal but a snapshot digest is not its snapshot's\n" + wrong;
+  checked_snapshot = std::move(ss);
+  checked_snapshot_op = ops_applied;
   return std::nullopt;
 }
 

@@ -61,6 +61,7 @@
 #include "cachet/model/allocator.h"
 #include "cachet/model/cachet_policy.h"
 #include "cachet/ops.h"
+#include "cachet/snapshot.h"
 #include "cachet/summary.h"
 #include "cachet/types.h"
 
@@ -215,6 +216,9 @@ class Lockstep {
   // both sides keep a capture graph, docs/pytorch-allocator.md §14.10.1); elsewhere they are
   // answered Unsupported.
   bool runs_stream_ops() const;
+  // The sut's snapshot the checks took after the last op, moved out (policy:cachet: free blocks'
+  // requested sizes read 0, as compared); nullopt when they took none after it or it was taken.
+  std::optional<Snapshot> take_checked_snapshot();
   // The front end of the pool and capture ops (what is entered, capturing, alive).
   const front_end::PoolFrontEnd& pools() const;
 

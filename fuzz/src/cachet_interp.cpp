@@ -127,6 +127,7 @@ class Run {
       lo.capacity = capacity_;
       ls_ = std::make_unique<lockstep::CachetLockstep>(lo);
       sim_ = ls_->shared_sim();
+      stats_ = sut().stats();
       if (capped) {
         ++g_mix.capped_cases;
         apply(ops::SetMemoryFraction{fraction});
@@ -146,6 +147,7 @@ class Run {
       for (const auto k : ls_->pools().mempools_in_use()) apply(ops::UseMemPoolEnd{k});
       for (auto& [p, l] : live_) apply(ops::Free{l.handle});
       live_.clear();
+      live_bytes_ = live_req_ = 0;
       apply(ops::CompleteAllEvents{});
       for (const auto k : ls_->pools().graphs(GS::Captured)) apply(ops::GraphReset{k});
       for (const auto k : ls_->pools().mempools_alive()) apply(ops::ReleasePool{k});
@@ -209,11 +211,12 @@ class Run {
   // divergence, failed check or exception other than OutOfMemory is a failure.
   const lockstep::Outcome& apply(const ops::Op& op) {
     case_.ops.push_back(op);
-    const auto syncs = sut().stats().num_sync_all_streams;
+    const auto syncs = stats_.num_sync_all_streams;
     if (auto d = ls_->apply(op)) throw Failure{"lockstep with model::CachetPolicy: " + *d};
+    stats_ = sut().stats();
     // A wait for every event (empty_cache, an allocation's retry, a MemPool's deletion) frees
     // every pending block (R7, R9).
-    if (sut().stats().num_sync_all_streams != syncs) pending_.clear();
+    if (stats_.num_sync_all_streams != syncs) pending_.clear();
     const lockstep::Outcome& o = ls_->last_sut();
     using K = lockstep::Outcome::Kind;
     if (ops::is_pool_op(op)) {
@@ -236,6 +239,12 @@ class Run {
            ops::show_case(case_) + "--- end of case ---\n";
   }
 
+  void erase_live(std::map<std::uint64_t, Live>::iterator it) {
+    live_bytes_ -= static_cast<std::int64_t>(align_up(it->second.size, gpu::kCachetAlign));
+    live_req_ -= static_cast<std::int64_t>(it->second.size);
+    live_.erase(it);
+  }
+
   // The live handle at index i of the address-ordered live blocks.
   std::map<std::uint64_t, Live>::iterator nth_live(FuzzedDataProvider& in) {
     auto it = live_.begin();
@@ -256,7 +265,7 @@ class Run {
     } else if (sel < 190) {
       auto it = nth_live(in);
       const ops::Handle h = it->second.handle;
-      live_.erase(it);
+      erase_live(it);
       ++g_mix.frees;
       apply(ops::Free{h});
     } else if (sel < 205) {
@@ -271,7 +280,7 @@ class Run {
         apply(ops::RecordStream{l.handle, u});
         if (u != l.stream) pd.left.insert(u);
       }
-      live_.erase(it);
+      erase_live(it);
       ++g_mix.recorded_frees;
       apply(ops::Free{l.handle});
       if (!pd.left.empty()) pending_[p] = pd;
@@ -292,23 +301,26 @@ class Run {
       cap_ = f < 1.0 ? std::optional<Bytes>(static_cast<Bytes>(f * static_cast<double>(capacity_))) : std::nullopt;
       // R7: a cap set below what is mapped unmaps whole free pages down to it; live pages stay
       // mapped, so reserved may stay above the cap, but never grows while it is (checked).
-      cap_floor_ = static_cast<Bytes>(sut().stats().reserved_bytes[0].current);
+      cap_floor_ = static_cast<Bytes>(stats_.reserved_bytes[0].current);
       if (cap_ && cap_floor_ > *cap_) ++g_mix.fractions_below_live;
     }
   }
 
   void alloc(Bytes size, StreamId s) {
-    const auto syncs = sut().stats().num_sync_all_streams;
-    const auto maps = sut().stats().num_device_alloc;
-    const auto unmaps = sut().stats().num_device_free;
-    const Snapshot before = sut().snapshot();
+    const auto syncs = stats_.num_sync_all_streams;
+    const auto maps = stats_.num_device_alloc;
+    const auto unmaps = stats_.num_device_free;
+    // The sut's blocks before the allocation: the snapshot the lockstep's checks took after the
+    // previous op (nothing changed the sut since), else a new one.
+    std::optional<Snapshot> before = ls_->take_checked_snapshot();
+    if (!before) before = sut().snapshot();
     const std::uint32_t handles = ls_->handle_count();
     const lockstep::Outcome& o = apply(ops::Allocate{size, s, {}});
     if (o.kind == lockstep::Outcome::Kind::OutOfMemory) {
       ++g_mix.ooms;
       ++ooms_;
     }
-    if (sut().stats().num_sync_all_streams != syncs) pending_.clear();  // R7 waited for every event
+    if (stats_.num_sync_all_streams != syncs) pending_.clear();  // R7 waited for every event
     if (o.kind != lockstep::Outcome::Kind::Pointer || o.ptr == 0) return;
     ++g_mix.allocs;
     const std::uint64_t p = o.ptr;
@@ -333,11 +345,13 @@ class Run {
     if (overlaps(live_)) throw Failure{"new block overlaps a live block"};
     if (overlaps(pending_)) throw Failure{"new block overlaps a block whose stream-use events have not completed"};
     live_[p] = Live{size, s, handles};
+    live_bytes_ += static_cast<std::int64_t>(n);
+    live_req_ += static_cast<std::int64_t>(size);
     // R2: a hot-path allocation (no map or unmap call: R7's trim after an event completion can
     // unmap pages before R2 runs) is carved from one free block: at its high end when small
     // (<= 1 MiB), at its low end when large.
-    if (sut().stats().num_device_alloc == maps && sut().stats().num_device_free == unmaps) {
-      for (const auto& seg : before)
+    if (stats_.num_device_alloc == maps && stats_.num_device_free == unmaps) {
+      for (const auto& seg : *before)
         for (const auto& b : seg.blocks)
           if (b.state == BlockState::Inactive && b.address <= p && p + n <= b.address + b.size &&
               (n <= kSmallSize ? p + n != b.address + b.size : p != b.address))
@@ -392,14 +406,10 @@ class Run {
 
   void check() {
     check_trace();
-    const DeviceStats st = sut().stats();
+    const DeviceStats& st = stats_;
     const auto reserved = st.reserved_bytes[0].current;
     const auto allocated = st.allocated_bytes[0].current;
-    std::int64_t live_bytes = 0, live_req = 0;
-    for (const auto& [p, l] : live_) {
-      live_bytes += static_cast<std::int64_t>(align_up(l.size, gpu::kCachetAlign));
-      live_req += static_cast<std::int64_t>(l.size);
-    }
+    const std::int64_t live_bytes = live_bytes_, live_req = live_req_;
     // In pool mode the generator's blocks (kGeneratorBlocks) come on top of the handles.
     const std::int64_t extra_blocks = st.allocation[0].current - static_cast<std::int64_t>(live_.size());
     const std::int64_t max_extra = pool_mode_ ? kGeneratorBlocks : 0;
@@ -430,9 +440,11 @@ class Run {
   std::shared_ptr<gpu::HostSim> sim_;
   std::unique_ptr<lockstep::CachetLockstep> ls_;
   std::map<std::uint64_t, Live> live_;
+  std::int64_t live_bytes_ = 0, live_req_ = 0;  // live_'s sizes summed: rounded (kCachetAlign), requested
   std::map<std::uint64_t, Pending> pending_;
   std::map<StreamId, RangeMap> dirty_;  // memory each stream freed, not unmapped since
   std::int64_t ooms_ = 0;
+  DeviceStats stats_;  // the sut's stats after the last apply() (nothing else changes the sut)
   ops::Case case_;  // the ops applied so far, replayable
 };
 

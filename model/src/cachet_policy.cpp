@@ -58,7 +58,7 @@ std::uint64_t CachetPolicy::malloc(Bytes orig_size, StreamId stream, ThreadIndex
     OomFacts f;
     f.alloc_size = orig_size;
     f.device = device_;
-    throw OutOfMemory(oom_message(f));
+    throw OutOfMemory(f);
   }
   if (orig_size == 0) return 0;
   // R8: pending blocks whose events completed; R12: not while a pool is active.
@@ -113,7 +113,7 @@ std::uint64_t CachetPolicy::allocate_slow(StreamId stream, PoolId pool, Bytes si
       f.allocated = static_cast<Bytes>(stats_.allocated_bytes[0].current);
       f.reserved = static_cast<Bytes>(stats_.reserved_bytes[0].current);
       record(TraceAction::Oom, f.device_free, size, 0);
-      throw OutOfMemory(oom_message(f));
+      throw OutOfMemory(f);
     }
     // R7: once per allocation: wait for pending events; R2 again (the wait may have freed a
     // block that holds the request); else unmap every whole free page and retry R3. R12: no

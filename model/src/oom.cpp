@@ -24,7 +24,7 @@ void Allocator::raise_oom(const AllocParams& p) {
   f.reserved = static_cast<Bytes>(stats_.reserved_bytes[0].current);
   // Free blocks of every private pool (§3.7, §14.6).
   f.private_pool_free = private_pool_free_bytes();
-  throw OutOfMemory(oom_message(f));
+  throw OutOfMemory(f);
 }
 
 }  // namespace cachet::model

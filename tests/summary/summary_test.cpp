@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cachet/errors.h"
 #include "cachet/io/file.h"
 #include "cachet/stats.h"
 #include "cachet/summary.h"
@@ -210,6 +211,33 @@ TEST(OomMessage, PrivatePoolsAndNoNvml) {
             "See documentation for Memory Management  "
             "(https://docs.pytorch.org/docs/stable/notes/cuda.html"
             "#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)");
+}
+
+// An allocator throws OutOfMemory with its facts; what() is oom_message's text of them, formatted
+// at the first what(), and copies read the same text.
+TEST(OomMessage, OutOfMemoryFromFactsReadsTheirText) {
+  cachet::OomFacts f;
+  f.alloc_size = 20 * MiB;
+  f.device_total = 80 * GiB;
+  f.device_free = 10 * MiB;
+  f.reserved = 2 * MiB;
+  const cachet::OutOfMemory e(f);
+  ASSERT_NE(e.facts(), nullptr);
+  EXPECT_EQ(e.facts()->alloc_size, 20 * MiB);
+  EXPECT_EQ(e.facts()->device_free, 10 * MiB);
+  const cachet::OutOfMemory copy = e;
+  const std::string expected =
+      "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 80.00 GiB of which 10.00 "
+      "MiB is free. Of the allocated memory 0 bytes is allocated by PyTorch, and 2.00 MiB is reserved by PyTorch "
+      "but unallocated. If reserved but unallocated memory is large try setting "
+      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
+      "Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html"
+      "#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)";
+  EXPECT_EQ(std::string(copy.what()), expected);
+  EXPECT_EQ(std::string(e.what()), expected);
+  const cachet::OutOfMemory text("CUDA error: out of memory");
+  EXPECT_EQ(text.facts(), nullptr);
+  EXPECT_EQ(std::string(text.what()), "CUDA error: out of memory");
 }
 
 }  // namespace

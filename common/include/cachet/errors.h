@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -11,14 +12,23 @@
 
 namespace cachet {
 
-// PyTorch's OutOfMemoryError. what() is PyTorch's exact message.
+struct OomFacts;  // cachet/summary.h
+
+// PyTorch's OutOfMemoryError. what() is PyTorch's exact message: the text it was made from, or
+// for one made from the facts an allocator ran out of memory with, oom_message(facts)
+// (cachet/summary.h), formatted once at the first what() (a caller that reads no text formats
+// none). Copies share the text.
 class OutOfMemory : public std::bad_alloc {
  public:
-  explicit OutOfMemory(std::string message) : message_(std::move(message)) {}
-  const char* what() const noexcept override { return message_.c_str(); }
+  explicit OutOfMemory(std::string message);
+  explicit OutOfMemory(const OomFacts& facts);
+  const char* what() const noexcept override;
+  // The facts what() states; nullptr for an exception made from a text.
+  const OomFacts* facts() const noexcept;
 
  private:
-  std::string message_;
+  struct Text;
+  std::shared_ptr<const Text> text_;
 };
 
 // Misuse: free of an unknown or interior pointer, double free, record_stream on a freed block,

@@ -35,6 +35,7 @@ struct OomFacts {
   Bytes allocated = 0;                     // allocated_bytes.all.current
   Bytes reserved = 0;                      // reserved_bytes.all.current
   Bytes private_pool_free = 0;             // free bytes in private pools (CUDA graphs)
+  friend bool operator==(const OomFacts&, const OomFacts&) = default;
 };
 
 // "CUDA out of memory. Tried to allocate ..." exactly as PyTorch 2.11 words it. An alloc_size of

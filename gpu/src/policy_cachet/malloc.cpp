@@ -189,7 +189,7 @@ void CachetPolicy::throw_oom(Bytes size) {
   accounting_.out_of_memory();
   const OomFacts f = oom_facts(size, mem_->mem_get_info());
   record(TraceAction::Oom, f.device_free, size, 0);
-  throw OutOfMemory(oom_message(f));
+  throw OutOfMemory(f);
 }
 
 }  // namespace cachet::gpu::detail

@@ -217,7 +217,7 @@ DevicePtr PytorchPolicy::malloc_uncached(Bytes orig_size) {
       f.device_free = info.value.free;
       f.device_total = info.value.total;
     }
-    throw OutOfMemory(oom_message(f));
+    throw OutOfMemory(f);
   }
   if (!r.is_ok()) throw DeviceError(device_error("cudaMalloc", orig_size, device_, r.status));
   uncached_[r.value] = orig_size;

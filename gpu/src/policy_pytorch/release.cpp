@@ -226,7 +226,7 @@ void PytorchPolicy::apply_config(const Config& c) {
   accounting_.out_of_memory();
   OomFacts f = oom_facts(p.alloc_size, info);  // the segment size (§3.7)
   f.private_pool_free = private_pool_free_bytes();  // free blocks of every private pool (§14.6)
-  throw OutOfMemory(oom_message(f));
+  throw OutOfMemory(f);
 }
 
 }  // namespace cachet::gpu::detail

@@ -203,7 +203,7 @@ class Shell {
     OomFacts f;
     f.alloc_size = size;
     f.device = device_;
-    throw OutOfMemory(oom_message(f));
+    throw OutOfMemory(f);
   }
   // The facts of an out-of-memory message (docs/pytorch-allocator.md §3.7): the device's free
   // and total bytes from `info` (when the device could say), the cap and the current allocated

@@ -15,6 +15,7 @@
 #include "cachet/lockstep.h"
 #include "cachet/model/segment_source.h"
 #include "cachet/snapshot.h"
+#include "cachet/summary.h"
 #include "cachet/trace.h"
 
 namespace cachet::lockstep::detail {
@@ -222,7 +223,9 @@ Outcome capture(F&& f) {
   try {
     f(o);
   } catch (const OutOfMemory& e) {
-    o = {Outcome::Kind::OutOfMemory, 0, e.what()};
+    // Made from facts: the facts, its text formatted only where a report or a mismatch needs it.
+    if (const OomFacts* f = e.facts()) o = {Outcome::Kind::OutOfMemory, 0, {}, *f};
+    else o = {Outcome::Kind::OutOfMemory, 0, e.what()};
   } catch (const UsageError& e) {
     o = {Outcome::Kind::UsageError, 0, e.what()};
   } catch (const DeviceError& e) {

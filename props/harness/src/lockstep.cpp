@@ -19,6 +19,7 @@
 #include "cachet/model/segment_source.h"
 #include "cachet/snapshot.h"
 #include "cachet/stats.h"
+#include "cachet/summary.h"
 #include "cachet/tags.h"
 #include "cachet/trace.h"
 #include "lockstep_state.h"
@@ -29,7 +30,7 @@ std::string show(const Outcome& o) {
   switch (o.kind) {
     case Outcome::Kind::Ok: return "ok";
     case Outcome::Kind::Pointer: return "pointer " + hex(o.ptr);
-    case Outcome::Kind::OutOfMemory: return "OutOfMemory: " + o.message;
+    case Outcome::Kind::OutOfMemory: return "OutOfMemory: " + text(o);
     case Outcome::Kind::UsageError: return "UsageError: " + o.message;
     case Outcome::Kind::DeviceError: return "DeviceError: " + o.message;
     case Outcome::Kind::Other: return "exception: " + o.message;
@@ -39,6 +40,17 @@ std::string show(const Outcome& o) {
     case Outcome::Kind::Ended: return "not applied (the case ended at a PyTorch failure, §14.8)";
   }
   return "?";
+}
+
+std::string text(const Outcome& o) {
+  if (o.oom && o.message.empty()) return oom_message(*o.oom);
+  return o.message;
+}
+
+bool same_text(const Outcome& a, const Outcome& b) {
+  if (a.oom && b.oom && *a.oom == *b.oom) return true;
+  if (!a.oom && !b.oom) return a.message == b.message;
+  return text(a) == text(b);
 }
 
 double fraction_for_cap(Bytes cap, Bytes total) {
@@ -99,6 +111,7 @@ void Lockstep<Model, Impl>::State::build(std::unique_ptr<gpu::DeviceMemory> memo
 
 template <class Model, class Impl>
 std::optional<std::string> Lockstep<Model, Impl>::State::apply(const Op& op) {
+  ++ops_applied;
   log.clear_pending();
   // The trace events of this op only: the sut's recorder is emptied (it also holds the
   // snapshot events of the previous op's checks), the model's trace is read from here on.
@@ -293,6 +306,13 @@ bool Lockstep<Model, Impl>::runs_sleep_ops() const {
 template <class Model, class Impl>
 bool Lockstep<Model, Impl>::runs_stream_ops() const {
   return s_->stream_ops_run();
+}
+template <class Model, class Impl>
+std::optional<Snapshot> Lockstep<Model, Impl>::take_checked_snapshot() {
+  if (!s_->checked_snapshot || s_->checked_snapshot_op != s_->ops_applied) return std::nullopt;
+  std::optional<Snapshot> r = std::move(s_->checked_snapshot);
+  s_->checked_snapshot.reset();
+  return r;
 }
 template <class Model, class Impl>
 const front_end::PoolFrontEnd& Lockstep<Model, Impl>::pools() const {

@@ -190,6 +190,8 @@ std::optional<std::string> Lockstep<Model, Impl>::State::compare_snapshots() {
   if (sut_digest != sut_before.snapshot_digest)
     wrong += "  the sut's: snapshot_digest() " + hex(sut_before.snapshot_digest) + ", digest(snapshot()) " + hex(sut_digest) + "\n";
   if (!wrong.empty()) return "snapshots equal but a snapshot digest is not its snapshot's\n" + wrong;
+  checked_snapshot = std::move(ss);
+  checked_snapshot_op = ops_applied;
   return std::nullopt;
 }
 
@@ -203,7 +205,7 @@ std::optional<std::string> Lockstep<Model, Impl>::State::compare() {
   // out-of-memory: PyTorch's exact text.
   const bool same = last_sut.kind == last_model.kind && last_sut.ptr == last_model.ptr &&
                     (last_sut.kind == Outcome::Kind::UsageError || last_sut.kind == Outcome::Kind::DeviceError ||
-                     last_sut.message == last_model.message);
+                     same_text(last_sut, last_model));
   if (!same) {
     r() << "result differs\n  model: " << show(last_model) << "\n  sut:   " << show(last_sut) << "\n";
     return r().str();

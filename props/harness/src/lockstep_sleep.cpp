@@ -25,7 +25,7 @@ std::optional<std::string> Lockstep<Model, Impl>::State::apply_sleep_op(const Op
     s = capture([&](Outcome&) { sut->wake(w->tags); });
     m = capture([&](Outcome&) { model->wake(w->tags); });
   }
-  if (s.kind == Outcome::Kind::OutOfMemory && m.kind == Outcome::Kind::OutOfMemory) s.message = m.message;
+  if (s.kind == Outcome::Kind::OutOfMemory && m.kind == Outcome::Kind::OutOfMemory) s.message = m.message, s.oom = m.oom;
   last_sut = s;
   last_model = m;
   if (auto d = compare()) return d;

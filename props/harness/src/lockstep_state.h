@@ -152,6 +152,10 @@ struct Lockstep<Model, Impl>::State {
   std::uint64_t checks = 0;  // compare() calls so far
   bool full_check = true;    // this op's checks are the full ones
   std::optional<std::string> compare_snapshots();
+  // The sut's snapshot compare_snapshots() took, and the apply() it was taken in (ops_applied).
+  std::optional<Snapshot> checked_snapshot;
+  std::uint64_t checked_snapshot_op = 0;
+  std::uint64_t ops_applied = 0;  // apply() calls so far
 
   std::optional<std::string> compare();
 };

@@ -176,7 +176,7 @@ class BothSides final : public front_end::AllocatorCalls {
     const Outcome m = capture(on_model);
     if (s == m && (s.kind == Outcome::Kind::Ok || s.kind == Outcome::Kind::Pointer)) return s;
     if (!failure_) failure_ = CallFailure{std::move(what), s, m, std::move(before)};
-    const bool alike = s.kind == m.kind && (s.kind == Outcome::Kind::UsageError || s.message == m.message) &&
+    const bool alike = s.kind == m.kind && (s.kind == Outcome::Kind::UsageError || same_text(s, m)) &&
                        s.kind != Outcome::Kind::Ok && s.kind != Outcome::Kind::Pointer;
     if (!alike) stopped_ = true;
     throw CallStopped{};

@@ -562,7 +562,7 @@ TEST(Lockstep, DeviceTotalMakesTheCapacityACap) {
   EXPECT_EQ(ls.model().allowed_memory_maximum(), std::optional<Bytes>(8 * GiB));
   ASSERT_EQ(ls.apply(Allocate{9 * GiB, 0, {}}), std::nullopt);
   EXPECT_EQ(ls.last_sut().kind, Outcome::Kind::OutOfMemory);
-  EXPECT_EQ(ls.last_sut().message,
+  EXPECT_EQ(text(ls.last_sut()),
             "CUDA out of memory. Tried to allocate 9.00 GiB. GPU 0 has a total capacity of 80.00 GiB of which "
             "80.00 GiB is free. Including non-PyTorch memory, this process has 0 bytes memory in use. 8.00 GiB "
             "allowed; Of the allocated memory 0 bytes is allocated by PyTorch, and 0 bytes is reserved by PyTorch "
@@ -621,9 +621,9 @@ TEST(Lockstep, DeviceTotalOnTheRealDevicePath) {
   ASSERT_EQ(ls.run(parse_ops("alloc 3221225472 s0\nfree h0\nalloc 6442450944 s0\nalloc 3221225472 s1\n")),
             std::nullopt);
   EXPECT_EQ(ls.last_sut().kind, Outcome::Kind::OutOfMemory);
-  EXPECT_NE(ls.last_sut().message.find("GPU 0 has a total capacity of 80.00 GiB of which 74.00 GiB is free. "),
+  EXPECT_NE(text(ls.last_sut()).find("GPU 0 has a total capacity of 80.00 GiB of which 74.00 GiB is free. "),
             std::string::npos)
-      << ls.last_sut().message;
+      << text(ls.last_sut());
   EXPECT_EQ(ls.sut().stats().num_device_free, 1);  // garbage collection
   Options wrong = capped();
   wrong.device_total = 40 * GiB;

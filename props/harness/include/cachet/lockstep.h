@@ -61,6 +61,8 @@
 #include "cachet/model/allocator.h"
 #include "cachet/model/cachet_policy.h"
 #include "cachet/ops.h"
+#include "cachet/snapshot.h"
+#include "cachet/summary.h"
 #include "cachet/types.h"
 
 namespace cachet::lockstep {
@@ -98,10 +100,16 @@ struct Outcome {
   };
   Kind kind = Kind::Ok;
   std::uint64_t ptr = 0;
-  std::string message;
+  std::string message;  // what(); empty for an OutOfMemory made from facts (text() formats it)
+  std::optional<OomFacts> oom;  // the facts of an OutOfMemory made from them (cachet/errors.h)
   friend bool operator==(const Outcome&, const Outcome&) = default;
 };
 std::string show(const Outcome& o);
+// The outcome's message: `message`, or PyTorch's text of its out-of-memory facts.
+std::string text(const Outcome& o);
+// Whether both messages read the same: the same facts (both texts are oom_message of them), else
+// the same text.
+bool same_text(const Outcome& a, const Outcome& b);
 
 struct Options {
   Config config;                 // both allocators get it (per_process_memory_fraction too)
@@ -208,6 +216,9 @@ class Lockstep {
   // both sides keep a capture graph, docs/pytorch-allocator.md §14.10.1); elsewhere they are
   // answered Unsupported.
   bool runs_stream_ops() const;
+  // The sut's snapshot the checks took after the last op, moved out (policy:cachet: free blocks'
+  // requested sizes read 0, as compared); nullopt when they took none after it or it was taken.
+  std::optional<Snapshot> take_checked_snapshot();
   // The front end of the pool and capture ops (what is entered, capturing, alive).
   const front_end::PoolFrontEnd& pools() const;
 

@@ -137,7 +137,7 @@ void PytorchPolicy::free_unlisted_block(Block* b) {
     prev->size += b->size;
     // Rule flip merge_keeps_neighbour_requested: the previous neighbour keeps its own value.
     if (!flipped(RuleFlip::MergeKeepsNeighbourRequested)) prev->requested_size = b->requested_size;
-    prev->capture_stream_uses = std::move(b->capture_stream_uses);  // PyTorch keeps the freed block (§14.7)
+    take_capture_stream_uses(prev, b);  // PyTorch keeps the freed block (§14.7)
     prev->next = b->next;
     if (prev->next) prev->next->prev = prev;
     arena_.release(b);
@@ -157,7 +157,7 @@ void PytorchPolicy::free_unlisted_block(Block* b) {
       next->ptr = b->ptr;
       next->size += b->size;
       next->requested_size = b->requested_size;
-      next->capture_stream_uses = std::move(b->capture_stream_uses);
+      take_capture_stream_uses(next, b);
       next->prev = b->prev;
       if (next->prev) next->prev->next = next;
       else next->segment->head = next;

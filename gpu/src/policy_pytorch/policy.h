@@ -216,7 +216,7 @@ class BlockArena {
   static_assert(sizeof(Storage) >= sizeof(FreeSlot) && alignof(Storage) >= alignof(FreeSlot));
   [[gnu::noinline]] void refill() {
     constexpr std::size_t n = 256;
-    chunks_.push_back(std::make_unique<Storage[]>(n));
+    chunks_.push_back(std::make_unique_for_overwrite<Storage[]>(n));  // no zeroing: blocks are built in place
     for (std::size_t i = n; i-- > 0;) free_ = new (static_cast<void*>(&chunks_.back()[i])) FreeSlot{free_};
   }
   std::vector<std::unique_ptr<Storage[]>> chunks_;
@@ -353,6 +353,12 @@ class PytorchPolicy : public Shell {
     return src != nullptr && src->state() == dst->state() &&
            (sleeping_.empty() || sleeping_range_of(src) == sleeping_range_of(dst));
   }
+  // A merge's survivor `dst` takes the freed block `src`'s capture stream uses (PyTorch keeps the
+  // freed block object, §14.7); nothing to move when both are empty, as on the hot path.
+  static void take_capture_stream_uses(Block* dst, Block* src) {
+    if (!src->capture_stream_uses.empty() || !dst->capture_stream_uses.empty()) [[unlikely]]
+      dst->capture_stream_uses = std::move(src->capture_stream_uses);
+  }
   void insert_events(Block* b);
   template <class Before>
   void insert_events(Block* b, Before&& before);
@@ -455,7 +461,8 @@ class PytorchPolicy : public Shell {
   static BlockPool& pool_for(const Block* b) { return *b->segment->pool; }
   // The id trace events name the pool by (TraceEvent::pool, PyTorch's owner_MempoolId()): the
   // owning private pool's, {0, 0} for the default pools.
-  static PoolId trace_pool(const BlockPool& p);
+  // Inline, so that the compiler computes it only inside record()'s rare branch (the trace on).
+  static PoolId trace_pool(const BlockPool& p) { return p.owner != nullptr ? p.owner->id : PoolId{}; }
   static PoolId trace_pool(const Block* b) { return trace_pool(pool_for(b)); }
   StatType stat_type(const BlockPool& pool) const { return pool.is_small ? StatType::SmallPool : StatType::LargePool; }
   Block* find_active(DevicePtr ptr, const char* op) const;

@@ -286,7 +286,6 @@ class PytorchPolicy : public Shell {
     Bytes alloc_size;  // segment size for a new device allocation
     BlockPool* pool;
     Block* block = nullptr;
-    Status err;
     bool in_pool = false;  // block is still in pool->blocks (found by get_free_block)
     // PyTorch's is_expandable_segments_active: expandable_segments, and the pool has no source
     // of its own (§15.1); false in the use_on_oom fallback's search (§15.2).
@@ -464,6 +463,12 @@ class PytorchPolicy : public Shell {
   // Inline, so that the compiler computes it only inside record()'s rare branch (the trace on).
   static PoolId trace_pool(const BlockPool& p) { return p.owner != nullptr ? p.owner->id : PoolId{}; }
   static PoolId trace_pool(const Block* b) { return trace_pool(pool_for(b)); }
+  // record() of an event at block `b` (its address and stream, its pool's id), the pool looked up
+  // only when recording().
+  void record_block(TraceAction a, const Block* b, Bytes size) {
+    if (recording()) [[unlikely]]
+      record(a, b->ptr, size, b->stream, trace_pool(b));
+  }
   StatType stat_type(const BlockPool& pool) const { return pool.is_small ? StatType::SmallPool : StatType::LargePool; }
   Block* find_active(DevicePtr ptr, const char* op) const;
   std::optional<BlockAt> holder_of(DevicePtr ptr) const;  // for find_active's diagnostics

@@ -12,7 +12,7 @@ namespace cachet::gpu::detail {
 template <class V>
 class PtrMap {
  public:
-  PtrMap() { slots_.resize(1024); }
+  PtrMap() { slots_.resize(mask_ + 1); }
 
   V* find(std::uint64_t key) const {
     const std::size_t i = slot_of(key);
@@ -21,7 +21,7 @@ class PtrMap {
 
   // key must be non-zero and absent.
   void insert(std::uint64_t key, V* value) {
-    if ((size_ + 1) * 2 > slots_.size()) grow();
+    if ((size_ + 1) * 2 > mask_ + 1) grow();
     place(key, value);
     ++size_;
   }
@@ -76,7 +76,7 @@ class PtrMap {
     std::uint64_t key = 0;
     V* value = nullptr;
   };
-  std::size_t mask() const { return slots_.size() - 1; }
+  std::size_t mask() const { return mask_; }
   std::size_t index(std::uint64_t key) const {
     return static_cast<std::size_t>(((key >> 9) * 0x9E3779B97F4A7C15ULL) >> 20) & mask();
   }
@@ -88,11 +88,13 @@ class PtrMap {
   [[gnu::cold, gnu::noinline]] void grow() {
     std::vector<Slot> old(slots_.size() * 2);
     old.swap(slots_);
+    mask_ = slots_.size() - 1;
     for (const Slot& s : old)
       if (s.key != 0) place(s.key, s.value);
   }
 
   std::vector<Slot> slots_;
+  std::size_t mask_ = 1023;  // slots_.size() - 1 (a power of two less one), kept beside it for the probes
   std::size_t size_ = 0;
 };
 

@@ -36,7 +36,7 @@ namespace cachet::gpu::detail {
     return;
   }
   accounting_.free_requested(stat_type(pool_for(b)), b->size, is_oversize(b->size));
-  record(TraceAction::FreeRequested, b->ptr, b->requested_size, b->stream, trace_pool(b));
+  record_block(TraceAction::FreeRequested, b, b->requested_size);
   b->stream_uses.clear();
   active_.erase_slot(slot);
   free_unlisted_block(b);
@@ -74,7 +74,7 @@ void PytorchPolicy::free_with_stream_uses(Block* b) {
     // No event may be recorded during a capture: the free waits for its end (§14.7), or with
     // markers until a malloc on its stream finds them ordered before it (§14.10.1).
     accounting_.free_requested(stat_type(pool_for(b)), b->size, is_oversize(b->size));
-    record(TraceAction::FreeRequested, b->ptr, b->requested_size, b->stream, trace_pool(b));
+    record_block(TraceAction::FreeRequested, b, b->requested_size);
     deferred_blocks_.push_back(b);
     b->set_state(BlockState::Deferred);
     if (!markers.empty()) free_markers_[b] = std::move(markers);
@@ -82,7 +82,7 @@ void PytorchPolicy::free_with_stream_uses(Block* b) {
   }
   insert_events(b, [&] {
     accounting_.free_requested(stat_type(pool_for(b)), b->size, is_oversize(b->size));
-    record(TraceAction::FreeRequested, b->ptr, b->requested_size, b->stream, trace_pool(b));
+    record_block(TraceAction::FreeRequested, b, b->requested_size);
   });
 }
 
@@ -118,7 +118,7 @@ void PytorchPolicy::free_block(Block* b) {
 void PytorchPolicy::free_unlisted_block(Block* b) {
   CACHET_ASSERT(b->event_count == 0 && b->stream_uses.empty());
   b->set_state(BlockState::Free);  // from Allocated, or AwaitingEvents once its last event completed
-  record(TraceAction::FreeCompleted, b->ptr, b->requested_size, b->stream, trace_pool(b));
+  record_block(TraceAction::FreeCompleted, b, b->requested_size);
   const Bytes original_size = b->size;
   // Rule flip requested_bytes_rounded: requested_bytes went up by the block size.
   const Bytes requested = flipped(RuleFlip::RequestedBytesRounded) ? b->size : b->requested_size;
@@ -137,7 +137,7 @@ void PytorchPolicy::free_unlisted_block(Block* b) {
     prev->size += b->size;
     // Rule flip merge_keeps_neighbour_requested: the previous neighbour keeps its own value.
     if (!flipped(RuleFlip::MergeKeepsNeighbourRequested)) prev->requested_size = b->requested_size;
-    prev->capture_stream_uses = std::move(b->capture_stream_uses);  // PyTorch keeps the freed block (§14.7)
+    take_capture_stream_uses(prev, b);  // PyTorch keeps the freed block (§14.7)
     prev->next = b->next;
     if (prev->next) prev->next->prev = prev;
     arena_.release(b);
@@ -157,7 +157,7 @@ void PytorchPolicy::free_unlisted_block(Block* b) {
       next->ptr = b->ptr;
       next->size += b->size;
       next->requested_size = b->requested_size;
-      next->capture_stream_uses = std::move(b->capture_stream_uses);
+      take_capture_stream_uses(next, b);
       next->prev = b->prev;
       if (next->prev) next->prev->next = next;
       else next->segment->head = next;

@@ -157,7 +157,7 @@ Bytes PytorchPolicy::allocation_size(Bytes size) const {
   // The default pools, or the private pool of an active capture or use_mem_pool (§14.2).
   BlockPool& pool = captures_underway_.empty() ? (is_small_size(size) ? small_blocks_ : large_blocks_)
                                                : get_pool(size, stream);
-  AllocParams p{stream, size, allocation_size(size), &pool, nullptr, Status::ok()};
+  AllocParams p{stream, size, allocation_size(size), &pool, nullptr};
   p.tag = current_tag_id();  // docs/sleep-wake.md section 1: "default" (0) unless the thread set a tag
   // Expandable segments apply to every pool but one with its own source (§15.1).
   p.expandable_active = config_.expandable_segments && (pool.owner == nullptr || pool.owner->source == nullptr);
@@ -339,7 +339,6 @@ bool PytorchPolicy::alloc_block(AllocParams& p, bool is_retry) {
       (flipped(RuleFlip::CapExclusive) ? total_allocated_memory_ - sleeping_bytes_ + size >= *cap_.allowed()
                                        : total_allocated_memory_ - sleeping_bytes_ + size > *cap_.allowed())) {
     // (Sleeping bytes stay reserved but not against the cap: docs/sleep-wake.md section 4, SLEEP-R5.)
-    p.err = Status::oom();
     return false;
   }
   if (is_retry && flipped(RuleFlip::RetryCountedIfAllowed)) accounting_.alloc_retried();
@@ -360,7 +359,6 @@ bool PytorchPolicy::alloc_block(AllocParams& p, bool is_retry) {
     r = mem_->malloc(size);
   }
   if (r.status.is_oom()) {
-    p.err = r.status;
     return false;
   }
   if (!r.is_ok()) throw DeviceError(device_error("cudaMalloc", size, device_, r.status));
@@ -454,7 +452,7 @@ Block* PytorchPolicy::alloc_found_block(AllocParams& p, Bytes orig_size, bool sp
   active_.insert(block->ptr, block);
   accounting_.block_allocated(st, block->size, flipped(RuleFlip::RequestedBytesRounded) ? block->size : orig_size,
                               is_oversize(block->size));  // rule flip requested_bytes_rounded
-  record(TraceAction::Alloc, block->ptr, orig_size, block->stream, trace_pool(block));
+  record_block(TraceAction::Alloc, block, orig_size);
   return block;
 }
 

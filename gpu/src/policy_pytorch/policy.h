@@ -216,7 +216,7 @@ class BlockArena {
   static_assert(sizeof(Storage) >= sizeof(FreeSlot) && alignof(Storage) >= alignof(FreeSlot));
   [[gnu::noinline]] void refill() {
     constexpr std::size_t n = 256;
-    chunks_.push_back(std::make_unique<Storage[]>(n));
+    chunks_.push_back(std::make_unique_for_overwrite<Storage[]>(n));  // no zeroing: blocks are built in place
     for (std::size_t i = n; i-- > 0;) free_ = new (static_cast<void*>(&chunks_.back()[i])) FreeSlot{free_};
   }
   std::vector<std::unique_ptr<Storage[]>> chunks_;
@@ -286,7 +286,6 @@ class PytorchPolicy : public Shell {
     Bytes alloc_size;  // segment size for a new device allocation
     BlockPool* pool;
     Block* block = nullptr;
-    Status err;
     bool in_pool = false;  // block is still in pool->blocks (found by get_free_block)
     // PyTorch's is_expandable_segments_active: expandable_segments, and the pool has no source
     // of its own (§15.1); false in the use_on_oom fallback's search (§15.2).
@@ -352,6 +351,12 @@ class PytorchPolicy : public Shell {
   bool mergeable(const Block* dst, const Block* src) const {
     return src != nullptr && src->state() == dst->state() &&
            (sleeping_.empty() || sleeping_range_of(src) == sleeping_range_of(dst));
+  }
+  // A merge's survivor `dst` takes the freed block `src`'s capture stream uses (PyTorch keeps the
+  // freed block object, §14.7); nothing to move when both are empty, as on the hot path.
+  static void take_capture_stream_uses(Block* dst, Block* src) {
+    if (!src->capture_stream_uses.empty() || !dst->capture_stream_uses.empty()) [[unlikely]]
+      dst->capture_stream_uses = std::move(src->capture_stream_uses);
   }
   void insert_events(Block* b);
   template <class Before>
@@ -455,8 +460,15 @@ class PytorchPolicy : public Shell {
   static BlockPool& pool_for(const Block* b) { return *b->segment->pool; }
   // The id trace events name the pool by (TraceEvent::pool, PyTorch's owner_MempoolId()): the
   // owning private pool's, {0, 0} for the default pools.
-  static PoolId trace_pool(const BlockPool& p);
+  // Inline, so that the compiler computes it only inside record()'s rare branch (the trace on).
+  static PoolId trace_pool(const BlockPool& p) { return p.owner != nullptr ? p.owner->id : PoolId{}; }
   static PoolId trace_pool(const Block* b) { return trace_pool(pool_for(b)); }
+  // record() of an event at block `b` (its address and stream, its pool's id), the pool looked up
+  // only when recording().
+  void record_block(TraceAction a, const Block* b, Bytes size) {
+    if (recording()) [[unlikely]]
+      record(a, b->ptr, size, b->stream, trace_pool(b));
+  }
   StatType stat_type(const BlockPool& pool) const { return pool.is_small ? StatType::SmallPool : StatType::LargePool; }
   Block* find_active(DevicePtr ptr, const char* op) const;
   std::optional<BlockAt> holder_of(DevicePtr ptr) const;  // for find_active's diagnostics

@@ -198,7 +198,7 @@ bool PytorchPolicy::try_mempool_fallback(AllocParams& p) {
     const bool created = it == graph_pools_.end();
     if (created) pp = graph_pools_.emplace(id, std::make_unique<PrivatePool>(id)).first->second.get();
     else pp = it->second.get();
-    AllocParams q{p.stream, p.size, p.alloc_size, p.size <= kSmallSize ? &pp->small : &pp->large, nullptr, Status::ok()};
+    AllocParams q{p.stream, p.size, p.alloc_size, p.size <= kSmallSize ? &pp->small : &pp->large, nullptr};
     q.expandable_active = false;  // PyTorch's fallback searches with expandable segments off
     const bool found = get_free_block(q);
     if (created) {  // releasePool takes the new pool's one user: it is freeable (§14.4)

@@ -67,10 +67,6 @@ void PytorchPolicy::release_blocks(BlockPool& pool) {
   if (!sleeping_.empty()) release_sleeping_ranges(pool);
 }
 
-PoolId PytorchPolicy::trace_pool(const BlockPool& p) {
-  return p.owner != nullptr ? p.owner->id : PoolId{};
-}
-
 void PytorchPolicy::release_block(Block* b) {
   CACHET_ASSERT(!b->expandable() && !b->is_split() && b->is_free());
   BlockPool& pool = pool_for(b);

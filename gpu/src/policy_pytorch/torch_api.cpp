@@ -218,7 +218,7 @@ CheckpointDelta PytorchPolicy::restore_pool(const PoolCheckpoint& cp, const std:
     for (std::size_t i = 0; i < n; ++i) {
       const Bytes size = s.blocks[i].size;
       CACHET_CHECK(curr != nullptr && curr->is_free() && curr->ptr == to_dev(s.blocks[i].ptr) && curr->size >= size);
-      AllocParams q{curr->stream, size, size, &pool_for(curr), curr, Status::ok()};
+      AllocParams q{curr->stream, size, size, &pool_for(curr), curr};
       q.in_pool = true;
       q.expandable_active = curr->expandable();
       Block* b = alloc_found_block(q, size, curr->size > size);  // requested size = block size

@@ -8,10 +8,13 @@
 // block_allocated, one free_requested, one free_completed per cached alloc+free) costs what the
 // hand-written updates did.
 //
-// Layout: the seven stats that allocate and free change are kept per stat type, side by side
-// (HotStats), so a cached alloc + free writes 3 cache lines of each of its two stat types instead
-// of one line of each of 5-7 separate StatArrays (gpu/README.md "The hot path"); stats() copies
-// them into the DeviceStats record, which holds the rest.
+// Layout: the seven stats that allocate and free change are kept per pool, side by side
+// (HotStats), so a cached alloc + free writes 3 cache lines of its pool instead of one line of
+// each of 5-7 separate StatArrays (gpu/README.md "The hot path"); stats() copies them into the
+// DeviceStats record, which holds the rest. Every event changes the aggregate and one pool by the
+// same amount (PyTorch's for_each_selected_stat_type), so the aggregate's allocated and freed are
+// the sums of the two pools' and are not kept: of the aggregate, only current and peak are
+// (AggStats, 2 lines), the peak taken after each increase as PyTorch takes it.
 #pragma once
 
 #include <array>
@@ -32,16 +35,23 @@ class Accounting {
 
   // The record, current as of the last event (the hot stats copied in); valid until the next event.
   const DeviceStats& stats() const {
-    for (int t = 0; t < kNumStatTypes; ++t) {
-      const HotStats& h = hot_[static_cast<std::size_t>(t)];
-      s_.allocation[t] = h.allocation;
-      s_.allocated_bytes[t] = h.allocated_bytes;
-      s_.active[t] = h.active;
-      s_.active_bytes[t] = h.active_bytes;
-      s_.requested_bytes[t] = h.requested_bytes;
-      s_.inactive_split[t] = h.inactive_split;
-      s_.inactive_split_bytes[t] = h.inactive_split_bytes;
-    }
+    const HotStats& small = hot_[0];
+    const HotStats& large = hot_[1];
+    auto copy = [&](StatArray& out, Stat HotStats::*m, CurPeak AggStats::*a) {
+      const Stat& sm = small.*m;
+      const Stat& lg = large.*m;
+      out[static_cast<std::size_t>(StatType::Aggregate)] =
+          Stat{(agg_.*a).current, (agg_.*a).peak, sm.allocated + lg.allocated, sm.freed + lg.freed};
+      out[static_cast<std::size_t>(StatType::SmallPool)] = sm;
+      out[static_cast<std::size_t>(StatType::LargePool)] = lg;
+    };
+    copy(s_.allocation, &HotStats::allocation, &AggStats::allocation);
+    copy(s_.allocated_bytes, &HotStats::allocated_bytes, &AggStats::allocated_bytes);
+    copy(s_.active, &HotStats::active, &AggStats::active);
+    copy(s_.active_bytes, &HotStats::active_bytes, &AggStats::active_bytes);
+    copy(s_.requested_bytes, &HotStats::requested_bytes, &AggStats::requested_bytes);
+    copy(s_.inactive_split, &HotStats::inactive_split, &AggStats::inactive_split);
+    copy(s_.inactive_split_bytes, &HotStats::inactive_split_bytes, &AggStats::inactive_split_bytes);
     return s_;
   }
 
@@ -51,43 +61,49 @@ class Accounting {
   void block_allocated(StatType pool, Bytes size, Bytes requested, bool oversize) {
     const auto n = static_cast<std::int64_t>(size);
     const auto req = static_cast<std::int64_t>(requested);
-    for_all_and(pool, [n, req](HotStats& h) {
-      h.allocation.increase(1);
-      h.allocated_bytes.increase(n);
-      h.active.increase(1);
-      h.active_bytes.increase(n);
-      h.requested_bytes.increase(req);
-    });
+    HotStats& h = of(pool);
+    h.allocation.increase(1);
+    agg_.allocation.increase(1);
+    h.allocated_bytes.increase(n);
+    agg_.allocated_bytes.increase(n);
+    h.active.increase(1);
+    agg_.active.increase(1);
+    h.active_bytes.increase(n);
+    agg_.active_bytes.increase(n);
+    h.requested_bytes.increase(req);
+    agg_.requested_bytes.increase(req);
     if (oversize) s_.oversize_allocations.increase(1);
   }
   // free() of an allocated block: no longer allocated; still active until free_completed (at
   // once, or when its stream-use events complete).
   void free_requested(StatType pool, Bytes size, bool oversize) {
     const auto n = static_cast<std::int64_t>(size);
-    for_all_and(pool, [n](HotStats& h) {
-      h.allocation.decrease(1);
-      h.allocated_bytes.decrease(n);
-    });
+    HotStats& h = of(pool);
+    h.allocation.decrease(1);
+    agg_.allocation.decrease(1);
+    h.allocated_bytes.decrease(n);
+    agg_.allocated_bytes.decrease(n);
     if (oversize) s_.oversize_allocations.decrease(1);
   }
   // The freed block became free: no longer active; `requested` is what it was asked for.
   void free_completed(StatType pool, Bytes size, Bytes requested) {
     const auto n = static_cast<std::int64_t>(size);
     const auto req = static_cast<std::int64_t>(requested);
-    for_all_and(pool, [n, req](HotStats& h) {
-      h.active.decrease(1);
-      h.active_bytes.decrease(n);
-      h.requested_bytes.decrease(req);
-    });
+    HotStats& h = of(pool);
+    h.active.decrease(1);
+    agg_.active.decrease(1);
+    h.active_bytes.decrease(n);
+    agg_.active_bytes.decrease(n);
+    h.requested_bytes.decrease(req);
+    agg_.requested_bytes.decrease(req);
   }
   // Inactive split blocks (free blocks of a split cudaMalloc segment) changed by `blocks` and
   // `bytes`, either sign: a split became inactive or active (§2.4), a free merged (§2.5, §13.2:
   // moved once, by the net). A zero change leaves its stat alone.
   void inactive_split_changed(StatType pool, std::int64_t blocks, std::int64_t bytes) {
-    for_all_and(pool, [blocks, bytes](HotStats& h) {
-      change(h.inactive_split, blocks);
-      change(h.inactive_split_bytes, bytes);
-    });
+    HotStats& h = of(pool);
+    change(h.inactive_split, agg_.inactive_split, blocks);
+    change(h.inactive_split_bytes, agg_.inactive_split_bytes, bytes);
   }
 
   // --- device memory (§3.2, §3.4, §7) ---
@@ -131,15 +147,16 @@ class Accounting {
   // --- the API's resets (torch.cuda.reset_accumulated_memory_stats / reset_peak_memory_stats) ---
   void reset_accumulated() {
     s_.reset_accumulated();
-    for (HotStats& h : hot_) h.for_each([](Stat& st) { st.reset_accumulated(); });
+    for (HotStats& h : hot_) h.for_each([](Stat& st) { st.reset_accumulated(); });  // the aggregate's: their sums
   }
   void reset_peak() {
     s_.reset_peak();
     for (HotStats& h : hot_) h.for_each([](Stat& st) { st.reset_peak(); });
+    agg_.for_each([](CurPeak& st) { st.peak = st.current; });
   }
 
  private:
-  // The stats of one stat type that allocate and free change; a cached alloc + free that splits
+  // The stats of one pool that allocate and free change; a cached alloc + free that splits
   // nothing changes only the first 192 bytes (3 cache lines). The order keeps two stats that one
   // event decreases apart: side by side, the compiler pairs one's `freed` with the next one's
   // `current` in vector registers, which costs more instructions than it saves.
@@ -158,23 +175,50 @@ class Accounting {
         f(*st);
     }
   };
+  // The aggregate's current and peak of the same stats (its allocated and freed: the pools' sums).
+  struct CurPeak {
+    std::int64_t current = 0;
+    std::int64_t peak = 0;
+    void increase(std::int64_t n) {
+      current += n;
+      if (current > peak) peak = current;
+    }
+    void decrease(std::int64_t n) { current -= n; }
+  };
+  struct alignas(64) AggStats {
+    CurPeak allocation;
+    CurPeak active;
+    CurPeak allocated_bytes;
+    CurPeak active_bytes;
+    CurPeak inactive_split;
+    CurPeak requested_bytes;
+    CurPeak inactive_split_bytes;
+    template <class F>
+    void for_each(F&& f) {
+      for (CurPeak* st : {&allocation, &allocated_bytes, &active, &active_bytes, &requested_bytes, &inactive_split,
+                          &inactive_split_bytes})
+        f(*st);
+    }
+  };
 
-  // The aggregate's and `pool`'s (PyTorch's for_each_selected_stat_type).
-  template <class F>
-  void for_all_and(StatType pool, F&& f) {
-    f(hot_[static_cast<std::size_t>(StatType::Aggregate)]);
-    f(hot_[static_cast<std::size_t>(pool)]);
-  }
-  static void change(Stat& st, std::int64_t d) {
-    if (d > 0) st.increase(d);
-    else if (d < 0) st.decrease(-d);
+  // A pool's hot stats (SmallPool or LargePool: every event names the pool of its block).
+  HotStats& of(StatType pool) { return hot_[static_cast<std::size_t>(pool) - 1]; }
+  static void change(Stat& st, CurPeak& agg, std::int64_t d) {
+    if (d > 0) {
+      st.increase(d);
+      agg.increase(d);
+    } else if (d < 0) {
+      st.decrease(-d);
+      agg.decrease(-d);
+    }
   }
   static void change(StatArray& a, StatType pool, std::int64_t d) {
     if (d > 0) DeviceStats::for_all_and(a, pool, [d](Stat& st) { st.increase(d); });
     else if (d < 0) DeviceStats::for_all_and(a, pool, [d](Stat& st) { st.decrease(-d); });
   }
 
-  std::array<HotStats, kNumStatTypes> hot_{};
+  std::array<HotStats, kNumStatTypes - 1> hot_{};  // SmallPool, LargePool
+  AggStats agg_{};
   mutable DeviceStats s_;  // the rest; stats() copies hot_ in
 };
 

@@ -179,6 +179,8 @@ class Shell {
     if (!info.is_ok()) throw DeviceError(device_error("cudaMemGetInfo", 0, device_, info.status));
     total_memory_ = info.value.total;
   }
+  // record() would keep or tell the event: the trace is on or a listener is set.
+  bool recording() const { return trace_.active(); }
   void record(TraceAction a, std::uint64_t addr, Bytes size, StreamId stream, PoolId pool = {}) {
     trace_.record(a, addr, size, stream, pool);
   }

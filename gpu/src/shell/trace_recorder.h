@@ -27,6 +27,7 @@ class TraceRecorder {
     active_ = on_ || listener_;
   }
   bool listening() const { return static_cast<bool>(listener_); }
+  bool active() const { return active_; }  // record() keeps or tells anything
   void set_listener(TraceListener l) {
     listener_ = std::move(l);
     active_ = on_ || listener_;

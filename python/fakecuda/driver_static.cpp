@@ -6,7 +6,7 @@
 // sizes) on the fake device, and a launch does nothing.
 //
 // Kernel attributes are the part of this that is a stand-in: no kernel image is read, so every
-// kernel reports 128 threads of 64 registers and no static shared memory, and dynamic shared
+// kernel reports up to 1,024 threads of 64 registers, no static shared memory, and dynamic shared
 // memory up to the target's opt-in limit. The ledger names each attribute asked for.
 #include "fakecuda.h"
 
@@ -20,8 +20,7 @@
 
 namespace cachet::fakecuda {
 namespace {
-CUcontext the_context() { return reinterpret_cast<CUcontext>(0xc0de); }
-CUresult ok() { return CUDA_SUCCESS; }
+CUcontext the_context() { return static_cast<CUcontext>(primary_context()); }
 CUresult handle_out(void** out) {
   if (out) *out = new_handle();
   return CUDA_SUCCESS;

@@ -48,6 +48,9 @@ bool is_device_pointer(const void* p);
 std::uint64_t device_allocation_size(const void* p);  // 0 when p is not a live cudaMalloc base
 // A fresh, distinct, non-null handle (F3).
 void* new_handle();
+// The target's one context, the primary one: the same non-null handle wherever a context is
+// answered (the runtime's, the driver's, a pointer's, a stream's).
+inline void* primary_context() { return reinterpret_cast<void*>(std::uintptr_t{0xc0de}); }
 // The fake driver's function for a driver API name (cuGetProcAddress, cudaGetDriverEntryPoint*):
 // every name has one; those not modelled answer CUDA_SUCCESS and are written to the ledger.
 void* driver_entry(const char* symbol);

@@ -242,7 +242,7 @@ CUresult d_primary_ctx_state(CUdevice, unsigned int* flags, int* active) {
   if (active) *active = 1;
   return CUDA_SUCCESS;
 }
-CUresult d_ctx_get_current(CUcontext* c) { *c = reinterpret_cast<CUcontext>(0xc0de); return CUDA_SUCCESS; }
+CUresult d_ctx_get_current(CUcontext* c) { *c = static_cast<CUcontext>(primary_context()); return CUDA_SUCCESS; }
 CUresult d_ctx_set_current(CUcontext) { return CUDA_SUCCESS; }
 CUresult d_device_get(CUdevice* d, int ordinal) { *d = ordinal; return ordinal == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE; }
 CUresult d_device_get_attribute(int* v, CUdevice_attribute a, CUdevice dev) {
@@ -311,7 +311,7 @@ CUresult d_pointer_attributes(unsigned int n, CUpointer_attribute* attrs, void**
   const bool dev = is_device_pointer(p), host = !dev && is_pinned(p);
   for (unsigned int i = 0; i < n; ++i) {
     switch (attrs[i]) {
-      case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data[i]) = (dev || host) ? reinterpret_cast<CUcontext>(0xc0de) : nullptr; break;
+      case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data[i]) = (dev || host) ? static_cast<CUcontext>(primary_context()) : nullptr; break;
       case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned int*>(data[i]) = dev ? CU_MEMORYTYPE_DEVICE : host ? CU_MEMORYTYPE_HOST : 0; break;
       case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *static_cast<CUdeviceptr*>(data[i]) = (dev || host) ? ptr : 0; break;
       case CU_POINTER_ATTRIBUTE_HOST_POINTER: *static_cast<void**>(data[i]) = host ? const_cast<void*>(p) : nullptr; break;

@@ -126,24 +126,31 @@ CUresult occupancy_dynamic_smem(size_t* bytes, CUfunction, int, int) {
   *bytes = static_cast<size_t>(target().shared_per_block_optin);
   return CUDA_SUCCESS;
 }
-// Thread-block clusters (sm_90): a kernel may use the portable maximum, 8 blocks a cluster, and
-// as many clusters run at once as the SMs hold at one block each.
-int cluster_blocks(const CUlaunchConfig* config) {
-  int blocks = 1;
-  if (config)
-    for (unsigned i = 0; i < config->numAttrs; ++i)
-      if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
-        const auto& d = config->attrs[i].value.clusterDim;
-        blocks = static_cast<int>(d.x * d.y * d.z);
-      }
-  return blocks > 0 ? blocks : 1;
+// Thread-block clusters (sm_90): a kernel may use the portable maximum, 8 blocks a cluster; as
+// many clusters run at once as target.cpp's active_clusters() gives for the SMs a cluster spans
+// at the kernel's blocks per SM.
+struct ClusterShape { int blocks = 1, threads = 1; unsigned smem = 0; };
+ClusterShape cluster_shape(const CUlaunchConfig* config) {
+  ClusterShape s;
+  if (!config) return s;
+  s.threads = static_cast<int>(config->blockDimX * config->blockDimY * config->blockDimZ);
+  s.smem = config->sharedMemBytes;
+  for (unsigned i = 0; i < config->numAttrs; ++i)
+    if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
+      const auto& d = config->attrs[i].value.clusterDim;
+      s.blocks = static_cast<int>(d.x * d.y * d.z);
+    }
+  if (s.blocks <= 0) s.blocks = 1;
+  return s;
 }
 CUresult occupancy_cluster_size(int* size, CUfunction, const CUlaunchConfig*) {
   *size = target().major >= 9 ? 8 : 1;
   return CUDA_SUCCESS;
 }
 CUresult occupancy_active_clusters(int* n, CUfunction, const CUlaunchConfig* config) {
-  *n = target().sm_count / cluster_blocks(config);
+  const ClusterShape s = cluster_shape(config);
+  const int per_sm = std::max(1, blocks_per_sm(std::max(1, s.threads), s.smem));
+  *n = active_clusters((s.blocks + per_sm - 1) / per_sm);
   return CUDA_SUCCESS;
 }
 CUresult stream_is_capturing(CUstream, CUstreamCaptureStatus* s) { *s = CU_STREAM_CAPTURE_STATUS_NONE; return CUDA_SUCCESS; }

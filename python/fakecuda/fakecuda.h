@@ -34,6 +34,7 @@ struct Target {
   int shared_per_block_optin = 232448, shared_per_sm = 233472;
   int l2_bytes = 52428800, clock_khz = 1980000, mem_clock_khz = 3201000, bus_width = 6016;
   int max_threads_per_sm = 2048, regs_per_block = 65536, max_blocks_per_sm = 32;
+  int pci_device_id = 0x2335;  // cudaDevAttr 139 answers (pci_device_id << 16) | 0x10DE
 };
 
 const Target& target();
@@ -57,6 +58,9 @@ void* driver_entry(const char* symbol);
 // The driver functions a statically linked CUDA runtime needs beyond PyTorch's (driver_static.cpp),
 // or null.
 void* static_runtime_entry(const char* symbol);
+// Thread-block clusters (sm_90 and later): how many clusters of `cluster_sms` SMs, each with at
+// least one block, run at once (target.cpp).
+int active_clusters(int cluster_sms);
 // cuGetExportTable (export_tables.cpp).
 void* export_table_entry();
 // MD2 (RFC 1319) and HMAC-MD2 with a 16-byte key (md2.cpp).

@@ -9,6 +9,8 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <dlfcn.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -53,7 +55,12 @@ cublasStatus_t cublasDdot_v2(cublasHandle_t, int, const double*, int, const doub
 }
 
 // ---- cuBLASLt ----
+// cuDNN's GEMM-based convolution engines open cuBLASLt themselves and look its functions up with
+// dlsym; dlsym below hands them these, so that they rank and size their plans against this
+// cuBLASLt as PyTorch's own calls do (docs/predict.md section 3).
 size_t cublasLtGetVersion(void) { return CUBLAS_VERSION; }
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) { return make_blas(h); }
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t) { return CUBLAS_STATUS_SUCCESS; }
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t, cudaDataType_t) { return make_blas(d); }
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType, uint64_t, uint64_t, int64_t) { return make_blas(l); }
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) { return make_blas(p); }
@@ -82,4 +89,24 @@ ncclResult_fake ncclCommInitRankConfig(void**, int, char[128], int, void*) { ret
 // ---- cuSPARSE ----
 const char* cusparseGetErrorString(int) { return "CUSPARSE_STATUS_SUCCESS"; }
 
+// A cuBLASLt function looked up by name in NVIDIA's library (cuDNN does) resolves to the one above
+// of that name; every other lookup is glibc's.
+void* dlsym(void* handle, const char* name) {
+  using Dlsym = void* (*)(void*, const char*);
+  static const Dlsym real = [] {
+    auto d = reinterpret_cast<Dlsym>(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34"));
+    return d ? d : reinterpret_cast<Dlsym>(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5"));
+  }();
+  void* found = real(handle, name);
+  if (!found || !name || std::strncmp(name, "cublasLt", 8) != 0) return found;
+  Dl_info self{}, there{};
+  if (!dladdr(reinterpret_cast<void*>(&cublasLtGetVersion), &self) || !dladdr(found, &there)) return found;
+  if (there.dli_fbase == self.dli_fbase) return found;
+  void* own = real(RTLD_DEFAULT, name);
+  if (own && dladdr(own, &there) && there.dli_fbase == self.dli_fbase) {
+    ledger_once(std::string("lt:") + name, std::string("default\tcuBLASLt ") + name + " looked up by name: the fake's");
+    return own;
+  }
+  return found;
+}
 }  // extern "C"

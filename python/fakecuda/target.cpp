@@ -34,6 +34,7 @@ Target load_target() {
   t.shared_per_block_optin = static_cast<int>(env_u64("CACHET_FAKE_GPU_SMEM_OPTIN", static_cast<std::uint64_t>(t.shared_per_block_optin)));
   t.shared_per_sm = t.shared_per_block_optin + 1024;
   t.l2_bytes = static_cast<int>(env_u64("CACHET_FAKE_GPU_L2", static_cast<std::uint64_t>(t.l2_bytes)));
+  t.pci_device_id = static_cast<int>(env_u64("CACHET_FAKE_GPU_PCI_ID", static_cast<std::uint64_t>(t.pci_device_id)));
   if (t.major < 8) t.max_blocks_per_sm = 16;
   if (t.major == 8 && t.minor != 0) t.max_threads_per_sm = 1536;
   return t;
@@ -41,7 +42,24 @@ Target load_target() {
 std::mutex ledger_mutex;
 std::set<std::string>& ledger_keys() { static std::set<std::string> k; return k; }
 thread_local int current_device = 0;
+// cuOccupancyMaxActiveClusters as the project's H200 answered it for clusters of 1..32 blocks at
+// one block an SM: the queries of cuDNN's hardware detection (PyTorch 2.11, CUDA 13.0, 2026-12-02;
+// docs/predict.md section 3). Seven of its GPCs hold a cluster of 16 SMs, two one of 18.
+constexpr int kMeasuredH200Clusters[33] = {0,   132, 66, 39, 30, 22, 17, 15, 15, 9, 7, 7, 7, 7, 7, 7, 7,
+                                           2,   2,   0,  0,  0,  0,  0,  0,  0,  0, 0, 0, 0, 0, 0, 0};
 }  // namespace
+
+int active_clusters(int cluster_sms) {
+  const Target& t = target();
+  if (cluster_sms <= 0) return 0;
+  if (cluster_sms == 1) return t.sm_count;
+  if (t.major == 9 && t.sm_count == 132)
+    return cluster_sms < 33 ? kMeasuredH200Clusters[cluster_sms] : 0;
+  // Other parts, not measured: eight GPCs of equal size (ledger), at most 16 SMs a cluster.
+  ledger_once("clusters", "default\tthread-block clusters: the SMs taken as 8 equal GPCs, 16 SMs a cluster at most");
+  if (cluster_sms > 16) return 0;
+  return 8 * ((t.sm_count / 8) / cluster_sms);
+}
 
 const Target& target() {
   static const Target t = load_target();
@@ -179,7 +197,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
 }
 
 // Every attribute of cudaDeviceAttr 0..147 as the project's H200 answered it (cudaDeviceGetAttribute,
-// PyTorch 2.11 / CUDA 13.0, 2026-12-02), PCI identity left 0: the answer for an attribute the
+// PyTorch 2.11 / CUDA 13.0, 2026-12-02), PCI identity left 0 (answered from the target below): the answer for an attribute the
 // target does not set below. NVIDIA's cuDNN reads many of them to rank its engines (docs/predict.md
 // section 3).
 constexpr int kMeasuredH200[148] = {
@@ -235,6 +253,9 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrGPUDirectRDMASupported: *value = 0; break;
     case cudaDevAttrIpcEventSupport: *value = 1; break;
     case cudaDevAttrPciBusId: case cudaDevAttrPciDeviceId: case cudaDevAttrPciDomainId: *value = 0; break;
+    // The chip's PCI ID and vendor: cuDNN reads it (the H200's measured subsystem beside it).
+    case 139: *value = static_cast<int>((static_cast<unsigned>(t.pci_device_id) << 16) | 0x10DEu); break;
+    case 140: *value = t.pci_device_id == 0x2335 ? 415174878 : 0x10DE; break;
     case cudaDevAttrConcurrentKernels: case cudaDevAttrCanMapHostMemory: case cudaDevAttrCooperativeLaunch: *value = 1; break;
     case cudaDevAttrTotalConstantMemory: *value = 65536; break;
     // Hopper and Ampere keep up to 5/8 and 3/4 of the L2 for persisting accesses.

@@ -125,6 +125,7 @@ Capture run_capture(const Args& a, const Target& t, const std::string& fakecuda,
       {"CACHET_FAKE_GPU_SMS", std::to_string(t.gpu.sm_count)},
       {"CACHET_FAKE_GPU_SMEM_OPTIN", std::to_string(t.gpu.smem_optin)},
       {"CACHET_FAKE_GPU_L2", std::to_string(t.gpu.l2_bytes)},
+      {"CACHET_FAKE_GPU_PCI_ID", std::to_string(t.gpu.pci_device_id)},
       {"CACHET_FAKE_LEDGER", c.dir + "/ledger.tsv"},
   };
   const auto t0 = std::chrono::steady_clock::now();

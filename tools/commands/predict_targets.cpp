@@ -25,21 +25,21 @@ std::string squash(std::string_view s) {
 
 const std::vector<GpuTarget>& gpu_targets() {
   static const std::vector<GpuTarget> t = {
-      {"NVIDIA H200", {"H200", "H200 141GB", "H200 SXM"}, 150109880320ULL, 90, 132, 232448, 62914560, kMeasured},
+      {"NVIDIA H200", {"H200", "H200 141GB", "H200 SXM"}, 150109880320ULL, 90, 132, 232448, 62914560, kMeasured, 0x2335},
       {"NVIDIA H100 80GB HBM3", {"H100", "H100 80GB", "H100 SXM"}, 85017362432ULL, 90, 132, 232448, 52428800,
-       "the issue's figure: an H100 80GB reports 79.18 GiB"},
+       "the issue's figure: an H100 80GB reports 79.18 GiB", 0x2330},
       {"NVIDIA H100 PCIe", {"H100 PCIe"}, 85017362432ULL, 90, 114, 232448, 52428800,
-       "as the H100 80GB (79.18 GiB)"},
-      {"NVIDIA A100-SXM4-80GB", {"A100 80GB", "A100-80GB", "A100 80G"}, gib(79.15), 80, 108, 166912, 41943040, kReported},
+       "as the H100 80GB (79.18 GiB)", 0x2331},
+      {"NVIDIA A100-SXM4-80GB", {"A100 80GB", "A100-80GB", "A100 80G"}, gib(79.15), 80, 108, 166912, 41943040, kReported, 0x20B2},
       {"NVIDIA A100-SXM4-40GB", {"A100", "A100 40GB", "A100-40GB", "A100 40G"}, gib(39.39), 80, 108, 166912, 41943040,
-       kReported},
-      {"NVIDIA L4", {"L4"}, gib(22.03), 89, 58, 101376, 50331648, kReported},
-      {"NVIDIA L40S", {"L40S"}, gib(44.53), 89, 142, 101376, 100663296, kReported},
-      {"NVIDIA GeForce RTX 4090", {"RTX 4090", "4090"}, gib(23.64), 89, 128, 101376, 75497472, kReported},
-      {"NVIDIA GeForce RTX 3090", {"RTX 3090", "3090"}, gib(23.69), 86, 82, 101376, 6291456, kReported},
-      {"Tesla T4", {"T4"}, gib(14.75), 75, 40, 65536, 4194304, kReported},
-      {"NVIDIA B200", {"B200"}, gib(178.35), 100, 148, 232448, 132120576, kReported},
-      {"NVIDIA GeForce RTX 5090", {"RTX 5090", "5090"}, gib(31.36), 120, 170, 101376, 100663296, kReported},
+       kReported, 0x20B0},
+      {"NVIDIA L4", {"L4"}, gib(22.03), 89, 58, 101376, 50331648, kReported, 0x27B8},
+      {"NVIDIA L40S", {"L40S"}, gib(44.53), 89, 142, 101376, 100663296, kReported, 0x26B9},
+      {"NVIDIA GeForce RTX 4090", {"RTX 4090", "4090"}, gib(23.64), 89, 128, 101376, 75497472, kReported, 0x2684},
+      {"NVIDIA GeForce RTX 3090", {"RTX 3090", "3090"}, gib(23.69), 86, 82, 101376, 6291456, kReported, 0x2204},
+      {"Tesla T4", {"T4"}, gib(14.75), 75, 40, 65536, 4194304, kReported, 0x1EB8},
+      {"NVIDIA B200", {"B200"}, gib(178.35), 100, 148, 232448, 132120576, kReported, 0x2901},
+      {"NVIDIA GeForce RTX 5090", {"RTX 5090", "5090"}, gib(31.36), 120, 170, 101376, 100663296, kReported, 0x2B85},
   };
   return t;
 }
@@ -74,7 +74,7 @@ GpuTarget custom_target(std::uint64_t device_memory, int arch) {
     t.name = fmt::format("GPU sm_{} ({} bytes)", arch, device_memory);
     t.spellings.clear();
     t.total_memory = device_memory;
-    t.source = fmt::format("--device-memory; SM count, shared memory and L2 as the {}", g.name);
+    t.source = fmt::format("--device-memory; SM count, shared memory, L2 and PCI ID as the {}", g.name);
     return t;
   }
   GpuTarget t{fmt::format("GPU sm_{} ({} bytes)", arch, device_memory), {}, device_memory, arch, 80,

@@ -21,6 +21,7 @@ struct GpuTarget {
   int smem_optin = 0;                // cudaDevAttrMaxSharedMemoryPerBlockOptin
   int l2_bytes = 0;
   std::string source;                // where total_memory comes from
+  int pci_device_id = 0;             // the PCI device ID (vendor 0x10DE); cuDNN reads it
 };
 
 const std::vector<GpuTarget>& gpu_targets();
